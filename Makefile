@@ -1,0 +1,28 @@
+# Two commands on a fresh machine: `make run` (the main job) and `make test` (the test suite).
+# Both create .venv and install ascendgraph with its test extra on first use.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.ascendgraph-installed
+
+.PHONY: run test test-all bench parity clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	touch $(STAMP)
+
+# The main job: graph mode end to end on the CPU simulator.
+run: $(STAMP)
+	$(VENV)/bin/ascendgraph explain
+
+# The default test suite (no NPU, no vLLM needed), parallel on all cores.
+test: $(STAMP)
+	$(PY) -m pytest -n auto
+
+bench: $(STAMP)
+	$(PY) -m bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

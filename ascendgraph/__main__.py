@@ -1,0 +1,7 @@
+"""`python -m ascendgraph` runs the command line."""
+
+import sys
+
+from ascendgraph.cli import main
+
+sys.exit(main())

@@ -1,0 +1,273 @@
+"""The device protocol every backend implements, its small types, and the backend registry.
+
+Theory of operation. The core (capture, params, engine, ...) talks to a device only
+through `Device`: streams, events, graphs, task groups, memory, profiling. The shapes
+follow torch_npu's graph API (``torch.npu.NPUGraph``, ``torch.npu.graph``,
+``ExternalEvent``, ``graph_task_group_*``) with keyword-only arguments wherever torch_npu's
+positional order differs from CUDA's. Two backends exist: ``sim`` (the CPU simulator,
+package ``sim``) and ``npu`` (torch_npu, package ``hw``). They are found through the
+entry-point group ``ascendgraph.devices``; each entry point names a `DeviceBackend`.
+The core never imports ``sim`` or ``hw`` directly.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any, Callable, ContextManager, Iterator, Optional, Protocol, runtime_checkable
+
+import torch
+
+from ascendgraph.errors import ConfigError, DeviceUnavailable
+
+__all__ = [
+    "DeviceProfile",
+    "DeviceStats",
+    "Stream",
+    "Event",
+    "ExternalEvent",
+    "Graph",
+    "TaskGroupHandle",
+    "PoolHandle",
+    "Device",
+    "DeviceBackend",
+    "ENTRY_POINT_GROUP",
+    "available_backends",
+    "backend_availability",
+    "get_device",
+]
+
+ENTRY_POINT_GROUP = "ascendgraph.devices"
+CAPTURE_ERROR_MODES = ("global", "thread_local", "relaxed")
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """What a device stack is and can do. Data, not code: profiles live in tables.
+
+    ``stream_limit`` is the number of streams graph capture may use (the planner's MAX).
+    ``max_piecewise_sizes`` is None when unlimited (A5: 4).
+    """
+
+    name: str
+    soc: str
+    stream_limit: int = 1800
+    hdk_version: str = "25.5.1"
+    cann_version: str = "8.5.0"
+    old_hdk: bool = False
+    supports_npugraph_ex: bool = True
+    supports_static_kernel: bool = True
+    supports_super_kernel: bool = True
+    supports_task_update: bool = True
+    max_piecewise_sizes: Optional[int] = None
+    memory_bytes: int = 64 * 1024**3
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class DeviceStats:
+    """A snapshot of what the device holds (for reports, invariants and leak checks)."""
+
+    streams_in_use: int
+    stream_limit: int
+    graphs_alive: int
+    graphs_captured_total: int
+    pool_bytes: int
+    allocated_bytes: int
+    virtual_time_us: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Stream(Protocol):
+    """An ordered queue of device work."""
+
+    @property
+    def stream_id(self) -> int: ...
+
+
+@runtime_checkable
+class Event(Protocol):
+    """A marker recorded on one stream and waited on by another (record before wait)."""
+
+    def record(self, stream: Optional[Stream] = None) -> None: ...
+
+    def wait(self, stream: Optional[Stream] = None) -> None: ...
+
+
+@runtime_checkable
+class ExternalEvent(Protocol):
+    """torch_npu's ExternalEvent: wait may precede record; reset before reuse."""
+
+    def record(self, stream: Optional[Stream] = None) -> None: ...
+
+    def wait(self, stream: Optional[Stream] = None) -> None: ...
+
+    def reset(self, stream: Optional[Stream] = None) -> None: ...
+
+
+class TaskGroupHandle(Protocol):
+    """Opaque handle of a captured task group (returned by task_group_end)."""
+
+
+class PoolHandle(Protocol):
+    """Opaque graph memory-pool handle (graph_pool_handle() or Graph.pool())."""
+
+
+@runtime_checkable
+class Graph(Protocol):
+    """torch.npu.NPUGraph: capture once, replay many times."""
+
+    def capture_begin(self, pool: Optional[PoolHandle] = None, capture_error_mode: str = "global") -> None: ...
+
+    def capture_end(self) -> None: ...
+
+    def replay(self) -> None: ...
+
+    def reset(self) -> None: ...
+
+    def pool(self) -> PoolHandle: ...
+
+
+@runtime_checkable
+class Device(Protocol):
+    """The operations the core needs from a graph-capable accelerator."""
+
+    name: str
+    profile: DeviceProfile
+
+    @property
+    def torch_device(self) -> torch.device: ...
+
+    # streams and events
+    def current_stream(self) -> Stream: ...
+
+    def default_stream(self) -> Stream: ...
+
+    def new_stream(self) -> Stream: ...
+
+    def stream(self, stream: Optional[Stream]) -> ContextManager[None]: ...
+
+    def new_event(self) -> Event: ...
+
+    def new_external_event(self) -> ExternalEvent: ...
+
+    # graphs
+    def new_graph(self) -> Graph: ...
+
+    def graph(
+        self,
+        graph: Graph,
+        *,
+        pool: Optional[PoolHandle] = None,
+        stream: Optional[Stream] = None,
+        capture_error_mode: str = "global",
+    ) -> ContextManager[None]: ...
+
+    def graph_pool_handle(self) -> PoolHandle: ...
+
+    def is_current_stream_capturing(self) -> bool: ...
+
+    # FULL-graph parameter update
+    def task_group_begin(self, stream: Stream) -> None: ...
+
+    def task_group_end(self, stream: Stream) -> TaskGroupHandle: ...
+
+    def task_update_begin(self, stream: Stream, handle: TaskGroupHandle) -> None: ...
+
+    def task_update_end(self, stream: Stream) -> None: ...
+
+    # memory, sync, profiling
+    def empty_cache(self) -> None: ...
+
+    def memory_allocated(self) -> int: ...
+
+    def synchronize(self) -> None: ...
+
+    def weak_ref(self, tensor: torch.Tensor) -> torch.Tensor: ...
+
+    def stats(self) -> DeviceStats: ...
+
+    def set_stream_plan(self, plan: Any) -> None: ...
+
+    def profile(self, output_dir: str, **options: Any) -> ContextManager[Any]: ...
+
+
+@dataclass(frozen=True)
+class DeviceBackend:
+    """What an ``ascendgraph.devices`` entry point names.
+
+    ``availability()`` returns (usable, reason); it must never raise and must be cheap
+    enough to call for ``--device auto``.
+    """
+
+    name: str
+    create: Callable[..., Device]
+    availability: Callable[[], tuple[bool, str]]
+    description: str = ""
+
+
+# Used only when the distribution's metadata is missing (running from a bare checkout).
+_FALLBACK_ENTRY_POINTS = {"sim": "sim:BACKEND", "npu": "hw:BACKEND"}
+
+
+def _load(target: str) -> DeviceBackend:
+    module_name, _, attribute = target.partition(":")
+    backend = getattr(importlib.import_module(module_name), attribute)
+    if not isinstance(backend, DeviceBackend):
+        raise TypeError(f"entry point {target} is not a DeviceBackend")
+    return backend
+
+
+def _entry_points() -> dict[str, str]:
+    found = {ep.name: ep.value for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    return found or dict(_FALLBACK_ENTRY_POINTS)
+
+
+def available_backends() -> list[str]:
+    """Names registered in the ``ascendgraph.devices`` entry-point group."""
+    return sorted(_entry_points())
+
+
+def _backend(name: str) -> DeviceBackend:
+    points = _entry_points()
+    if name not in points:
+        raise ConfigError(
+            f"unknown device {name!r}: expected one of {', '.join(sorted(points) + ['auto'])}", key="device"
+        )
+    return _load(points[name])
+
+
+def backend_availability(name: str) -> tuple[bool, str]:
+    """(usable, reason) for a registered backend; never raises for a known name."""
+    try:
+        backend = _backend(name)
+    except ConfigError:
+        raise
+    except Exception as exc:  # a broken backend package is "unavailable", with the reason
+        return False, f"cannot load the {name!r} device backend: {type(exc).__name__}: {exc}"
+    return backend.availability()
+
+
+def get_device(name: str = "auto", **options: Any) -> Device:
+    """A device by backend name: ``sim``, ``npu`` or ``auto`` (npu when usable, else sim).
+
+    ``--device npu`` without a usable NPU raises DeviceUnavailable naming the reason.
+    """
+    if not isinstance(name, str):
+        raise ConfigError(f"device name must be a string, got {name!r}", key="device")
+    key = name.strip().lower()
+    if key == "auto":
+        usable, _ = backend_availability("npu") if "npu" in _entry_points() else (False, "")
+        key = "npu" if usable else "sim"
+    backend = _backend(key)
+    usable, reason = backend.availability()
+    if not usable:
+        raise DeviceUnavailable(f"device {key!r} is not usable here: {reason}")
+    return backend.create(**options)
+
+
+def iter_backends() -> Iterator[DeviceBackend]:
+    for name in available_backends():
+        yield _backend(name)

@@ -1,0 +1,253 @@
+"""Exceptions, the user-facing message texts, and the capture-error rewriter.
+
+Every string users grep for lives here (SEMANTICS.md quotes them verbatim), so the
+simulator, the engine and the diagnostics tools can never drift apart.
+
+Hierarchy (INTERFACES.md, "Errors"):
+
+    ValueError    -> ConfigError -> XliteConfigError (also a RuntimeError)
+                  -> GraphModeError
+    RuntimeError  -> CaptureError -> StreamResourceExhausted, OldHdkStack,
+                                     ResourceAllocFailed, CaptureConstraintError
+                  -> GraphHang, DeviceLost, NumericalMismatch, DeviceUnavailable
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+__all__ = [
+    "AscendGraphError",
+    "ConfigError",
+    "XliteConfigError",
+    "GraphModeError",
+    "CaptureError",
+    "StreamResourceExhausted",
+    "OldHdkStack",
+    "ResourceAllocFailed",
+    "CaptureConstraintError",
+    "GraphHang",
+    "DeviceLost",
+    "NumericalMismatch",
+    "DeviceUnavailable",
+    "CaptureContext",
+    "classify_capture_error",
+    "rewrite_capture_error",
+]
+
+
+class AscendGraphError(Exception):
+    """Marker base: every exception ascendgraph defines derives from it."""
+
+
+# --------------------------------------------------------------------------- config
+
+
+class ConfigError(AscendGraphError, ValueError):
+    """A bad configuration or flag value. The message names the key, the value and the fix."""
+
+    def __init__(self, message: str, *, key: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class XliteConfigError(ConfigError, RuntimeError):
+    """XliteGraph validation failure (SEMANTICS §11 texts)."""
+
+
+class GraphModeError(AscendGraphError, ValueError):
+    """An impossible graph mode (attention narrowing with a NEVER backend, ...)."""
+
+
+# --------------------------------------------------------------------------- capture
+
+
+class CaptureError(AscendGraphError, RuntimeError):
+    """Base of failures that happen while capturing an ACL graph.
+
+    The planner's numbers are attached when known, so a user (or `ascendgraph diagnose`)
+    can see how far capture got: ``graphs_captured``, ``streams_in_use``, ``stream_budget``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        graphs_captured: Optional[int] = None,
+        streams_in_use: Optional[int] = None,
+        stream_budget: Optional[int] = None,
+    ) -> None:
+        super().__init__(message)
+        self.graphs_captured = graphs_captured
+        self.streams_in_use = streams_in_use
+        self.stream_budget = stream_budget
+
+
+class StreamResourceExhausted(CaptureError):
+    """The stack ran out of streams while capturing (207008 stream signature)."""
+
+
+class OldHdkStack(CaptureError):
+    """An old HDK/CANN stack refused to allocate a stream (`Alloc sq cq fail`)."""
+
+
+class ResourceAllocFailed(CaptureError):
+    """The runtime could not allocate a resource during capture (207005)."""
+
+
+class CaptureConstraintError(CaptureError):
+    """A device graph constraint was broken (SEMANTICS §12): wrong stream, host sync, ..."""
+
+
+class GraphHang(AscendGraphError, RuntimeError):
+    """A replay waits on an external event that nothing will record."""
+
+
+class DeviceLost(AscendGraphError, RuntimeError):
+    """The device stopped answering (injected on the simulator)."""
+
+
+class NumericalMismatch(AscendGraphError, RuntimeError):
+    """A served step differs from the eager reference beyond tolerance."""
+
+
+class DeviceUnavailable(AscendGraphError, RuntimeError):
+    """The requested device backend cannot be used here; the message says why."""
+
+
+# --------------------------------------------------------------------------- texts
+# Verbatim strings from vLLM / vLLM Ascend / torch_npu (SEMANTICS.md). Do not reword.
+
+OLD_HDK_GUIDANCE = (
+    "ACL graph capture failed with an old Ascend HDK/CANN stack signature (`Alloc sq cq fail`). "
+    "Please upgrade Ascend HDK to 25.5.1 or later and use the matching CANN stack."
+)
+STREAM_EXHAUSTION_GUIDANCE = (
+    "ACL graph capture failed with a known stream-resource exhaustion signature. "
+    "Consider reducing cudagraph_capture_sizes, lowering max_cudagraph_capture_size, "
+    "preferring FULL or FULL_DECODE_ONLY for mostly uniform decode workloads, or temporarily "
+    "disabling graph mode to confirm the failure is capture-related."
+)
+# Our own guidance: vLLM Ascend re-raises 207005 unexplained.
+RESOURCE_ALLOC_GUIDANCE = (
+    "ACL graph capture failed because the runtime could not allocate a resource "
+    "(207005 / `resource alloc fail`). The graph pool or the runtime's task resources ran out "
+    "while capturing. Consider reducing cudagraph_capture_sizes or max_cudagraph_capture_size, "
+    "leaving more device memory free for the graph pool (a lower gpu_memory_utilization), or "
+    "temporarily disabling graph mode to confirm the failure is capture-related."
+)
+
+LAUNCH_BLOCKING_MESSAGE = (
+    "ACL graph is incompatible with ASCEND_LAUNCH_BLOCKING=1. "
+    "Please unset ASCEND_LAUNCH_BLOCKING or set it to 0. If you "
+    "need ASCEND_LAUNCH_BLOCKING for debugging, consider other methods — "
+    "for example, check the plog files (default: $HOME/ascend/log/debug) "
+    "for more information about runtime errors."
+)
+
+# torch_npu graph constraints (SEMANTICS §12).
+DEFAULT_STREAM_CAPTURE = (
+    "NPU graphs must be captured on a non-default stream. "
+    "(However, after capture, it's ok to replay them on the default stream.)"
+)
+GRAPH_ALREADY_CAPTURED = (
+    "This NPUGraph instance already owns a captured graph. "
+    "To capture a new graph, create a new instance."
+)
+CAPTURE_END_OTHER_STREAM = "Capture must end on the same stream it began on."
+CAPTURE_END_BEFORE_BEGIN = "capture_end() called before capture_begin()."
+REPLAY_BEFORE_CAPTURE = "Called NPUGraph::replay without a preceding successful capture."
+POOL_BEFORE_CAPTURE = "Called NPUGraph::pool() without a preceding successful capture."
+TASK_QUEUE_2_DURING_CAPTURE = (
+    "Do not support TASK_QUEUE_ENABLE = 2 during NPU graph capture, "
+    "please export TASK_QUEUE_ENABLE=1/0."
+)
+ADDRESS_MISMATCH = "Input addresses for aclgraphs are different during replay. Expected {expected}, got {got}"
+GRAPH_PARAMS_ALREADY_SET = "Graph parameters have already been set!"
+
+# Real runtime texts the simulator reproduces (SEMANTICS §8).
+TEXT_207008_CAPTURE_BEGIN = (
+    "NPU function error: c10_npu::acl::AclmdlRICaptureBegin(capture_stream_, capture_mode), "
+    "error code is 207008"
+)
+TEXT_STREAMS_INSUFFICIENT = "[Error]: Stream resources are insufficient."
+TEXT_EL0009 = "Insufficient_Stream_Resources(EL0009): The stream resources are insufficient."
+TEXT_ALLOC_SQ_CQ = "[SqCqManage]Alloc sq cq fail, stream_id={stream_id}, retCode=0x7020023"
+TEXT_207005 = (
+    "NPU function error: c10_npu::acl::AclmdlRICaptureBegin(capture_stream_, capture_mode), "
+    "error code is 207005\n[Error]: resource alloc fail."
+)
+
+
+# --------------------------------------------------------------------------- rewriter
+
+
+@dataclass(frozen=True)
+class CaptureContext:
+    """What the engine knows at the moment a capture failed (attached to the typed error)."""
+
+    graphs_captured: Optional[int] = None
+    streams_in_use: Optional[int] = None
+    stream_budget: Optional[int] = None
+
+
+# Signature table, in priority order: (error class, guidance, predicate over (original, lower)).
+def _is_old_hdk(original: str, lower: str) -> bool:
+    return "alloc sq cq fail" in lower
+
+
+def _is_stream_exhaustion(original: str, lower: str) -> bool:
+    if "insufficient_stream_resources" in lower or "stream resources are insufficient" in lower:
+        return True
+    return "207008" in original and "stream resource" in lower
+
+
+def _is_resource_alloc(original: str, lower: str) -> bool:
+    return "207005" in original or "resource alloc fail" in lower
+
+
+CAPTURE_ERROR_SIGNATURES: tuple[tuple[str, type[CaptureError], str, object], ...] = (
+    ("old_hdk", OldHdkStack, OLD_HDK_GUIDANCE, _is_old_hdk),
+    ("stream_exhaustion", StreamResourceExhausted, STREAM_EXHAUSTION_GUIDANCE, _is_stream_exhaustion),
+    ("resource_alloc", ResourceAllocFailed, RESOURCE_ALLOC_GUIDANCE, _is_resource_alloc),
+)
+
+
+def classify_capture_error(message: str) -> Optional[tuple[str, type[CaptureError], str]]:
+    """Return (signature name, error class, guidance) for a capture failure text, or None."""
+    lower = message.lower()
+    for name, cls, guidance, predicate in CAPTURE_ERROR_SIGNATURES:
+        if predicate(message, lower):  # type: ignore[operator]
+            return name, cls, guidance
+    return None
+
+
+_REWRITTEN = (OldHdkStack, StreamResourceExhausted, ResourceAllocFailed)
+
+
+def rewrite_capture_error(
+    exc: BaseException, context: Optional[CaptureContext] = None
+) -> BaseException:
+    """Turn a capture-time RuntimeError into a typed error carrying its guidance.
+
+    Returns the new exception with ``__cause__`` set to the original (the caller raises
+    it), or ``exc`` itself when it is not a RuntimeError, does not match a known signature,
+    or was already rewritten.
+    """
+    if isinstance(exc, _REWRITTEN) or not isinstance(exc, RuntimeError):
+        return exc
+    original = str(exc)
+    found = classify_capture_error(original)
+    if found is None:
+        return exc
+    _, cls, guidance = found
+    ctx = context or CaptureContext()
+    new = cls(
+        f"{guidance}\nOriginal error:\n{original}",
+        graphs_captured=ctx.graphs_captured,
+        streams_in_use=ctx.streams_in_use,
+        stream_budget=ctx.stream_budget,
+    )
+    new.__cause__ = exc
+    return new

@@ -1,0 +1,146 @@
+"""`ascendgraph explain`: resolve a configuration and present the result (text or JSON).
+
+`explain()` is the Python API (the same object the CLI prints); `resolution_to_json` and
+`format_resolution` are the two renderings. JSON carries ``"schema_version": 1``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+from ascendgraph.config import GraphConfig
+from ascendgraph.modes import AttentionGraphSupport, GraphMode
+from ascendgraph.resolve import Resolution, resolve
+from ascendgraph.sizes import DEFAULT_MAX_STREAMS
+
+__all__ = ["SCHEMA_VERSION", "explain", "resolution_to_json", "format_resolution", "format_sizes"]
+
+SCHEMA_VERSION = 1
+
+
+def explain(
+    config: Optional[GraphConfig | Mapping[str, Any]] = None,
+    *,
+    env: Optional[Mapping[str, str]] = None,
+    stream_limit: int = DEFAULT_MAX_STREAMS,
+    hccl_op_expansion_mode: Optional[str] = None,
+    **vllm_args: Any,
+) -> Resolution:
+    """Resolve a config (a GraphConfig, or vLLM-style arguments) and return the Resolution.
+
+    >>> explain(compilation_config={"cudagraph_mode": "FULL"}, attention_backend="mla").mode.name
+    'FULL_DECODE_ONLY'
+    """
+    if config is None:
+        config = GraphConfig.from_vllm_args(**vllm_args)
+    elif isinstance(config, Mapping):
+        config = GraphConfig.from_vllm_args(**dict(config), **vllm_args)
+    elif vllm_args:
+        raise TypeError("pass either a GraphConfig or vLLM-style keyword arguments, not both")
+    return resolve(config, env=env, stream_limit=stream_limit, hccl_op_expansion_mode=hccl_op_expansion_mode)
+
+
+def _stream_plan_json(resolution: Resolution) -> dict[str, Any]:
+    plan = resolution.stream_plan
+    if plan is None:
+        return {"max_num_sizes": 0, "streams_per_size": 0, "fits": True, "sizes": [], "requested_sizes": [],
+                "graphs_per_size": 0, "reserved_streams": 0, "max_streams": 0, "expansion_mode": None}
+    return plan.as_dict()
+
+
+def resolution_to_json(resolution: Resolution) -> dict[str, Any]:
+    """The `explain --json` document (INTERFACES.md "Output")."""
+    config = resolution.config
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "requested_mode": resolution.requested_mode.name,
+        "effective_mode": resolution.mode.name,
+        "decisions": [d.as_dict() for d in resolution.decisions],
+        "compilation_mode": resolution.compilation_mode.name,
+        "capture_sizes": list(resolution.capture_sizes),
+        "max_capture_size": resolution.max_capture_size,
+        "npugraph_ex": resolution.npugraph_ex,
+        "static_kernel": resolution.static_kernel,
+        "super_kernel": resolution.super_kernel,
+        "stream_plan": _stream_plan_json(resolution),
+        "warnings": list(resolution.warnings),
+        "model": {
+            "name": config.model.name,
+            "architecture": config.model.architecture,
+            "num_hidden_layers": config.model.num_hidden_layers,
+        },
+        "attention_backend": resolution.attention_backend,
+        "attention_support": resolution.attention_support.name,
+        "soc": config.soc,
+        "warmups": resolution.warmups,
+        "attention_split": resolution.attention_split,
+        "enforce_eager": resolution.enforce_eager,
+    }
+
+
+def format_sizes(sizes: list[int], *, limit: int = 24) -> str:
+    if not sizes:
+        return "(none)"
+    if len(sizes) <= limit:
+        return " ".join(map(str, sizes))
+    head = " ".join(map(str, sizes[: limit - 4]))
+    tail = " ".join(map(str, sizes[-3:]))
+    return f"{head} ... {tail}"
+
+
+def _on(flag: bool) -> str:
+    return "on" if flag else "off"
+
+
+def format_resolution(resolution: Resolution) -> str:
+    """A readable explanation: requested vs effective mode, each decision and why, sizes, streams."""
+    config = resolution.config
+    model = config.model
+    support = resolution.attention_support
+    lines = [
+        f"model {model.name} ({model.architecture}, {model.num_hidden_layers} layers) · "
+        f"attention {resolution.attention_backend} ({support.name}) · SoC {config.soc}",
+        "",
+        f"  requested mode   {resolution.requested_mode.name}",
+        f"  effective mode   {resolution.mode.name}" + ("" if resolution.mode is resolution.requested_mode else "   <- changed, see decisions"),
+        f"  compilation      {resolution.compilation_mode.name}"
+        + (f" · attention split (piecewise)" if resolution.attention_split else ""),
+        f"  npugraph_ex {_on(resolution.npugraph_ex)} · static kernel {_on(resolution.static_kernel)} · "
+        f"super kernel {_on(resolution.super_kernel)}",
+        "",
+        "decisions:",
+    ]
+    if not resolution.decisions:
+        lines.append("  (none: the configuration runs as given)")
+    for number, decision in enumerate(resolution.decisions, 1):
+        lines.append(f"  {number}. [{decision.rule}] {decision.before} -> {decision.after}")
+        lines.append(f"     {decision.reason}")
+    lines.append("")
+    if resolution.mode is GraphMode.NONE:
+        lines.append("capture sizes: none (eager)")
+    else:
+        lines.append(
+            f"capture sizes ({len(resolution.capture_sizes)}, max {resolution.max_capture_size}): "
+            f"{format_sizes(resolution.capture_sizes)}"
+        )
+        lines.append(f"warm-ups per size: {resolution.warmups}")
+    plan = resolution.stream_plan
+    if plan is not None:
+        verdict = "fits" if plan.fits else f"DOES NOT FIT: only {plan.max_num_sizes} sizes fit"
+        lines.append(
+            f"stream plan: {plan.graphs_per_size} graph(s) and {plan.streams_per_size} streams per size "
+            f"({plan.expansion_mode}), {plan.reserved_streams + plan.full_graph_reserve} reserved, "
+            f"budget {plan.max_streams} -> up to {plan.max_num_sizes} sizes; "
+            f"{len(plan.requested_sizes)} configured: {verdict}"
+        )
+        if not plan.fits:
+            lines.append(f"  largest fitting selection: {format_sizes(plan.sizes)}")
+    if resolution.warnings:
+        lines.append("")
+        lines.append("warnings:")
+        for warning in resolution.warnings:
+            lines.append(f"  - {warning}")
+    if support is AttentionGraphSupport.NEVER:
+        lines.append("")
+        lines.append("note: this attention backend supports no full graphs")
+    return "\n".join(lines)

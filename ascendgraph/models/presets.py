@@ -1,0 +1,219 @@
+"""Model dimensions: the preset table and parsing of a Hugging Face ``config.json``.
+
+Only dimensions and graph-relevant traits live here (the resolution and the planner need
+them); the engine builds real modules from a `ModelSpec` in `ascendgraph.models.build`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, fields, replace
+from typing import Any, Mapping, Optional
+
+from ascendgraph.errors import ConfigError
+
+__all__ = ["ModelSpec", "PRESETS", "DEFAULT_PRESET", "model_spec_from", "preset_for_architecture"]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What ascendgraph needs to know about a model."""
+
+    name: str
+    architecture: str
+    num_hidden_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    rms_norm_eps: float = 1e-6
+    qk_norm: bool = False
+    attention: str = "mha"  # "mha" or "mla"
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    is_moe: bool = False
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    is_encoder_decoder: bool = False
+    is_pooling: bool = False
+    max_position_embeddings: int = 4096
+    rope_theta: float = 1_000_000.0
+
+    @property
+    def natural_attention_backend(self) -> str:
+        """The backend a model of this kind uses on Ascend by default."""
+        return "mla" if self.attention == "mla" else "ascend"
+
+    def with_layers(self, num_hidden_layers: Optional[int]) -> "ModelSpec":
+        if num_hidden_layers is None:
+            return self
+        if isinstance(num_hidden_layers, bool) or not isinstance(num_hidden_layers, int) or num_hidden_layers < 1:
+            raise ConfigError(
+                f"num_layers must be an integer >= 1, got {num_hidden_layers!r}", key="num_layers"
+            )
+        return replace(self, num_hidden_layers=num_hidden_layers)
+
+
+_TINY = dict(
+    num_hidden_layers=4,
+    hidden_size=512,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=128,
+    intermediate_size=1024,
+    vocab_size=2048,
+)
+
+PRESETS: dict[str, ModelSpec] = {
+    "tiny": ModelSpec(name="tiny", architecture="Qwen3ForCausalLM", qk_norm=True, **_TINY),
+    "tiny-llama": ModelSpec(name="tiny-llama", architecture="LlamaForCausalLM", **_TINY),
+    "tiny-mla": ModelSpec(
+        name="tiny-mla",
+        architecture="DeepseekV3ForCausalLM",
+        attention="mla",
+        kv_lora_rank=256,
+        qk_rope_head_dim=64,
+        **_TINY,
+    ),
+    "tiny-moe": ModelSpec(
+        name="tiny-moe",
+        architecture="Qwen3MoeForCausalLM",
+        qk_norm=True,
+        is_moe=True,
+        num_experts=8,
+        num_experts_per_tok=2,
+        **_TINY,
+    ),
+    "qwen3-0.6b": ModelSpec(
+        name="qwen3-0.6b",
+        architecture="Qwen3ForCausalLM",
+        num_hidden_layers=28,
+        hidden_size=1024,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=3072,
+        vocab_size=151936,
+        qk_norm=True,
+        max_position_embeddings=40960,
+    ),
+}
+DEFAULT_PRESET = "tiny"
+
+# Architectures whose name marks an embedding / classification (pooling) model.
+_POOLING_SUFFIXES = ("ForSequenceClassification", "ForEmbedding", "EmbeddingModel", "ForRewardModel", "ForTokenClassification")
+_ENCODER_DECODER_ARCHS = ("BartForConditionalGeneration", "T5ForConditionalGeneration", "WhisperForConditionalGeneration", "MllamaForConditionalGeneration")
+
+
+def preset_for_architecture(architecture: str) -> Optional[str]:
+    """The first preset whose architecture matches (used for pasted `vllm serve` lines)."""
+    for name, spec in PRESETS.items():
+        if spec.architecture == architecture:
+            return name
+    return None
+
+
+def _int_field(raw: Mapping[str, Any], key: str, source: str, default: Optional[int] = None) -> int:
+    value = raw.get(key, default)
+    if value is None:
+        raise ConfigError(f"{source}: missing {key!r} (an integer)", key=key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{source}: {key} must be an integer >= 1, got {value!r}", key=key)
+    return value
+
+
+def spec_from_hf_config(raw: Mapping[str, Any], *, source: str = "model config") -> ModelSpec:
+    """Build a ModelSpec from a Hugging Face config.json dictionary (or our own field names)."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{source}: expected a JSON object, got {type(raw).__name__}", key="model")
+    own = {f.name for f in fields(ModelSpec)}
+    archs = raw.get("architectures")
+    architecture = raw.get("architecture")
+    if architecture is None:
+        if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):
+            raise ConfigError(
+                f"{source}: missing 'architectures' (a list such as [\"Qwen3ForCausalLM\"])",
+                key="architectures",
+            )
+        architecture = archs[0]
+    if not isinstance(architecture, str):
+        raise ConfigError(f"{source}: architecture must be a string, got {architecture!r}", key="architecture")
+    text_config = raw.get("text_config")
+    if isinstance(text_config, Mapping) and "num_hidden_layers" not in raw:
+        merged = dict(text_config)
+        merged["architecture"] = architecture
+        return spec_from_hf_config(merged, source=source)
+    layers = _int_field(raw, "num_hidden_layers", source)
+    hidden = _int_field(raw, "hidden_size", source)
+    heads = _int_field(raw, "num_attention_heads", source)
+    kv_heads = _int_field(raw, "num_key_value_heads", source, default=heads)
+    head_dim = raw.get("head_dim") or hidden // heads
+    intermediate = _int_field(raw, "intermediate_size", source, default=4 * hidden)
+    vocab = _int_field(raw, "vocab_size", source)
+    eps = raw.get("rms_norm_eps", raw.get("layer_norm_epsilon", 1e-6))
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or eps <= 0:
+        raise ConfigError(f"{source}: rms_norm_eps must be a positive number, got {eps!r}", key="rms_norm_eps")
+    experts = raw.get("num_experts") or raw.get("n_routed_experts") or raw.get("num_local_experts") or 0
+    kv_lora_rank = raw.get("kv_lora_rank") or 0
+    is_mla = bool(kv_lora_rank) or raw.get("attention") == "mla"
+    spec = ModelSpec(
+        name=str(raw.get("name") or raw.get("_name_or_path") or architecture),
+        architecture=architecture,
+        num_hidden_layers=layers,
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=int(head_dim),
+        intermediate_size=intermediate,
+        vocab_size=vocab,
+        rms_norm_eps=float(eps),
+        qk_norm=bool(raw.get("qk_norm", architecture.startswith("Qwen3"))),
+        attention="mla" if is_mla else "mha",
+        kv_lora_rank=int(kv_lora_rank),
+        qk_rope_head_dim=int(raw.get("qk_rope_head_dim") or 0),
+        is_moe=bool(raw.get("is_moe", bool(experts))),
+        num_experts=int(experts),
+        num_experts_per_tok=int(raw.get("num_experts_per_tok") or 0),
+        is_encoder_decoder=bool(raw.get("is_encoder_decoder", architecture in _ENCODER_DECODER_ARCHS)),
+        is_pooling=bool(raw.get("is_pooling", architecture.endswith(_POOLING_SUFFIXES))),
+        max_position_embeddings=int(raw.get("max_position_embeddings") or 4096),
+        rope_theta=float(raw.get("rope_theta") or 1_000_000.0),
+    )
+    del own
+    return spec
+
+
+def model_spec_from(model: Any) -> ModelSpec:
+    """A ModelSpec from a preset name, a config.json path (file or folder), a dict, or a spec."""
+    if model is None:
+        return PRESETS[DEFAULT_PRESET]
+    if isinstance(model, ModelSpec):
+        return model
+    if isinstance(model, Mapping):
+        return spec_from_hf_config(model, source="model dict")
+    if isinstance(model, (str, os.PathLike)):
+        text = os.fspath(model)
+        if text in PRESETS:
+            return PRESETS[text]
+        path = os.path.join(text, "config.json") if os.path.isdir(text) else text
+        if os.path.isfile(path):
+            try:
+                with open(path, encoding="utf-8") as handle:
+                    raw = json.load(handle)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(
+                    f"model config {path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}",
+                    key="model",
+                ) from None
+            except OSError as exc:
+                raise ConfigError(f"model config {path}: cannot read it ({exc.strerror})", key="model") from None
+            return spec_from_hf_config(raw, source=path)
+        raise ConfigError(
+            f"unknown model {text!r}: give a preset ({', '.join(PRESETS)}) or the path of a "
+            "Hugging Face config.json (or its folder)",
+            key="model",
+        )
+    raise ConfigError(f"model must be a preset name, a config.json path or a dict, got {type(model).__name__}", key="model")

@@ -1,0 +1,1 @@
+"""Testing support: the pytest plugin, device fixtures, the device conformance suite."""
