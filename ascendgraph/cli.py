@@ -213,11 +213,22 @@ def register_command(command: Command) -> None:
     COMMANDS.append(command)
 
 
+# Modules that own a command register it on import (`register_command`); missing ones are skipped.
+COMMAND_MODULES = (
+    "ascendgraph.engine_cli",      # run
+    "ascendgraph.plan",            # plan
+    "ascendgraph.scenario_cli",    # scenario
+    "ascendgraph.profile_cli",     # profile
+    "ascendgraph.doctor",          # doctor
+    "ascendgraph.diagnose",        # diagnose
+)
+
+
 def _load_command_modules() -> None:
     # Each module registers its command on import; a module that does not exist yet is skipped.
     import importlib
 
-    for module in ("ascendgraph.engine_cli",):
+    for module in COMMAND_MODULES:
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as exc:
