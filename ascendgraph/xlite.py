@@ -8,7 +8,8 @@ budget sit beside them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Sequence, Union
 
 from ascendgraph.errors import XliteConfigError
 
@@ -21,6 +22,10 @@ __all__ = [
     "XLITE_PIPELINE_PARALLEL_ERROR",
     "XLITE_BLOCK_SIZE",
     "validate_xlite",
+    "xlite_token_budget",
+    "XliteRoute",
+    "XliteRouter",
+    "ROUTING_RULES",
 ]
 
 XLITE_SPEC_DECODE_ERROR = "Xlite graph mode only support speculative decoding with num_speculative_tokens=1."
@@ -69,3 +74,125 @@ def validate_xlite(config: "GraphConfig") -> list[str]:
             "may perform worse or be rejected by the xlite runtime"
         )
     return warnings
+
+
+# --------------------------------------------------------------------------- budget and routing
+# Theory of operation. xlite preallocates a hidden-state workspace for a fixed number of
+# tokens (the budget). Every batch is routed by its token count — the maximum over the
+# data-parallel ranks, since all ranks must take the same path — to the xlite runtime
+# when it fits, otherwise to the native runnable (ACLGraph replay or eager).
+
+XliteRouteName = Literal["xlite", "native"]
+XLITE = "xlite"
+NATIVE = "native"
+
+
+def xlite_token_budget(
+    *,
+    full_mode: bool,
+    max_num_seqs: int,
+    num_speculative_tokens: int = 0,
+    max_num_batched_tokens: int = 8192,
+    tensor_parallel_size: int = 1,
+) -> int:
+    """Tokens xlite preallocates: decode-only = seqs x (1 + k); full = batched tokens rounded up to tp."""
+    if full_mode:
+        tp = max(1, tensor_parallel_size)
+        return ((max_num_batched_tokens + tp - 1) // tp) * tp
+    return max_num_seqs * (1 + num_speculative_tokens)
+
+
+@dataclass(frozen=True)
+class XliteRoute:
+    """Where one batch runs and why."""
+
+    route: XliteRouteName
+    reason: str
+    num_tokens: int
+
+
+@dataclass(frozen=True)
+class XliteRouter:
+    """The per-batch routing rules of SEMANTICS §11 for one configuration."""
+
+    full_mode: bool
+    budget: int
+    data_parallel_size: int = 1
+
+    @classmethod
+    def from_config(cls, config: "GraphConfig") -> "XliteRouter":
+        xcfg = config.xlite_graph_config
+        return cls(
+            full_mode=xcfg.full_mode,
+            budget=xlite_token_budget(
+                full_mode=xcfg.full_mode,
+                max_num_seqs=config.max_num_seqs,
+                num_speculative_tokens=config.num_speculative_tokens,
+                max_num_batched_tokens=config.max_num_batched_tokens,
+                tensor_parallel_size=config.tensor_parallel_size,
+            ),
+            data_parallel_size=config.data_parallel_size,
+        )
+
+    @property
+    def mode_name(self) -> str:
+        return "full" if self.full_mode else "decode-only"
+
+    def route(
+        self,
+        num_tokens: Union[int, Sequence[int]],
+        *,
+        num_reqs: int,
+        has_prefill: bool = False,
+        is_profile_run: bool = False,
+    ) -> XliteRoute:
+        """Route a batch. ``num_tokens`` may be one count or the per-DP-rank counts (max is used)."""
+        counts = [num_tokens] if isinstance(num_tokens, int) else list(num_tokens)
+        if not counts or any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in counts):
+            raise ValueError(f"num_tokens must be a non-negative integer or a non-empty list of them, got {num_tokens!r}")
+        if num_reqs < 0:
+            raise ValueError(f"num_reqs must be >= 0, got {num_reqs}")
+        tokens = max(counts)
+        across = f" (max over {len(counts)} DP ranks)" if len(counts) > 1 else ""
+        for rule in ROUTING_RULES:
+            decided = rule(self, tokens, num_reqs, has_prefill, is_profile_run, across)
+            if decided is not None:
+                return decided
+        raise AssertionError("routing rules must end with a catch-all")  # pragma: no cover
+
+
+def _rule_profile_run(r: XliteRouter, tokens: int, reqs: int, prefill: bool, profile: bool, across: str):
+    if profile and r.full_mode:
+        return XliteRoute(XLITE, "profile run in xlite full mode: xlite returns its preallocated hidden-state buffer", tokens)
+    return None
+
+
+def _rule_over_budget(r: XliteRouter, tokens: int, reqs: int, prefill: bool, profile: bool, across: str):
+    if tokens > r.budget:
+        return XliteRoute(NATIVE, f"{tokens} tokens{across} exceed the xlite {r.mode_name} budget of {r.budget}", tokens)
+    return None
+
+
+def _rule_decode_only_data_parallel(r: XliteRouter, tokens: int, reqs: int, prefill: bool, profile: bool, across: str):
+    if not r.full_mode and r.data_parallel_size > 1 and tokens > reqs:
+        return XliteRoute(
+            NATIVE,
+            f"decode-only xlite with data parallelism (dp={r.data_parallel_size}) takes only batches with at most one "
+            f"token per request; {tokens} tokens{across} for {reqs} requests",
+            tokens,
+        )
+    return None
+
+
+def _rule_within_budget(r: XliteRouter, tokens: int, reqs: int, prefill: bool, profile: bool, across: str):
+    kind = "prefill" if prefill else "decode"
+    return XliteRoute(XLITE, f"{kind} batch of {tokens} tokens{across} fits the xlite {r.mode_name} budget of {r.budget}", tokens)
+
+
+# In order; the first rule that decides wins (SEMANTICS §11).
+ROUTING_RULES = (
+    _rule_profile_run,
+    _rule_over_budget,
+    _rule_decode_only_data_parallel,
+    _rule_within_budget,
+)
