@@ -147,7 +147,10 @@ class XliteRouter:
         is_profile_run: bool = False,
     ) -> XliteRoute:
         """Route a batch. ``num_tokens`` may be one count or the per-DP-rank counts (max is used)."""
-        counts = [num_tokens] if isinstance(num_tokens, int) else list(num_tokens)
+        if isinstance(num_tokens, (list, tuple)):
+            counts = list(num_tokens)
+        else:
+            counts = [num_tokens]  # type: ignore[list-item]
         if not counts or any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in counts):
             raise ValueError(f"num_tokens must be a non-negative integer or a non-empty list of them, got {num_tokens!r}")
         if num_reqs < 0:
