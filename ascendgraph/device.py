@@ -86,6 +86,8 @@ class Stream(Protocol):
     @property
     def stream_id(self) -> int: ...
 
+    def synchronize(self) -> None: ...
+
 
 @runtime_checkable
 class Event(Protocol):
@@ -117,7 +119,11 @@ class PoolHandle(Protocol):
 
 @runtime_checkable
 class Graph(Protocol):
-    """torch.npu.NPUGraph: capture once, replay many times."""
+    """torch.npu.NPUGraph: capture once, replay many times.
+
+    ``graph_kind`` ("full" or "piecewise", on `Device.graph`) tells the device which stream
+    cost of the StreamPlan a capture is charged; hardware may ignore it.
+    """
 
     def capture_begin(self, pool: Optional[PoolHandle] = None, capture_error_mode: str = "global") -> None: ...
 
@@ -163,6 +169,7 @@ class Device(Protocol):
         pool: Optional[PoolHandle] = None,
         stream: Optional[Stream] = None,
         capture_error_mode: str = "global",
+        graph_kind: str = "full",
     ) -> ContextManager[None]: ...
 
     def graph_pool_handle(self) -> PoolHandle: ...
@@ -191,7 +198,7 @@ class Device(Protocol):
 
     def set_stream_plan(self, plan: Any) -> None: ...
 
-    def profile(self, output_dir: str, **options: Any) -> ContextManager[Any]: ...
+    def profiling(self, output_dir: str, **options: Any) -> ContextManager[Any]: ...
 
 
 @dataclass(frozen=True)

@@ -79,7 +79,8 @@ class GraphDispatcher:
         self.max_num_seqs = max_num_seqs
         self.query_len = uniform_decode_query_len
         self.max_loras = max_loras
-        self.specialize_active_lora = specialize_active_lora
+        # vLLM reads this flag from the LoRA config: without LoRA there is nothing to specialise.
+        self.specialize_active_lora = specialize_active_lora and max_loras > 0
         self.specialize_lora = specialize_lora
         self._padded = padding_table(self.capture_sizes)
         self._keys: dict[GraphMode, set[BatchDescriptor]] = {GraphMode.PIECEWISE: set(), GraphMode.FULL: set()}

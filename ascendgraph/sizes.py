@@ -201,8 +201,8 @@ def round_sizes_for_spec_decode(
         rounded = [query_len]
     if not rounded:
         raise ConfigError(
-            "No valid cudagraph sizes after rounding to multiple of q (num_speculative_tokens + 1) "
-            f"(q={query_len}); please adjust num_speculative_tokens ({query_len - 1}) or "
+            f"No valid cudagraph sizes after rounding to multiple of {query_len} (num_speculative_tokens + 1) "
+            f"please adjust num_speculative_tokens ({query_len - 1}) or "
             f"max_cudagraph_capture_size ({max_size}) or cudagraph_capture_sizes ({list(sizes)})",
             key="cudagraph_capture_sizes",
         )

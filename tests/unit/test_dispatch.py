@@ -145,9 +145,10 @@ def test_dispatch_normalises_the_active_lora_count(kwargs, active, expected):
         assert (mode, key) == (M.NONE, B(3))
 
 
-def test_has_lora_without_a_lora_dispatcher_is_an_error():
+@pytest.mark.parametrize("specialize", [False, True])
+def test_has_lora_without_a_lora_dispatcher_is_an_error(specialize):
     with pytest.raises(ConfigError, match="max_loras"):
-        dispatcher(M.PIECEWISE).dispatch(3, has_lora=True, num_active_loras=1)
+        dispatcher(M.PIECEWISE, specialize_active_lora=specialize).dispatch(3, has_lora=True, num_active_loras=1)
 
 
 def test_uniform_decode_size_not_multiple_of_q_is_reported():

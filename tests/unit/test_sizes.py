@@ -163,8 +163,10 @@ def test_round_sizes_for_spec_decode_table(sizes, max_size, q, expected, expecte
 
 
 def test_rounding_without_any_valid_size_is_an_error():
-    with pytest.raises(ConfigError, match=r"No valid cudagraph sizes after rounding to multiple of q "
-                                          r"\(num_speculative_tokens \+ 1\)"):
+    with pytest.raises(ConfigError, match=r"^No valid cudagraph sizes after rounding to multiple of 3 "
+                                          r"\(num_speculative_tokens \+ 1\) please adjust num_speculative_tokens "
+                                          r"\(2\) or max_cudagraph_capture_size \(2\) or cudagraph_capture_sizes "
+                                          r"\(\[1, 2\]\)$"):
         round_sizes_for_spec_decode([1, 2], 2, query_len=3)
 
 
