@@ -3,6 +3,17 @@
 The public API is small; everything here is re-exported from its own module.
 """
 
+import os as _os
+import sys as _sys
+
+# torch_npu registers itself for torch's device-backend autoload; with torch_npu installed
+# but the CANN libraries missing, a plain `import torch` then fails. ascendgraph never
+# relies on autoload (hw/ imports torch_npu explicitly, behind a guard), so it is switched
+# off unless the user chose a value. The user's own value is kept here for `doctor`.
+ORIGINAL_TORCH_DEVICE_BACKEND_AUTOLOAD = _os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD")
+if "torch" not in _sys.modules:
+    _os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
+
 from ascendgraph.config import GraphConfig
 from ascendgraph.dispatch import BatchDescriptor, GraphDispatcher
 from ascendgraph.errors import (

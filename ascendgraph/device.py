@@ -15,9 +15,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any, Callable, ContextManager, Iterator, Optional, Protocol, runtime_checkable
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Optional, Protocol, runtime_checkable
 
 from ascendgraph.errors import ConfigError, DeviceUnavailable
 
@@ -37,6 +35,9 @@ __all__ = [
     "backend_availability",
     "get_device",
 ]
+
+if TYPE_CHECKING:  # pragma: no cover - torch is only needed by the backends themselves
+    import torch
 
 ENTRY_POINT_GROUP = "ascendgraph.devices"
 CAPTURE_ERROR_MODES = ("global", "thread_local", "relaxed")
@@ -144,7 +145,7 @@ class Device(Protocol):
     profile: DeviceProfile
 
     @property
-    def torch_device(self) -> torch.device: ...
+    def torch_device(self) -> "torch.device": ...
 
     # streams and events
     def current_stream(self) -> Stream: ...
@@ -192,7 +193,7 @@ class Device(Protocol):
 
     def synchronize(self) -> None: ...
 
-    def weak_ref(self, tensor: torch.Tensor) -> torch.Tensor: ...
+    def weak_ref(self, tensor: "torch.Tensor") -> "torch.Tensor": ...
 
     def stats(self) -> DeviceStats: ...
 
