@@ -159,6 +159,9 @@ CAPTURE_END_OTHER_STREAM = "Capture must end on the same stream it began on."
 CAPTURE_END_BEFORE_BEGIN = "capture_end() called before capture_begin()."
 REPLAY_BEFORE_CAPTURE = "Called NPUGraph::replay without a preceding successful capture."
 POOL_BEFORE_CAPTURE = "Called NPUGraph::pool() without a preceding successful capture."
+UNKNOWN_CAPTURE_ERROR_MODE = (
+    "Unknown capture error mode. Expected `global`, `thread_local`, or `relaxed`, got {mode}"
+)
 TASK_QUEUE_2_DURING_CAPTURE = (
     "Do not support TASK_QUEUE_ENABLE = 2 during NPU graph capture, "
     "please export TASK_QUEUE_ENABLE=1/0."
@@ -177,6 +180,58 @@ TEXT_ALLOC_SQ_CQ = "[SqCqManage]Alloc sq cq fail, stream_id={stream_id}, retCode
 TEXT_207005 = (
     "NPU function error: c10_npu::acl::AclmdlRICaptureBegin(capture_stream_, capture_mode), "
     "error code is 207005\n[Error]: resource alloc fail."
+)
+# torch_npu's caching-allocator OOM opens with this (raised as torch.OutOfMemoryError).
+TEXT_NPU_OOM = "NPU out of memory. Tried to allocate {size}"
+
+# Texts of our own, for conditions torch_npu leaves to the ACL runtime (whose codes and
+# wording are CANN-dependent: 107027 "stream is captured", ...). The simulator raises them;
+# tools and tests match on them. Hardware runs assert the error type only.
+CONCURRENT_CAPTURE = (
+    "Another NPU graph capture ({other}) is already in progress on this device; only one capture "
+    "at a time is supported. End it with capture_end() (or leave its graph() block) before "
+    "beginning a new one."
+)
+HOST_SYNC_DURING_CAPTURE = (
+    "{what} synchronizes with the host, which is not allowed while a stream is captured (NPU graph "
+    "capture of {graph}). Compute the value before capture, keep it on the device, or move this "
+    "call outside the captured region."
+)
+DYNAMIC_SHAPE_DURING_CAPTURE = (
+    "{what} has a data-dependent output shape, which needs a host synchronization and cannot be "
+    "captured in an NPU graph ({graph}). Use a fixed-shape formulation (masks, padding) inside "
+    "the captured region."
+)
+RNG_DURING_CAPTURE = (
+    "{what} draws random numbers during NPU graph capture of {graph}; npugraph_ex does not capture "
+    "RNG ops, so the simulator rejects them. Draw the numbers outside the captured region, or "
+    "create the device with allow_rng_in_capture=True to allow graph-safe RNG."
+)
+METADATA_CHANGE_DURING_CAPTURE = (
+    "{what} changes the shape, strides or storage of an existing tensor during NPU graph capture "
+    "of {graph}; the graph would replay against stale metadata. Use the out-of-place form "
+    "(e.g. t() instead of t_()) inside the captured region."
+)
+GRAPH_HANG_REPLAY = (
+    "replay of {graph} is waiting on {event}, which nothing has recorded: the graph would hang on "
+    "the device. Record the event (after the task updates of a FULL graph) before synchronizing."
+)
+GRAPH_HANG_STREAM = (
+    "{stream} is waiting on {event}, which nothing has recorded: the stream would hang on the "
+    "device. Record the event before synchronizing."
+)
+EXTERNAL_EVENT_NOT_RESET = (
+    "{event} was recorded again without reset(); an ExternalEvent must be reset before it is "
+    "reused (call event.reset(stream) after the wait it released)."
+)
+TASK_UPDATE_MISMATCH = (
+    "task update of {group} does not match its capture: {detail}. The update must re-issue the "
+    "same ops, in the same order, as the task group captured."
+)
+TASK_GROUP_MISUSE = "{what}: {detail}"
+TEXT_DEVICE_LOST = (
+    "device lost: the NPU stopped responding (at {site}). Every later call on this device fails; "
+    "create a new device."
 )
 
 

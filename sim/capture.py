@@ -1,0 +1,423 @@
+"""One capture in progress, one task update in progress, and the replay program.
+
+Theory of operation. A `Capture` turns the ops its recorder hands it into `OpRecord`s
+(call, captured arguments, the tensors that receive fresh outputs) and the graph-level
+events of the capturing stream into `ControlRecord`s (ExternalEvent wait / reset /
+record). At capture end the records become a `Program`: segments of plain calls
+separated by control nodes, with everything the hot path needs precomputed, so a replay
+is a tight loop of ``call(*args)`` plus a ``copy_`` into each captured output.
+
+A task group names a run of records. A task `Update` collects the ops re-issued between
+task_update_begin and task_update_end (they do not run) and, if they match the group op
+for op, the group's program entries take their arguments.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
+
+from ascendgraph.errors import HOST_SYNC_DURING_CAPTURE, TASK_UPDATE_MISMATCH, CaptureConstraintError
+from sim.cost import CostModel, TaskInfo
+from sim.recorder import (
+    ALIAS,
+    OP,
+    RNG,
+    CaptureRecorder,
+    HostSyncGuard,
+    OpInfo,
+    UpdateCollector,
+    draws_random,
+    reject,
+    to_meta,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from sim.budget import StreamCharge
+    from sim.device import SimDevice, SimPool
+    from sim.graph import SimGraph
+    from sim.streams import SimExternalEvent, SimStream
+
+__all__ = ["OpRecord", "ControlRecord", "TaskGroup", "Capture", "Update", "Segment", "Program"]
+
+Tensor = torch.Tensor
+_dispatch_stack_len = torch._C._len_torch_dispatch_stack
+NO_COPY, COPY_ONE, COPY_MANY = 0, 1, 2
+
+
+class OpRecord:
+    __slots__ = ("func", "args", "kwargs", "dests", "stream_id")
+
+    def __init__(self, func: Any, args: tuple, kwargs: dict, dests: Any, stream_id: int) -> None:
+        self.func = func
+        self.args = args
+        self.kwargs = kwargs
+        self.dests = dests  # per return: None | Tensor | list[Tensor]
+        self.stream_id = stream_id
+
+    def __repr__(self) -> str:
+        return f"OpRecord({self.func})"
+
+
+class ControlRecord:
+    __slots__ = ("kind", "event")
+
+    def __init__(self, kind: str, event: "SimExternalEvent") -> None:
+        self.kind = kind  # "wait" | "reset" | "record"
+        self.event = event
+
+    def __repr__(self) -> str:
+        return f"ControlRecord({self.kind} {self.event})"
+
+
+class TaskGroup:
+    """The handle task_group_end returns: a run of records of one graph capture."""
+
+    __slots__ = ("graph", "generation", "index", "record_indices", "name")
+
+    def __init__(self, graph: "SimGraph", generation: int, index: int, record_indices: list[int]) -> None:
+        self.graph = graph
+        self.generation = generation
+        self.index = index
+        self.record_indices = record_indices
+        self.name = f"task group {index} of {graph.name}"
+
+    def __repr__(self) -> str:
+        return f"<{self.name}: {len(self.record_indices)} ops>"
+
+
+def modes_off() -> Any:
+    """Hide the dispatch modes below the current one (another device's capture, an eager
+    tracker) from the simulator's own work; free when there are none."""
+    return _disable_current_modes() if _dispatch_stack_len() else contextlib.nullcontext()
+
+
+def _flatten_returns(func: Any, out: Any) -> tuple:
+    count = len(func._schema.returns)
+    if count == 0:
+        return ()
+    if count == 1:
+        return (out,)
+    return tuple(out)
+
+
+def _pack_returns(func: Any, values: list) -> Any:
+    count = len(func._schema.returns)
+    if count == 0:
+        return None
+    if count == 1:
+        return values[0]
+    return tuple(values)
+
+
+def _tensors_in(values: Any) -> list[Tensor]:
+    found: list[Tensor] = []
+    stack = [values]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, Tensor):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            stack.extend(value)
+        elif isinstance(value, dict):
+            stack.extend(value.values())
+    return found
+
+
+def materialize(
+    info: OpInfo, args: tuple, kwargs: dict, allocate: Callable[[Tensor], Tensor]
+) -> Optional[tuple[Any, list]]:
+    """Outputs of an op without running it: meta shapes, real tensors from ``allocate``.
+
+    Returns (value to hand back, per-return destinations) or None when the op has no meta
+    kernel. Returns that alias an argument (in-place / out= ops) hand back that argument.
+    """
+    func = info.func
+    with torch._C.DisableTorchFunction(), modes_off():
+        try:
+            meta_out = func(*to_meta(args), **{k: to_meta(v) for k, v in kwargs.items()})
+        except (NotImplementedError, RuntimeError, TypeError):
+            return None
+        metas = _flatten_returns(func, meta_out)
+        values: list[Any] = []
+        dests: list[Any] = []
+        for index, meta in enumerate(metas):
+            alias = info.return_alias[index]
+            if alias is not None:
+                values.append(info.argument(alias, args, kwargs))
+                dests.append(None)
+            elif isinstance(meta, Tensor):
+                real = allocate(meta)
+                values.append(real)
+                dests.append(real)
+            elif isinstance(meta, (list, tuple)) and meta and all(isinstance(m, Tensor) for m in meta):
+                reals = [allocate(m) for m in meta]
+                values.append(reals)
+                dests.append(reals)
+            else:
+                values.append(meta)  # None or a host scalar
+                dests.append(None)
+    return _pack_returns(func, values), dests
+
+
+class Capture:
+    """State of the capture under way on one device (at most one at a time)."""
+
+    def __init__(
+        self,
+        device: "SimDevice",
+        graph: "SimGraph",
+        stream: "SimStream",
+        *,
+        charge: "StreamCharge",
+        pool: "SimPool",
+        poison: bool,
+        allow_rng: bool,
+    ) -> None:
+        self.device = device
+        self.graph = graph
+        self.stream = stream
+        self.charge = charge  # streams held while capturing (returned if the capture fails)
+        self.pool = pool  # the pool the capture allocates from
+        self.started = time.perf_counter()
+        self.poison = poison
+        self.allow_rng = allow_rng
+        self.records: list[Any] = []
+        self.groups: list[TaskGroup] = []
+        self.open_group: Optional[tuple["SimStream", int]] = None
+        self.fresh_bytes = 0
+        self.fallback_ops = 0
+        self.recorder = CaptureRecorder(self)
+        self.guard = HostSyncGuard(self.host_sync_error)
+        self._active = False
+
+    # -- mode stack
+    def start(self) -> None:
+        self.guard.__enter__()
+        try:
+            self.recorder.__enter__()
+        except BaseException:
+            self.guard.__exit__(None, None, None)
+            raise
+        self._active = True
+
+    def stop(self) -> None:
+        if self._active:
+            self._active = False
+            self.recorder.__exit__(None, None, None)
+            self.guard.__exit__(None, None, None)
+
+    def host_sync_error(self, what: str) -> CaptureConstraintError:
+        return CaptureConstraintError(HOST_SYNC_DURING_CAPTURE.format(what=what, graph=self.graph.name))
+
+    # -- ops
+    def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        info = self.device._op_info(func)
+        kind = info.kind
+        if kind == OP:
+            return self._record(info, args, kwargs)
+        if kind == ALIAS:
+            return func(*args, **kwargs)
+        if kind == RNG and (self.allow_rng or not draws_random(info, args, kwargs)):
+            return self._record(info, args, kwargs)
+        raise reject(kind, func, self.graph.name)
+
+    def _allocate(self, meta: Tensor) -> Tensor:
+        nbytes = meta.untyped_storage().nbytes() if meta.numel() else 0
+        self.device._capture_malloc(self, nbytes)
+        real = torch.empty_strided(meta.size(), meta.stride(), dtype=meta.dtype, device=self.device.torch_device)
+        if self.poison and (real.is_floating_point() or real.is_complex()):
+            real.fill_(math.nan)
+        self.fresh_bytes += real.untyped_storage().nbytes()
+        return real
+
+    def _record(self, info: OpInfo, args: tuple, kwargs: dict) -> Any:
+        made = materialize(info, args, kwargs, self._allocate)
+        if made is None:
+            return self._record_executed(info, args, kwargs)
+        value, dests = made
+        self.records.append(OpRecord(info.func, args, dict(kwargs), dests, self.device._current().stream_id))
+        return value
+
+    def _record_executed(self, info: OpInfo, args: tuple, kwargs: dict) -> Any:
+        """No meta kernel: run the op now and treat outputs on new storage as fresh."""
+        func = info.func
+        self.fallback_ops += 1
+        inputs = {t.untyped_storage().data_ptr() for t in _tensors_in((args, kwargs))}
+        with torch._C.DisableTorchFunction(), modes_off():
+            out = func(*args, **kwargs)
+        dests: list[Any] = []
+        for value in _flatten_returns(func, out):
+            if isinstance(value, Tensor) and value.untyped_storage().data_ptr() not in inputs:
+                self.fresh_bytes += value.untyped_storage().nbytes()
+                dests.append(value)
+            else:
+                dests.append(None)
+        self.records.append(OpRecord(func, args, dict(kwargs), dests, self.device._current().stream_id))
+        return out
+
+    def control(self, kind: str, event: "SimExternalEvent") -> None:
+        self.records.append(ControlRecord(kind, event))
+
+    # -- task groups
+    def group_begin(self, stream: "SimStream") -> None:
+        self.open_group = (stream, len(self.records))
+
+    def group_end(self, generation: int) -> TaskGroup:
+        assert self.open_group is not None
+        _, start = self.open_group
+        self.open_group = None
+        indices = [i for i in range(start, len(self.records)) if isinstance(self.records[i], OpRecord)]
+        group = TaskGroup(self.graph, generation, len(self.groups), indices)
+        self.groups.append(group)
+        return group
+
+
+class Update:
+    """A task update under way: re-issued ops are collected, not run."""
+
+    def __init__(self, device: "SimDevice", group: TaskGroup, stream: "SimStream") -> None:
+        self.device = device
+        self.group = group
+        self.stream = stream
+        self.calls: list[tuple[Any, tuple, dict]] = []
+        self.collector = UpdateCollector(self)
+
+    def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        info = self.device._op_info(func)
+        if info.kind == ALIAS:
+            return func(*args, **kwargs)
+        if info.kind not in (OP, RNG):
+            raise reject(info.kind, func, self.group.graph.name)
+        self.calls.append((func, args, dict(kwargs)))
+        made = materialize(info, args, kwargs, self._allocate)
+        if made is None:
+            raise CaptureConstraintError(
+                TASK_UPDATE_MISMATCH.format(
+                    group=self.group.name,
+                    detail=f"{func} cannot be re-issued in a task update (it has no meta kernel)",
+                )
+            )
+        return made[0]
+
+    def _allocate(self, meta: Tensor) -> Tensor:
+        return torch.empty_strided(meta.size(), meta.stride(), dtype=meta.dtype, device=self.device.torch_device)
+
+    def mismatch(self, records: list[Any]) -> Optional[str]:
+        expected = [records[i].func for i in self.group.record_indices]
+        got = [call[0] for call in self.calls]
+        if len(expected) != len(got):
+            return (
+                f"it captured {len(expected)} op(s) ({', '.join(map(str, expected)) or 'none'}) but the "
+                f"update issued {len(got)} ({', '.join(map(str, got)) or 'none'})"
+            )
+        for position, (want, have) in enumerate(zip(expected, got)):
+            if want is not have:
+                return f"op {position} was captured as {want} but the update issued {have}"
+        return None
+
+
+# --------------------------------------------------------------------------- program
+
+
+class Segment:
+    """Calls run back to back, then an optional control node."""
+
+    __slots__ = ("entries", "tasks", "time_us", "control")
+
+    def __init__(self) -> None:
+        self.entries: list[tuple] = []
+        self.tasks: list[TaskInfo] = []
+        self.time_us = 0.0
+        self.control: Optional[ControlRecord] = None
+
+    def retime(self) -> None:
+        self.time_us = sum(task.duration_us for task in self.tasks)
+
+
+def out_variant(func: Any) -> Optional[Any]:
+    """The ``.out`` overload of a single-output aten op with the same arguments, or None."""
+    schema = func._schema
+    if not schema.name.startswith("aten::") or len(schema.returns) != 1 or schema.is_mutable:
+        return None
+    packet = getattr(torch.ops.aten, schema.name[len("aten::"):], None)
+    if packet is None:
+        return None
+    name = "out" if schema.overload_name in ("", "default") else f"{schema.overload_name}_out"
+    if name not in packet.overloads():
+        return None
+    candidate = getattr(packet, name)
+    arguments = candidate._schema.arguments
+    outs = [a for a in arguments if a.alias_info is not None and a.alias_info.is_write]
+    ins = [a.name for a in arguments if not (a.alias_info is not None and a.alias_info.is_write)]
+    if len(outs) != 1 or outs[0].name != "out" or ins != [a.name for a in schema.arguments]:
+        return None
+    return candidate
+
+
+def _entry(func: Any, args: tuple, kwargs: dict, dests: Sequence[Any]) -> tuple:
+    if not any(d is not None for d in dests):
+        return (func._op, args, kwargs or None, NO_COPY, None)
+    if len(dests) == 1 and isinstance(dests[0], Tensor):
+        variant = out_variant(func)
+        if variant is not None:
+            # Write straight into the captured output: no temporary, no copy.
+            return (variant._op, args, {**kwargs, "out": dests[0]}, NO_COPY, None)
+        return (func._op, args, kwargs or None, COPY_ONE, dests[0])
+    return (func._op, args, kwargs or None, COPY_MANY, tuple(dests))
+
+
+def _task(cost: CostModel, record: OpRecord) -> TaskInfo:
+    outputs = [d for d in record.dests if d is not None]
+    if not outputs and record.func._schema.is_mutable:
+        # A kernel writing into an argument (out=, reshape_and_cache): those are its outputs.
+        outputs = [
+            value
+            for arg, value in zip(record.func._schema.arguments, record.args)
+            if arg.alias_info is not None and arg.alias_info.is_write
+        ]
+    return cost.graph_task(record.func, record.args, record.kwargs, outputs)
+
+
+class Program:
+    """What a replay runs: segments, plus where each recorded op landed (for task updates)."""
+
+    def __init__(self, records: list[Any], cost: CostModel) -> None:
+        self.segments: list[Segment] = []
+        self.positions: dict[int, tuple[int, int]] = {}
+        self.records = records
+        self.cost = cost
+        segment = Segment()
+        for index, record in enumerate(records):
+            if isinstance(record, ControlRecord):
+                segment.control = record
+                self.segments.append(segment)
+                segment = Segment()
+                continue
+            self.positions[index] = (len(self.segments), len(segment.entries))
+            segment.entries.append(_entry(record.func, record.args, record.kwargs, record.dests))
+            segment.tasks.append(_task(cost, record))
+        self.segments.append(segment)
+        for seg in self.segments:
+            seg.retime()
+        self.num_tasks = sum(len(seg.entries) for seg in self.segments)
+        self.total_time_us = sum(seg.time_us for seg in self.segments)
+
+    def replace(self, record_index: int, args: tuple, kwargs: dict) -> None:
+        """Give one recorded op new arguments (a task update); its outputs stay in place."""
+        record = self.records[record_index]
+        record.args, record.kwargs = args, kwargs
+        seg_index, entry_index = self.positions[record_index]
+        segment = self.segments[seg_index]
+        segment.entries[entry_index] = _entry(record.func, args, kwargs, record.dests)
+        segment.tasks[entry_index] = _task(self.cost, record)
+        segment.retime()
+        self.total_time_us = sum(seg.time_us for seg in self.segments)
+
+    def op_names(self) -> list[str]:
+        return [str(r.func) for r in self.records if isinstance(r, OpRecord)]

@@ -1,0 +1,297 @@
+"""Recording: what happens to each op issued while a graph captures (or a task update runs).
+
+Theory of operation. Capture pushes two modes. A `TorchDispatchMode` (the *recorder*)
+sees every aten and custom op after decomposition; a `TorchFunctionMode` beside it sees
+the Python-level host synchronisations that never reach dispatch on a CPU tensor
+(``.tolist()``, ``.cpu()``, ``.numpy()``, ``print(t)``). Each op is classified once per
+device (`OpInfo`, cached):
+
+=================  ====================================================================
+class              what capture does
+=================  ====================================================================
+wrapper op         (ascendgraph.ops.register_wrapper_op) re-enter its Python
+                   implementation under the recorder: the kernels it issues are recorded
+host sync          ``_local_scalar_dense`` / ``item`` / ``equal``: CaptureConstraintError
+dynamic shape      ``Tag.dynamic_output_shape`` (nonzero, masked_select): rejected
+metadata change    ``Tag.inplace_view``, ``set_``, ``resize_``: rejected
+RNG                ``Tag.nondeterministic_seeded`` drawing numbers: rejected unless the
+                   device allows RNG in capture
+alias              view ops (``func.is_view``) and the aliasing ops that are not annotated
+                   as views (``_unsafe_view``, ``unsafe_split``...): run now (they only
+                   make aliases), never replayed
+op                 everything else: *not run*. Its outputs are computed on the meta device,
+                   fresh outputs are allocated from the graph pool (NaN-poisoned, as the
+                   device's memory is uninitialised) and the call is appended to the
+                   recording with its arguments — the captured tensors and the host values
+                   of that moment
+=================  ====================================================================
+
+Capture does not execute work, like the device: a capture call's outputs are garbage
+until the first replay, and in-place updates issued during capture have not happened
+when capture ends. An op without a meta kernel is the exception: it runs for real at
+capture and is counted in ``stats().extra["capture_fallback_ops"]``.
+
+The dispatch modes declare ``ignore_compile_internals``: torch.compile keeps compiling
+under them and they see the compiled code's ops at run time.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ascendgraph import ops as ag_ops
+from ascendgraph.errors import (
+    CaptureConstraintError,
+    DYNAMIC_SHAPE_DURING_CAPTURE,
+    HOST_SYNC_DURING_CAPTURE,
+    METADATA_CHANGE_DURING_CAPTURE,
+    RNG_DURING_CAPTURE,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from sim.capture import Capture, Update
+    from sim.device import SimDevice
+
+__all__ = [
+    "OP",
+    "ALIAS",
+    "HOST_SYNC",
+    "DYNAMIC_SHAPE",
+    "METADATA_CHANGE",
+    "RNG",
+    "OpInfo",
+    "classify",
+    "to_meta",
+    "CaptureRecorder",
+    "HostSyncGuard",
+    "UpdateCollector",
+    "EagerTracker",
+]
+
+aten = torch.ops.aten
+
+OP, ALIAS, HOST_SYNC, DYNAMIC_SHAPE, METADATA_CHANGE, RNG = range(6)
+
+_HOST_SYNC_OPS = frozenset({aten._local_scalar_dense.default, aten.item.default, aten.equal.default})
+_METADATA_OPS = frozenset(
+    {aten.resize_.default, aten.resize_as_.default, aten.set_.default, aten.set_.source_Tensor,
+     aten.set_.source_Storage, aten.set_.source_Storage_storage_offset,
+     aten.set_.source_Tensor_storage_offset}
+)
+# Ops whose output aliases an input although the schema does not say so.
+_UNANNOTATED_ALIAS_OPS = frozenset(
+    {aten._unsafe_view.default, aten.unsafe_split.Tensor, aten.unsafe_split_with_sizes.default,
+     aten.unsafe_chunk.default}
+)
+_HOST_SYNC_HINTS = {
+    aten._local_scalar_dense.default: "Reading a tensor's value on the host (.item(), bool(t), int(t), float(t), `if t:`)",
+    aten.item.default: "Tensor.item()",
+    aten.equal.default: "torch.equal",
+}
+
+
+class OpInfo:
+    """How capture treats one OpOverload (see the module table)."""
+
+    __slots__ = ("func", "kind", "return_alias", "arg_names", "arg_defaults", "mutating")
+
+    def __init__(self, func: Any, kind: int) -> None:
+        schema = func._schema
+        self.func = func
+        self.kind = kind
+        self.mutating = bool(schema.is_mutable)
+        self.arg_names = tuple(a.name for a in schema.arguments)
+        self.arg_defaults = tuple(a.default_value if a.has_default_value() else None for a in schema.arguments)
+        alias_sets = {}
+        for index, argument in enumerate(schema.arguments):
+            if argument.alias_info is not None:
+                for name in argument.alias_info.before_set:
+                    alias_sets.setdefault(name, index)
+        aliases: list[Optional[int]] = []
+        for ret in schema.returns:
+            found = None
+            if ret.alias_info is not None:
+                for name in ret.alias_info.before_set:
+                    if name in alias_sets:
+                        found = alias_sets[name]
+                        break
+            aliases.append(found)
+        self.return_alias = tuple(aliases)
+
+    def argument(self, index: int, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+        if index < len(args):
+            return args[index]
+        return kwargs.get(self.arg_names[index], self.arg_defaults[index])
+
+
+def classify(func: Any) -> OpInfo:
+    """The capture class of an OpOverload (pure; the device caches it)."""
+    tags = func.tags
+    if func in _HOST_SYNC_OPS or torch.Tag.data_dependent_output in tags:
+        kind = HOST_SYNC
+    elif torch.Tag.dynamic_output_shape in tags:
+        kind = DYNAMIC_SHAPE
+    elif func in _METADATA_OPS or torch.Tag.inplace_view in tags:
+        kind = METADATA_CHANGE
+    elif func.is_view or func in _UNANNOTATED_ALIAS_OPS:
+        kind = ALIAS
+    elif torch.Tag.nondeterministic_seeded in tags:
+        kind = RNG
+    else:
+        kind = OP
+    return OpInfo(func, kind)
+
+
+def draws_random(info: OpInfo, args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
+    """False for seeded ops that will not draw: dropout with p == 0 or outside training."""
+    names = info.arg_names
+    for key in ("dropout_p", "p"):
+        if key in names:
+            value = info.argument(names.index(key), args, kwargs)
+            if isinstance(value, (int, float)) and value == 0:
+                return False
+    if "train" in names:
+        value = info.argument(names.index("train"), args, kwargs)
+        if value is False:
+            return False
+    return True
+
+
+_META = torch.device("meta")
+
+
+def to_meta(value: Any) -> Any:
+    """A meta twin of a (nested) argument: same sizes, strides and dtype, no data."""
+    if isinstance(value, torch.Tensor):
+        return torch.empty_strided(value.size(), value.stride(), dtype=value.dtype, device=_META)
+    if isinstance(value, torch.device):
+        return _META
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_meta(v) for v in value)
+    return value
+
+
+def constraint_message(kind: int, func: Any, graph: str) -> str:
+    name = str(func)
+    if kind == HOST_SYNC:
+        return HOST_SYNC_DURING_CAPTURE.format(what=_HOST_SYNC_HINTS.get(func, name) + f" ({name})", graph=graph)
+    if kind == DYNAMIC_SHAPE:
+        return DYNAMIC_SHAPE_DURING_CAPTURE.format(what=name, graph=graph)
+    if kind == METADATA_CHANGE:
+        return METADATA_CHANGE_DURING_CAPTURE.format(what=name, graph=graph)
+    return RNG_DURING_CAPTURE.format(what=name, graph=graph)
+
+
+class _Mode(TorchDispatchMode):
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # Let torch.compile compile under the mode; its compiled ops still reach us.
+        return True
+
+
+class CaptureRecorder(_Mode):
+    """The dispatch mode of one capture; `sim.capture.Capture` decides what each op becomes."""
+
+    def __init__(self, capture: "Capture") -> None:
+        super().__init__()
+        self.capture = capture
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        kwargs = kwargs or {}
+        impl = ag_ops._WRAPPER_OPS.get(func)
+        if impl is not None:
+            with self:
+                return impl(*args, **kwargs)
+        return self.capture.dispatch(func, args, kwargs)
+
+
+class UpdateCollector(_Mode):
+    """The dispatch mode of a task update: ops are collected, not run."""
+
+    def __init__(self, update: "Update") -> None:
+        super().__init__()
+        self.update = update
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        kwargs = kwargs or {}
+        impl = ag_ops._WRAPPER_OPS.get(func)
+        if impl is not None:
+            with self:
+                return impl(*args, **kwargs)
+        return self.update.dispatch(func, args, kwargs)
+
+
+class EagerTracker(_Mode):
+    """Charges eager ops to the virtual clock (and the kernel log when profiling)."""
+
+    def __init__(self, device: "SimDevice") -> None:
+        super().__init__()
+        self.device = device
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        kwargs = kwargs or {}
+        impl = ag_ops._WRAPPER_OPS.get(func)
+        if impl is not None:
+            with self:
+                return impl(*args, **kwargs)
+        out = func(*args, **kwargs)
+        if not func.is_view and func not in _UNANNOTATED_ALIAS_OPS:
+            self.device._charge_eager(func, args, kwargs, out)
+        return out
+
+
+_SYNC_METHODS = frozenset(
+    f
+    for f in (
+        torch.Tensor.tolist,
+        torch.Tensor.cpu,
+        torch.Tensor.numpy,
+        torch.Tensor.__array__,
+        torch.Tensor.__repr__,
+        torch.Tensor.__format__,
+        getattr(torch.Tensor, "__str__", None),
+    )
+    if f is not None
+)
+_SYNC_NAMES = {
+    torch.Tensor.tolist: "Tensor.tolist()",
+    torch.Tensor.cpu: "Tensor.cpu()",
+    torch.Tensor.numpy: "Tensor.numpy()",
+    torch.Tensor.__array__: "numpy.asarray(tensor)",
+    torch.Tensor.__repr__: "printing a tensor (repr)",
+    torch.Tensor.__format__: "formatting a tensor (f-string)",
+}
+
+
+def _moves_to_host(args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
+    candidates = list(args[1:]) + [kwargs.get("device")]
+    for value in candidates:
+        if isinstance(value, str) and value.split(":")[0] == "cpu":
+            return True
+        if isinstance(value, torch.device) and value.type == "cpu":
+            return True
+    return False
+
+
+class HostSyncGuard(TorchFunctionMode):
+    """Rejects Python-level host synchronisation while a capture is under way."""
+
+    def __init__(self, on_sync: Callable[[str], BaseException]) -> None:
+        super().__init__()
+        self.on_sync = on_sync
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        kwargs = kwargs or {}
+        if func in _SYNC_METHODS:
+            raise self.on_sync(_SYNC_NAMES.get(func, getattr(func, "__name__", str(func))))
+        if func is torch.Tensor.to and _moves_to_host(args, kwargs):
+            raise self.on_sync("Tensor.to('cpu')")
+        return func(*args, **kwargs)
+
+
+def reject(kind: int, func: Any, graph: str) -> CaptureConstraintError:
+    return CaptureConstraintError(constraint_message(kind, func, graph))

@@ -1,0 +1,62 @@
+"""The virtual clock's cost model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import sim  # noqa: F401
+from sim.cost import CostModel, CostParams, describe_task
+
+aten = torch.ops.aten
+A = torch.ops.ascendgraph
+PARAMS = CostParams(task_overhead_us=1.0, peak_tflops=1.0, bandwidth_gbps=1.0)
+
+
+def test_matmul_flops_are_two_m_n_k():
+    a, b = torch.ones(8, 32), torch.ones(32, 16)
+    out = a @ b
+    task = describe_task(aten.mm.default, (a, b), {}, [out], PARAMS)
+    assert task.flops == 2 * 8 * 16 * 32 and task.op_type == "mm"
+    bias = torch.ones(16)
+    task = describe_task(aten.addmm.default, (bias, a, b), {}, [out], PARAMS)
+    assert task.flops == 2 * 8 * 16 * 32
+
+
+def test_elementwise_ops_count_one_flop_per_output_and_their_bytes():
+    x = torch.ones(10)
+    task = describe_task(aten.add.Tensor, (x, x), {}, [x + x], PARAMS)
+    assert task.flops == 10 and task.bytes == 3 * 40
+    assert task.input_shapes == ((10,), (10,)) and task.output_dtypes == ("float32",)
+
+
+def test_duration_is_overhead_plus_the_roofline_bound():
+    a, b = torch.ones(64, 64), torch.ones(64, 64)
+    task = describe_task(aten.mm.default, (a, b), {}, [a @ b], PARAMS)
+    compute = task.flops / 1e6
+    memory = task.bytes / 1e3
+    assert task.duration_us == pytest.approx(1.0 + max(compute, memory))
+
+
+def test_attention_counts_only_the_visible_pairs_and_the_kv_it_reads():
+    q = torch.ones(3, 4, 8)
+    cache = torch.ones(100, 16, 2, 8)
+    args = (q, cache, cache, torch.zeros(2, 4), [1, 3], [10, 5])
+    task = describe_task(A.paged_attention.default, args + (0.1, torch.empty_like(q)), {}, [], PARAMS)
+    # request 0: 1 query x 10 keys; request 1: 2 queries seeing 4 and 5 keys
+    assert task.flops == 4 * 4 * 8 * (10 + 4 + 5)
+    assert task.bytes == 2 * 15 * 2 * 8 * 4 + 2 * q.numel() * 4
+
+
+def test_graph_launch_and_capture_costs_grow_with_tasks():
+    model = CostModel(PARAMS)
+    assert model.graph_launch_us(100) > model.graph_launch_us(1)
+    assert model.capture_us(10) == PARAMS.capture_base_us + 10 * PARAMS.capture_per_task_us
+
+
+def test_the_task_adjust_hook_rescales_graph_tasks_only():
+    model = CostModel(PARAMS, task_adjust=lambda task: task.duration_us / 2)
+    x = torch.ones(1000)
+    eager = model.task(aten.relu.default, (x,), {}, [x])
+    graph = model.graph_task(aten.relu.default, (x,), {}, [x])
+    assert graph.duration_us == pytest.approx(eager.duration_us / 2)

@@ -1,0 +1,472 @@
+"""SimDevice behaviour beyond the conformance suite: compile inside capture, wrapper ops,
+leak checks after every kind of failure, task-group misuse, clocks, stats, options."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from ascendgraph import ops
+from ascendgraph.device import DeviceStats, get_device
+from ascendgraph.errors import (
+    TEXT_207008_CAPTURE_BEGIN,
+    TEXT_EL0009,
+    CaptureConstraintError,
+    ConfigError,
+    DeviceLost,
+    GraphHang,
+)
+from ascendgraph.modes import GraphMode
+from ascendgraph.sizes import plan_stream_budget
+from sim import BACKEND, SimDevice
+
+
+def capture(device, fn, **options):
+    graph = device.new_graph()
+    with device.graph(graph, **options):
+        out = fn()
+    return graph, out
+
+
+def resources(device) -> tuple:
+    stats = device.stats()
+    return stats.streams_in_use, stats.pool_bytes, stats.graphs_alive, stats.extra["capturing"]
+
+
+# --------------------------------------------------------------------------- registry
+
+
+def test_the_entry_point_backend_creates_independent_sim_devices():
+    assert BACKEND.name == "sim" and BACKEND.availability() == (True, "CPU simulator")
+    first, second = get_device("sim"), get_device("sim", profile="A3")
+    assert isinstance(first, SimDevice) and first is not second
+    assert second.profile.name == "A3"
+
+
+def test_unknown_options_are_config_errors_listing_the_valid_ones():
+    with pytest.raises(ConfigError, match="allow_rng_in_capture"):
+        SimDevice(allow_rng=True)
+    with pytest.raises(ConfigError, match="positive integer"):
+        SimDevice(stream_limit=0)
+    with pytest.raises(ConfigError, match="207008, el0009"):
+        SimDevice(stream_error="207009")
+
+
+# --------------------------------------------------------------------------- torch.compile, wrapper ops
+
+
+def test_a_compiled_function_captured_runs_its_compiled_code_and_replays():
+    device = SimDevice()
+    compiled_runs = []
+
+    def backend(gm, example_inputs):
+        def run(*args):
+            compiled_runs.append(1)
+            return gm.forward(*args)
+
+        return run
+
+    @torch.compile(backend=backend, fullgraph=True)
+    def step(x, w):
+        return torch.relu(x @ w) * 2
+
+    x, w = torch.randn(4, 8), torch.randn(8, 8)
+    expected = step(x, w)  # warm-up compiles
+    graph, out = capture(device, lambda: step(x, w))
+    assert len(compiled_runs) == 2  # the compiled code ran under the recorder
+    assert graph.recorded_ops() == ["aten.mm.default", "aten.relu.default", "aten.mul.Tensor"]
+    graph.replay()
+    torch.testing.assert_close(out, expected)
+
+
+@torch.library.custom_op("ascendgraph_simtest::ctx_attention", mutates_args=("out",))
+def ctx_attention(query: torch.Tensor, out: torch.Tensor) -> None:
+    impl = ops.wrapper_impl(ctx_attention)
+    assert impl is not None
+    impl(query, out)
+
+
+def test_a_wrapper_op_is_recorded_as_the_kernels_it_issues():
+    device = SimDevice()
+    q = torch.randn(2, 4, 8)
+    cache = torch.randn(4, 4, 2, 8)
+    table = torch.arange(4, dtype=torch.int32).view(2, 2)
+    context = {"seq_lens": [2, 3]}
+
+    def impl(query, out):
+        scaled = query * 1.0
+        ops.paged_attention(scaled, cache, cache, table, [1, 2], list(context["seq_lens"]), 0.3, out)
+
+    ops.register_wrapper_op(ctx_attention, impl)
+    try:
+        assert ops.is_wrapper_op(torch.ops.ascendgraph_simtest.ctx_attention)
+        out = torch.zeros(2, 4, 8)
+        graph, _ = capture(device, lambda: ctx_attention(q, out))
+        assert graph.recorded_ops() == ["aten.mul.Tensor", "ascendgraph.paged_attention.default"]
+        context["seq_lens"] = [5, 7]
+        graph.replay()
+        expected = torch.zeros_like(out)
+        ops.paged_attention(q, cache, cache, table, [1, 2], [2, 3], 0.3, expected)
+        torch.testing.assert_close(out, expected)  # stale, as on the device
+    finally:
+        ops.unregister_wrapper_op(ctx_attention)
+    assert ops.wrapper_impl(ctx_attention) is None
+
+
+def test_registering_a_non_op_as_a_wrapper_is_a_type_error():
+    with pytest.raises(TypeError, match="OpOverload"):
+        ops.register_wrapper_op("attention", lambda: None)
+
+
+# --------------------------------------------------------------------------- leak checks
+
+
+def test_every_kind_of_failed_capture_leaves_the_device_as_it_was():
+    device = SimDevice(stream_limit=1)
+    x = torch.randn(16, 16)
+    keep, _ = capture(device, lambda: x @ x)  # uses the only stream
+    baseline = resources(device)
+
+    failures = {
+        "stream exhaustion": lambda: capture(device, lambda: x + 1),
+        "exception in block": None,
+    }
+    with pytest.raises(RuntimeError, match="207008"):
+        failures["stream exhaustion"]()
+    assert resources(device) == baseline
+    keep.reset()
+    baseline = resources(device)
+
+    def boom():
+        x @ x
+        raise KeyError("inside")
+
+    with pytest.raises(KeyError):
+        capture(device, boom)
+    assert resources(device) == baseline
+    with pytest.raises(CaptureConstraintError):
+        capture(device, lambda: (x @ x).sum().item())
+    assert resources(device) == baseline
+    device.set_fault_plan("capture_end=raise(207005)")
+    with pytest.raises(RuntimeError, match="207005"):
+        capture(device, lambda: x @ x)
+    assert resources(device) == baseline
+    device.set_fault_plan("malloc=1*off->raise(oom)")
+    with pytest.raises(torch.OutOfMemoryError):
+        capture(device, lambda: (x @ x) + 1)
+    assert resources(device) == baseline
+    device.set_fault_plan(None)
+    graph, out = capture(device, lambda: x + 1)
+    graph.replay()
+    torch.testing.assert_close(out, x + 1)
+
+
+def test_an_open_task_group_at_capture_end_discards_the_capture():
+    device = SimDevice()
+    baseline = resources(device)
+    graph = device.new_graph()
+    with pytest.raises(CaptureConstraintError, match="never closed"):
+        with device.graph(graph):
+            device.task_group_begin(device.current_stream())
+            torch.ones(2) + 1
+    assert resources(device) == baseline and graph.state == "idle"
+
+
+def test_capture_memory_beyond_the_device_is_an_oom():
+    tiny = SimDevice(profile=SimDevice().profile.__class__(name="tiny", soc="test", memory_bytes=1000))
+    with pytest.raises(torch.OutOfMemoryError, match="NPU out of memory"):
+        capture(tiny, lambda: torch.ones(100) + torch.ones(100) * 2 + 1)
+    assert tiny.stats().pool_bytes == 0
+
+
+def test_reset_drops_a_suspended_replay():
+    device = SimDevice()
+    event = device.new_external_event()
+    graph = device.new_graph()
+    with device.graph(graph):
+        event.wait(device.current_stream())
+        torch.ones(1) + 1
+    graph.replay()
+    assert device.stats().extra["suspended_replays"] == 1
+    graph.reset()
+    assert device.stats().extra["suspended_replays"] == 0
+    device.synchronize()
+
+
+# --------------------------------------------------------------------------- pools
+
+
+def test_a_shared_pool_costs_its_largest_graph():
+    device = SimDevice()
+    pool = device.graph_pool_handle()
+    large, little, medium = torch.ones(1000), torch.ones(10), torch.ones(100)
+    big, _ = capture(device, lambda: large * 2, pool=pool)
+    small, _ = capture(device, lambda: little * 2, pool=pool)
+    assert big.pool_bytes == 4000 and small.pool_bytes == 40
+    assert device.stats().pool_bytes == 4000
+    big.reset()
+    assert device.stats().pool_bytes == 40
+    private, _ = capture(device, lambda: medium * 2)
+    assert device.stats().pool_bytes == 40 + 400
+    assert private.pool() != pool and small.pool() == pool
+
+
+def test_a_pool_of_another_device_is_refused():
+    first, second = SimDevice(), SimDevice()
+    with pytest.raises(ConfigError, match="does not belong to this device"):
+        capture(second, lambda: torch.ones(1) + 1, pool=first.graph_pool_handle())
+
+
+# --------------------------------------------------------------------------- streams and events
+
+
+def test_an_eager_wait_on_an_unrecorded_event_hangs_synchronize_until_recorded():
+    device = SimDevice()
+    event = device.new_external_event()
+    stream = device.new_stream()
+    event.wait(stream)
+    with pytest.raises(GraphHang, match=str(event)):
+        device.synchronize()
+    assert not stream.query()
+    event.record(device.new_stream())
+    device.synchronize()
+    assert stream.query()
+
+
+def test_a_replay_behind_a_blocked_stream_waits_its_turn():
+    device = SimDevice()
+    x = torch.ones(2)
+    graph, out = capture(device, lambda: x * 3)
+    stream = device.new_stream()
+    event = device.new_external_event()
+    event.wait(stream)
+    with device.stream(stream):
+        graph.replay()
+    assert torch.isnan(out).all()
+    event.record(device.new_stream())
+    torch.testing.assert_close(out, x * 3)
+
+
+def test_stream_synchronize_names_the_suspended_graph():
+    device = SimDevice()
+    event = device.new_external_event()
+    graph = device.new_graph(name="decode-8")
+    with device.graph(graph):
+        event.wait(device.current_stream())
+    stream = device.new_stream()
+    with device.stream(stream):
+        graph.replay()
+    with pytest.raises(GraphHang, match="decode-8"):
+        stream.synchronize()
+
+
+def test_a_graph_that_records_an_external_event_releases_its_waiters():
+    device = SimDevice()
+    event = device.new_external_event()
+    x = torch.ones(2)
+    producer, _ = capture(device, lambda: event.record(device.current_stream()))
+    consumer = device.new_graph()
+    with device.graph(consumer):
+        event.wait(device.current_stream())
+        event.reset(device.current_stream())
+        out = x + 5
+    consumer_stream = device.new_stream()
+    with device.stream(consumer_stream):
+        consumer.replay()
+    assert torch.isnan(out).all()
+    producer.replay()
+    torch.testing.assert_close(out, x + 5)
+    assert not event.flag
+
+
+def test_the_stream_context_rejects_foreign_streams():
+    with pytest.raises(ConfigError, match="not a stream of this device"):
+        with SimDevice().stream(SimDevice().new_stream()):
+            pass
+
+
+# --------------------------------------------------------------------------- task groups
+
+
+@pytest.mark.parametrize(
+    "misuse, fragment",
+    [
+        ("end without begin", "no task group is open"),
+        ("nested begin", "already open"),
+        ("update while capturing", "is capturing"),
+    ],
+)
+def test_task_group_misuse_is_explained(misuse, fragment):
+    device = SimDevice()
+    graph = device.new_graph()
+    with pytest.raises(CaptureConstraintError, match=fragment):
+        with device.graph(graph):
+            stream = device.current_stream()
+            if misuse == "end without begin":
+                device.task_group_end(stream)
+            elif misuse == "nested begin":
+                device.task_group_begin(stream)
+                device.task_group_begin(stream)
+            else:
+                device.task_group_begin(stream)
+                torch.ones(1) + 1
+                handle = device.task_group_end(stream)
+                device.task_update_begin(stream, handle)
+
+
+def test_an_update_end_without_begin_and_a_second_open_update_are_refused():
+    device = SimDevice()
+    x = torch.ones(2)
+    graph = device.new_graph()
+    with device.graph(graph):
+        stream = device.current_stream()
+        device.task_group_begin(stream)
+        x + 1
+        handle = device.task_group_end(stream)
+    update = device.new_stream()
+    with pytest.raises(CaptureConstraintError, match="no task update is open"):
+        device.task_update_end(update)
+    device.task_update_begin(update, handle)
+    try:
+        with pytest.raises(CaptureConstraintError, match="still open"):
+            device.task_update_begin(update, handle)
+    finally:
+        x + 2
+        device.task_update_end(update)
+    graph.replay()
+
+
+def test_an_update_can_change_a_functional_op_and_keeps_its_output_address():
+    device = SimDevice()
+    x = torch.ones(3)
+    graph = device.new_graph()
+    with device.graph(graph):
+        stream = device.current_stream()
+        device.task_group_begin(stream)
+        out = x * 2.0
+        handle = device.task_group_end(stream)
+    update = device.new_stream()
+    with device.stream(update):
+        device.task_update_begin(update, handle)
+        x * 5.0
+        device.task_update_end(update)
+    graph.replay()
+    torch.testing.assert_close(out, x * 5.0)
+
+
+# --------------------------------------------------------------------------- stream plan
+
+
+def test_exhaustion_carries_the_el0009_line_when_asked():
+    device = SimDevice(stream_limit=1, stream_error="el0009")
+    keep = capture(device, lambda: torch.ones(1) + 1)
+    with pytest.raises(RuntimeError) as exc:
+        capture(device, lambda: torch.ones(1) + 1)
+    assert str(exc.value) == TEXT_207008_CAPTURE_BEGIN + "\n" + TEXT_EL0009
+    assert keep
+
+
+def test_the_plan_budget_replaces_the_device_limit():
+    device = SimDevice(stream_limit=5)
+    plan = plan_stream_budget(num_hidden_layers=2, capture_sizes=[1, 2], mode=GraphMode.PIECEWISE, max_streams=50)
+    device.set_stream_plan(plan)
+    assert device.stats().stream_limit == 50
+    device.set_stream_plan(None)
+    assert device.stats().stream_limit == 5
+
+
+# --------------------------------------------------------------------------- clocks, stats
+
+
+def test_stats_report_graphs_pool_streams_and_clocks():
+    device = SimDevice()
+    x = torch.ones(8, 8)
+    graph, _ = capture(device, lambda: x @ x)
+    graph.replay()
+    stats = device.stats()
+    assert isinstance(stats, DeviceStats)
+    assert (stats.graphs_alive, stats.graphs_captured_total, stats.streams_in_use) == (1, 1, 1)
+    assert stats.pool_bytes == stats.allocated_bytes == 256 == device.memory_allocated()
+    assert stats.extra["replays"] == 1
+    assert stats.extra["capture_time_us"] == graph.capture_time_us > 0
+    assert stats.virtual_time_us >= stats.extra["capture_time_us"]
+    assert graph.info()["tasks"] == 1 and graph.device_time_us() > 0
+
+
+def test_replay_advances_the_device_clock_by_the_graph_time():
+    device = SimDevice()
+    x = torch.ones(64, 64)
+    graph, _ = capture(device, lambda: (x @ x).relu())
+    device.synchronize()
+    host, dev = device.clock()
+    graph.replay()
+    host2, dev2 = device.clock()
+    assert host2 - host == pytest.approx(device.cost.graph_launch_us(2))
+    assert dev2 == pytest.approx(max(dev, host2) + graph.device_time_us())
+
+
+def test_eager_ops_are_free_unless_tracked():
+    device = SimDevice()
+    x = torch.ones(4)
+    before = device.stats().virtual_time_us
+    x + 1
+    assert device.stats().virtual_time_us == before
+    with device.profiling("unused") as session, device.track_eager():
+        (x + 1).view(2, 2).relu()
+    assert [r.op_type for r in session.records] == ["add", "relu"]
+    assert all(r.graph is None for r in session.records)
+    assert device.stats().virtual_time_us > before
+
+
+def test_a_delay_fault_moves_the_virtual_clock():
+    device = SimDevice(faults="synchronize=delay(2)")
+    before = device.clock()[0]
+    device.synchronize()
+    assert device.clock()[0] - before == pytest.approx(2000.0)
+
+
+def test_the_fault_seed_is_the_device_seed():
+    outcomes = []
+    for _ in range(2):
+        device = SimDevice(faults="replay=50%raise(207005)", seed=3)
+        graph, _ = capture(device, lambda: torch.ones(1) + 1)
+        row = []
+        for _ in range(20):
+            try:
+                graph.replay()
+                row.append(0)
+            except RuntimeError:
+                row.append(1)
+        outcomes.append(row)
+    assert outcomes[0] == outcomes[1] and 0 < sum(outcomes[0]) < 20
+
+
+def test_a_lost_device_refuses_new_work():
+    device = SimDevice(faults="synchronize=raise(device_lost)")
+    with pytest.raises(DeviceLost):
+        device.synchronize()
+    with pytest.raises(DeviceLost, match="create a new device"):
+        device.new_graph()
+    assert device.stats().extra["device_lost"]
+
+
+def test_weak_ref_aliases_the_tensor():
+    device = SimDevice()
+    x = torch.ones(3, requires_grad=True)
+    alias = device.weak_ref(x)
+    assert alias.data_ptr() == x.data_ptr() and not alias.requires_grad
+
+
+def test_bf16_attention_in_a_graph_matches_eager():
+    device = SimDevice()
+    q = torch.randn(4, 4, 16).bfloat16()
+    cache = torch.randn(8, 4, 2, 16).bfloat16()
+    table = torch.arange(8, dtype=torch.int32).view(2, 4)
+    out = torch.empty(4, 4, 16, dtype=torch.bfloat16)
+    graph, _ = capture(device, lambda: ops.paged_attention(q, cache, cache, table, [2, 4], [5, 9], 1 / math.sqrt(16), out))
+    graph.replay()
+    expected = torch.empty_like(out)
+    ops.paged_attention(q, cache, cache, table, [2, 4], [5, 9], 1 / math.sqrt(16), expected)
+    assert torch.equal(out, expected)

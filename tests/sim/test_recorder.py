@@ -1,0 +1,81 @@
+"""How capture classifies ops (the table in sim/recorder.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import sim  # noqa: F401
+from sim.recorder import ALIAS, DYNAMIC_SHAPE, HOST_SYNC, METADATA_CHANGE, OP, RNG, classify, draws_random
+
+aten = torch.ops.aten
+
+
+@pytest.mark.parametrize(
+    "op, kind",
+    [
+        (aten.mm.default, OP),
+        (aten.add_.Tensor, OP),
+        (aten.copy_.default, OP),
+        (aten.mm.out, OP),
+        (aten.empty.memory_format, OP),
+        (torch.ops.ascendgraph.paged_attention.default, OP),
+        (aten.view.default, ALIAS),
+        (aten.transpose.int, ALIAS),
+        (aten.split_with_sizes.default, ALIAS),
+        (aten._unsafe_view.default, ALIAS),
+        (aten.detach.default, ALIAS),
+        (aten._local_scalar_dense.default, HOST_SYNC),
+        (aten.equal.default, HOST_SYNC),
+        (aten.nonzero.default, DYNAMIC_SHAPE),
+        (aten.masked_select.default, DYNAMIC_SHAPE),
+        (aten.t_.default, METADATA_CHANGE),
+        (aten.unsqueeze_.default, METADATA_CHANGE),
+        (aten.set_.source_Tensor, METADATA_CHANGE),
+        (aten.resize_.default, METADATA_CHANGE),
+        (aten.uniform_.default, RNG),
+        (aten.bernoulli.default, RNG),
+        (aten.native_dropout.default, RNG),
+    ],
+)
+def test_ops_are_classified_like_the_table(op, kind):
+    assert classify(op).kind == kind
+
+
+def test_in_place_and_out_returns_alias_their_argument():
+    assert classify(aten.add_.Tensor).return_alias == (0,)
+    info = classify(aten.mm.out)
+    assert info.return_alias == (info.arg_names.index("out"),)
+    assert classify(aten.mm.default).return_alias == (None,)
+
+
+def test_dropout_that_draws_nothing_is_not_random():
+    info = classify(aten.native_dropout.default)
+    x = torch.ones(2)
+    assert not draws_random(info, (x, 0.0, True), {})
+    assert not draws_random(info, (x, 0.5, False), {})
+    assert draws_random(info, (x, 0.5, True), {})
+
+
+def test_capture_records_the_decomposed_aten_ops_and_not_the_views(sim_device):
+    w = torch.randn(4, 8)
+    x = torch.randn(2, 8)
+    graph = sim_device.new_graph()
+    with sim_device.graph(graph):
+        torch.nn.functional.linear(x, w.t().contiguous().t()).view(-1).relu()
+    assert graph.recorded_ops() == ["aten.clone.default", "aten.mm.default", "aten.relu.default"]
+
+
+def test_an_op_without_a_meta_kernel_runs_at_capture_and_is_counted(sim_device):
+    lib = torch.library.Library("ascendgraph_test_nometa", "FRAGMENT")
+    lib.define("twice(Tensor x) -> Tensor")
+    lib.impl("twice", lambda x: x * 2, "CPU")
+    x = torch.ones(3)
+    graph = sim_device.new_graph()
+    with sim_device.graph(graph):
+        out = torch.ops.ascendgraph_test_nometa.twice(x)
+    assert torch.equal(out, x * 2)  # computed at capture (fallback)
+    assert sim_device.stats().extra["capture_fallback_ops"] == 1
+    x.fill_(5)
+    graph.replay()
+    assert torch.equal(out, torch.full((3,), 10.0))
