@@ -1,0 +1,588 @@
+"""NPU (PrivateUse1) kernels for the ``ascendgraph`` ops: torch_npu's fused kernels, as data.
+
+Theory of operation. `KERNEL_ROUTES` holds, per ascendgraph op, the torch_npu kernels that
+can implement it (`KernelBinding`: the declared `hw.api.NpuApi`, an adapter from our op
+contract to the kernel's, and an ``accepts`` check of the arguments) and a fallback:
+
+    first binding whose attribute exists and which accepts the arguments -> that kernel
+    otherwise                                                          -> the fallback
+
+A fallback is either the reference formula (``hw/reference.py``) or a *composition* of
+other ascendgraph ops (``add_rms_norm_quant`` = ``add_rms_norm`` + ``quantize``), which
+still reaches torch_npu's kernels for the parts it has. Each fallback is logged once
+per (op, reason). A kernel that turns out to be missing only when first called (ATB ops
+load NNAL lazily and raise OSError) is dropped for the rest of the process.
+
+Graph safety. Attention's reference fallback is refused inside a task group (a FULL
+graph's updatable attention): its kernels follow the host lengths, so no parameter
+update could refresh them. CaptureConstraintError, with the fix (``--dtype bfloat16``). The FULL-graph parameter update re-issues ``paged_attention`` between
+``task_update_begin/end``: torch_npu then patches the captured tasks with the arguments of
+the re-issued ones, addresses included. So no tensor the attention kernel touches may be
+allocated afresh per call. Its output, ``softmax_lse``, workspace and int32 block table
+are kept in `GraphBuffers`, created during capture (inside the graph's pool) and found
+again by the update through the captured ``out`` tensor. The causal mask is made once per
+device outside any capture (`prepare`).
+
+`register_npu_kernels()` registers the router for the ``npu`` device type; the
+``NpuDevice`` constructor calls it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from ascendgraph import ops
+from ascendgraph.errors import CaptureConstraintError
+from hw import api, reference
+from hw.api import NpuApi, TorchNpu
+
+__all__ = [
+    "KernelBinding",
+    "KernelRoute",
+    "KERNEL_ROUTES",
+    "KernelRouter",
+    "GraphBuffers",
+    "register_npu_kernels",
+    "prepare",
+    "FIA_MASK_SIZE",
+    "FIA_SPARSE_MODE",
+]
+
+log = logging.getLogger(__name__)
+
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+NORM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+FIA_MASK_SIZE = 2048  # sparse_mode 3 takes a compressed 2048 x 2048 causal mask
+FIA_SPARSE_MODE = 3  # "rightDownCausal": query token i of a request sees kv 0 .. kv_len - q_len + i
+_MISSING_KERNEL_ERRORS = (AttributeError, ImportError, OSError, NotImplementedError)
+
+Adapter = Callable[..., Any]  # adapter(router, *op_args) -> the op's result
+Accepts = Callable[..., Optional[str]]  # accepts(*op_args) -> None, or why this kernel cannot take them
+
+
+@dataclass(frozen=True)
+class KernelBinding:
+    """One torch_npu kernel that can implement an ascendgraph op."""
+
+    api: NpuApi
+    adapter: Adapter
+    accepts: Accepts
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class KernelRoute:
+    """How the npu device runs one ascendgraph op: kernels in order, then the fallback."""
+
+    op: str
+    bindings: tuple[KernelBinding, ...]
+    fallback: Adapter  # fallback(router, *op_args)
+    fallback_kind: str  # "reference" | "composition"
+    # False when the fallback's kernel sequence depends on host values (attention's
+    # lengths): a task update could not refresh it, so issuing it in a task group is refused.
+    fallback_in_graphs: bool = True
+
+
+# --------------------------------------------------------------------------- accepts checks
+
+
+def _dtype_in(tensor: Tensor, dtypes: Sequence[torch.dtype], kernel: str) -> Optional[str]:
+    if tensor.dtype in dtypes:
+        return None
+    return f"{kernel} takes {', '.join(str(d).replace('torch.', '') for d in dtypes)}, got {str(tensor.dtype).replace('torch.', '')}"
+
+
+def _same_dtype(kernel: str, *tensors: Tensor) -> Optional[str]:
+    dtypes = {t.dtype for t in tensors}
+    if len(dtypes) == 1:
+        return None
+    return f"{kernel} needs equal dtypes, got {sorted(str(d).replace('torch.', '') for d in dtypes)}"
+
+
+def _first(*reasons: Optional[str]) -> Optional[str]:
+    return next((reason for reason in reasons if reason), None)
+
+
+def _per_channel(scale: Tensor, hidden: int, kernel: str) -> Optional[str]:
+    if scale.numel() in (1, hidden) and scale.dim() <= 1:
+        return None
+    return f"{kernel} takes a per-tensor or per-channel scale of {hidden}, got shape {tuple(scale.shape)}"
+
+
+_QUANT_OFFSET_DTYPES = (torch.int8, torch.uint8, torch.int32, torch.bfloat16)
+_QUANT_SCALE_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _quant_args(x: Tensor, scale: Tensor, offset: Optional[Tensor], kernel: str) -> Optional[str]:
+    return _first(
+        _per_channel(scale, x.shape[-1], kernel),
+        _dtype_in(scale, _QUANT_SCALE_DTYPES, f"{kernel} scales"),
+        None if offset is None else _per_channel(offset, x.shape[-1], kernel),
+        None if offset is None else _dtype_in(offset, _QUANT_OFFSET_DTYPES, f"{kernel} zero points"),
+    )
+
+
+def _channel_vector(values: Optional[Tensor], hidden: int) -> Optional[Tensor]:
+    if values is None:
+        return None
+    return values.reshape(-1).expand(hidden) if values.numel() == 1 else values.reshape(hidden)
+
+
+def _as_int8(y: Tensor) -> Tensor:
+    return y if y.dtype == torch.int8 else y.view(torch.int8)
+
+
+# --------------------------------------------------------------------------- norms and quantisation
+
+
+def _rms_norm(router: "KernelRouter", x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    y, _ = router.npu.call(api.NPU_RMS_NORM, x, weight.to(x.dtype), epsilon=eps)
+    return y
+
+
+def _rms_norm_accepts(x: Tensor, weight: Tensor, eps: float) -> Optional[str]:
+    return _dtype_in(x, NORM_DTYPES, "npu_rms_norm")
+
+
+def _add_rms_norm(router: "KernelRouter", x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    y, _, x_sum = router.npu.call(api.NPU_ADD_RMS_NORM, x, residual, weight.to(x.dtype), epsilon=eps)
+    return y, x_sum
+
+
+def _add_rms_norm_accepts(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> Optional[str]:
+    return _first(_dtype_in(x, NORM_DTYPES, "npu_add_rms_norm"), _same_dtype("npu_add_rms_norm", x, residual))
+
+
+def _dynamic_quant(router: "KernelRouter", x: Tensor) -> tuple[Tensor, Tensor]:
+    y, scale = router.npu.call(api.NPU_DYNAMIC_QUANT, x)
+    return _as_int8(y), scale
+
+
+def _dynamic_quant_accepts(x: Tensor) -> Optional[str]:
+    return _first(_dtype_in(x, HALF_DTYPES, "npu_dynamic_quant"), None if x.dim() > 1 else "npu_dynamic_quant needs 2+ dims")
+
+
+def _quantize(router: "KernelRouter", x: Tensor, scale: Tensor, offset: Optional[Tensor]) -> Tensor:
+    hidden = x.shape[-1]
+    y = router.npu.call(
+        api.NPU_QUANTIZE, x, _channel_vector(scale, hidden), _channel_vector(offset, hidden), torch.qint8,
+        axis=-1, div_mode=True,
+    )
+    return _as_int8(y)
+
+
+def _quantize_accepts(x: Tensor, scale: Tensor, offset: Optional[Tensor]) -> Optional[str]:
+    return _first(_dtype_in(x, NORM_DTYPES, "npu_quantize"), _quant_args(x, scale, offset, "npu_quantize"))
+
+
+def _add_rms_norm_dynamic_quant(
+    router: "KernelRouter", x: Tensor, residual: Tensor, weight: Tensor, eps: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    # Outputs (y1, y2, x_out, scale1, scale2); the second quantisation path is unused
+    # without smooth scales (vLLM Ascend asks for both outputs the same way).
+    y1, _, x_sum, scale1, _ = router.npu.call(
+        api.NPU_ADD_RMS_NORM_DYNAMIC_QUANT, x, residual, weight.to(x.dtype), epsilon=eps, output_mask=[True, True]
+    )
+    return _as_int8(y1), x_sum, scale1
+
+
+def _add_rms_norm_dynamic_quant_accepts(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> Optional[str]:
+    kernel = "npu_add_rms_norm_dynamic_quant"
+    return _first(_dtype_in(x, HALF_DTYPES, kernel), _same_dtype(kernel, x, residual))
+
+
+def _add_rms_norm_quant(
+    router: "KernelRouter", x: Tensor, residual: Tensor, weight: Tensor, scale: Tensor, offset: Optional[Tensor], eps: float
+) -> tuple[Tensor, Tensor]:
+    hidden = x.shape[-1]
+    y1, _, x_sum = router.npu.call(
+        api.NPU_ADD_RMS_NORM_QUANT, x, residual, weight.to(x.dtype), _channel_vector(scale, hidden),
+        _channel_vector(offset, hidden), epsilon=eps,
+    )
+    return _as_int8(y1), x_sum
+
+
+def _add_rms_norm_quant_accepts(
+    x: Tensor, residual: Tensor, weight: Tensor, scale: Tensor, offset: Optional[Tensor], eps: float
+) -> Optional[str]:
+    kernel = "npu_add_rms_norm_quant"
+    return _first(
+        _dtype_in(x, HALF_DTYPES, kernel),
+        _same_dtype(kernel, x, residual),
+        _quant_args(x, scale, offset, kernel),
+        None if offset is None or offset.dtype in (torch.int32, torch.bfloat16) else f"{kernel} zero points take int32 or bfloat16",
+    )
+
+
+# --------------------------------------------------------------------------- rope
+
+
+def _rotary_embedding(
+    router: "KernelRouter", positions: Tensor, q: Tensor, k: Tensor, cos_sin_cache: Tensor, head_size: int, is_neox: bool
+) -> tuple[Tensor, Tensor]:
+    # The ATB kernel rotates in place, [T, heads * rot] rows, with the cache in the query dtype.
+    tokens, rot = q.shape[0], cos_sin_cache.shape[-1]
+    cache = cos_sin_cache if cos_sin_cache.dtype == q.dtype else cos_sin_cache.to(q.dtype)
+    q_out = q.reshape(tokens, -1).clone(memory_format=torch.contiguous_format)
+    k_out = k.reshape(tokens, -1).clone(memory_format=torch.contiguous_format)
+    if rot == head_size:
+        router.npu.call(api.NPU_ROTARY_EMBEDDING, positions, q_out, k_out, head_size, cache, is_neox)
+    else:  # partial rotary: rotate the leading rot features of every head
+        q_heads, k_heads = q_out.view(tokens, -1, head_size), k_out.view(tokens, -1, head_size)
+        q_rot = q_heads[..., :rot].reshape(tokens, -1).contiguous()
+        k_rot = k_heads[..., :rot].reshape(tokens, -1).contiguous()
+        router.npu.call(api.NPU_ROTARY_EMBEDDING, positions, q_rot, k_rot, rot, cache, is_neox)
+        q_heads[..., :rot] = q_rot.view(tokens, -1, rot)
+        k_heads[..., :rot] = k_rot.view(tokens, -1, rot)
+    return q_out.view(q.shape), k_out.view(k.shape)
+
+
+def _rotary_embedding_accepts(
+    positions: Tensor, q: Tensor, k: Tensor, cos_sin_cache: Tensor, head_size: int, is_neox: bool
+) -> Optional[str]:
+    return _dtype_in(q, HALF_DTYPES, "_npu_rotary_embedding")
+
+
+# --------------------------------------------------------------------------- KV cache
+
+
+def _reshape_and_cache(
+    router: "KernelRouter", key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor
+) -> None:
+    tokens = slot_mapping.numel()
+    slots = slot_mapping.reshape(-1)
+    slots = slots if slots.dtype == torch.int32 else slots.to(torch.int32)
+    router.npu.call(
+        api.NPU_RESHAPE_AND_CACHE,
+        key.reshape(tokens, *key_cache.shape[2:]),
+        value.reshape(tokens, *value_cache.shape[2:]),
+        key_cache,
+        value_cache,
+        slots,
+    )
+
+
+def _reshape_and_cache_accepts(
+    key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor
+) -> Optional[str]:
+    return _first(
+        _dtype_in(key_cache, HALF_DTYPES, "_npu_reshape_and_cache"),
+        _same_dtype("_npu_reshape_and_cache", key, key_cache),
+        None if key_cache.is_contiguous() and value_cache.is_contiguous() else "_npu_reshape_and_cache needs contiguous caches",
+    )
+
+
+# --------------------------------------------------------------------------- attention
+
+
+@dataclass
+class GraphBuffers:
+    """Tensors a captured attention call must find again at its parameter update.
+
+    Keyed by the captured ``out`` tensor (address and shape): the update re-issues the
+    kernel with that very tensor. Entries are created only while a graph is being
+    captured; eager calls use temporaries. `clear()` once no graph needs them.
+    """
+
+    entries: dict[tuple[Any, ...], dict[str, Tensor]] = field(default_factory=dict)
+    masks: dict[torch.device, Tensor] = field(default_factory=dict)
+
+    @staticmethod
+    def key(out: Tensor, *extra: Any) -> tuple[Any, ...]:
+        return (out.device, out.data_ptr(), tuple(out.shape), out.dtype, *extra)
+
+    def lookup(self, key: tuple[Any, ...]) -> Optional[dict[str, Tensor]]:
+        return self.entries.get(key)
+
+    def create(self, key: tuple[Any, ...]) -> dict[str, Tensor]:
+        return self.entries.setdefault(key, {})
+
+    def clear(self) -> None:
+        self.entries.clear()
+
+
+def causal_mask(device: torch.device) -> Tensor:
+    """The compressed causal mask of FIA sparse_mode 3 (True = masked out)."""
+    return torch.triu(torch.ones(FIA_MASK_SIZE, FIA_MASK_SIZE, dtype=torch.bool, device=device), diagonal=1)
+
+
+def _paged_attention(
+    router: "KernelRouter",
+    query: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    block_table: Tensor,
+    actual_seq_lengths: list[int],
+    seq_lens: list[int],
+    scale: float,
+    out: Tensor,
+) -> None:
+    tokens, heads, head_dim = query.shape
+    num_blocks, block_size, kv_heads, _ = key_cache.shape
+    ends, lens = [int(v) for v in actual_seq_lengths], [int(v) for v in seq_lens]
+    last = ends[-1] if ends else 0
+    buffers = router.buffers
+    key = GraphBuffers.key(out, tuple(query.shape), tuple(key_cache.shape), tuple(block_table.shape))
+    slot = buffers.lookup(key)
+    if slot is None and router.capturing():
+        slot = buffers.create(key)
+    if slot is None:
+        # Eager: only the real tokens go to the kernel; padding tokens are zeros (op contract).
+        if last < tokens:
+            out[last:].zero_()
+        if last == 0:
+            return
+        query, out = query[:last], out[:last]
+    mask = buffers.masks.get(query.device)
+    if mask is None:
+        mask = buffers.masks.setdefault(query.device, causal_mask(query.device))
+    table = block_table
+    if table.dtype != torch.int32:
+        if slot is None:
+            table = table.to(torch.int32)
+        else:  # one static int32 copy, refreshed in place (captured and re-issued alike)
+            table = slot.setdefault("block_table", torch.empty(block_table.shape, dtype=torch.int32, device=block_table.device))
+            table.copy_(block_table)
+    keys = key_cache.view(num_blocks, block_size, kv_heads * head_dim)
+    values = value_cache.view(num_blocks, block_size, kv_heads * head_dim)
+    options = dict(
+        atten_mask=mask,
+        actual_seq_lengths=ends,
+        actual_seq_lengths_kv=lens,
+        block_table=table,
+        num_heads=heads,
+        scale=float(scale),
+        input_layout="TND",
+        num_key_value_heads=kv_heads,
+        sparse_mode=FIA_SPARSE_MODE,
+        block_size=block_size,
+    )
+    workspace = None if slot is None else slot.get("workspace")
+    if workspace is None and router.npu.has(api.NPU_FIA_MAX_WORKSPACE):
+        workspace = router.npu.call(api.NPU_FIA_MAX_WORKSPACE, query, keys, values, **options)
+        if slot is not None:
+            slot["workspace"] = workspace
+    lse = None if slot is None else slot.get("softmax_lse")
+    if lse is None:
+        _, lse = router.npu.call(
+            api.NPU_FIA_INFER_OUTPUT, query, values, input_layout="TND", block_table=table, num_heads=heads,
+            num_key_value_heads=kv_heads,
+        )
+        if slot is not None:
+            slot["softmax_lse"] = lse
+    router.npu.call(api.NPU_FIA_OUT, query, keys, values, **options, workspace=workspace, out=[out, lse])
+
+
+def _paged_attention_accepts(
+    query: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    block_table: Tensor,
+    actual_seq_lengths: list[int],
+    seq_lens: list[int],
+    scale: float,
+    out: Tensor,
+) -> Optional[str]:
+    kernel = "npu_fused_infer_attention_score"
+    return _first(
+        _dtype_in(query, HALF_DTYPES, kernel),
+        _same_dtype(kernel, query, key_cache, value_cache, out),
+        None if query.shape[1] // max(key_cache.shape[2], 1) <= 64 else f"{kernel} allows at most 64 query heads per kv head",
+        None if key_cache.is_contiguous() and value_cache.is_contiguous() else f"{kernel} needs contiguous caches",
+        None if query.is_contiguous() and out.is_contiguous() else f"{kernel} needs contiguous query and out",
+    )
+
+
+# --------------------------------------------------------------------------- fallbacks
+
+
+def _reference(function: Callable[..., Any]) -> Adapter:
+    return lambda router, *args: function(*args)
+
+
+def _add_rms_norm_composed(router: "KernelRouter", x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    x_sum = x + residual
+    return router.call("rms_norm", x_sum, weight, eps), x_sum
+
+
+def _add_rms_norm_dynamic_quant_composed(
+    router: "KernelRouter", x: Tensor, residual: Tensor, weight: Tensor, eps: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    y, x_sum = router.call("add_rms_norm", x, residual, weight, eps)
+    y_int8, scale = router.call("dynamic_quant", y)
+    return y_int8, x_sum, scale
+
+
+def _add_rms_norm_quant_composed(
+    router: "KernelRouter", x: Tensor, residual: Tensor, weight: Tensor, scale: Tensor, offset: Optional[Tensor], eps: float
+) -> tuple[Tensor, Tensor]:
+    y, x_sum = router.call("add_rms_norm", x, residual, weight, eps)
+    return router.call("quantize", y, scale, offset), x_sum
+
+
+def _split_qkv_rmsnorm_rope_composed(
+    router: "KernelRouter",
+    qkv: Tensor,
+    q_weight: Tensor,
+    k_weight: Tensor,
+    positions: Tensor,
+    cos_sin_cache: Tensor,
+    q_size: int,
+    kv_size: int,
+    head_dim: int,
+    eps: float,
+    is_neox: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    # vLLM Ascend's fused op is its own kernel, not torch_npu's: compose the per-head norm
+    # and rope, which do reach torch_npu's kernels.
+    tokens = qkv.shape[0]
+    q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+    q = router.call("rms_norm", q.reshape(tokens, -1, head_dim), q_weight, eps).reshape(tokens, q_size)
+    k = router.call("rms_norm", k.reshape(tokens, -1, head_dim), k_weight, eps).reshape(tokens, kv_size)
+    q, k = router.call("rotary_embedding", positions, q, k, cos_sin_cache, head_dim, is_neox)
+    return q, k, v.contiguous()
+
+
+# --------------------------------------------------------------------------- the table
+
+KERNEL_ROUTES: dict[str, KernelRoute] = {
+    route.op: route
+    for route in (
+        KernelRoute("rms_norm", (KernelBinding(api.NPU_RMS_NORM, _rms_norm, _rms_norm_accepts),),
+                    _reference(reference.rms_norm), "reference"),
+        KernelRoute("add_rms_norm", (KernelBinding(api.NPU_ADD_RMS_NORM, _add_rms_norm, _add_rms_norm_accepts),),
+                    _add_rms_norm_composed, "composition"),
+        KernelRoute("dynamic_quant", (KernelBinding(api.NPU_DYNAMIC_QUANT, _dynamic_quant, _dynamic_quant_accepts),),
+                    _reference(reference.dynamic_quant), "reference"),
+        KernelRoute("quantize", (KernelBinding(api.NPU_QUANTIZE, _quantize, _quantize_accepts),),
+                    _reference(reference.quantize), "reference"),
+        KernelRoute("add_rms_norm_dynamic_quant",
+                    (KernelBinding(api.NPU_ADD_RMS_NORM_DYNAMIC_QUANT, _add_rms_norm_dynamic_quant,
+                                   _add_rms_norm_dynamic_quant_accepts),),
+                    _add_rms_norm_dynamic_quant_composed, "composition"),
+        KernelRoute("add_rms_norm_quant",
+                    (KernelBinding(api.NPU_ADD_RMS_NORM_QUANT, _add_rms_norm_quant, _add_rms_norm_quant_accepts),),
+                    _add_rms_norm_quant_composed, "composition"),
+        KernelRoute("rotary_embedding",
+                    (KernelBinding(api.NPU_ROTARY_EMBEDDING, _rotary_embedding, _rotary_embedding_accepts,
+                                   "ATB kernel: needs the NNAL package"),),
+                    _reference(reference.rotary_embedding), "reference"),
+        KernelRoute("split_qkv_rmsnorm_rope", (), _split_qkv_rmsnorm_rope_composed, "composition"),
+        KernelRoute("muls_add", (), _reference(reference.muls_add), "reference"),
+        KernelRoute("reshape_and_cache",
+                    (KernelBinding(api.NPU_RESHAPE_AND_CACHE, _reshape_and_cache, _reshape_and_cache_accepts,
+                                   "ATB kernel: needs the NNAL package; slots < 0 are padding"),),
+                    _reference(reference.reshape_and_cache), "reference"),
+        KernelRoute("paged_attention",
+                    (KernelBinding(api.NPU_FIA_OUT, _paged_attention, _paged_attention_accepts,
+                                   "TND layout, paged KV, sparse_mode 3, host actual_seq_lengths"),),
+                    _reference(reference.paged_attention), "reference", fallback_in_graphs=False),
+    )
+}
+
+
+# --------------------------------------------------------------------------- routing
+
+
+class KernelRouter:
+    """Runs ascendgraph ops through `KERNEL_ROUTES` on one torch_npu namespace.
+
+    ``capturing`` reports whether a graph capture is under way (torch_npu's
+    is_current_stream_capturing by default). Fallbacks are logged once per (op, reason).
+    """
+
+    def __init__(self, npu: TorchNpu, *, capturing: Optional[Callable[[], bool]] = None) -> None:
+        self.npu = npu
+        self.buffers = GraphBuffers()
+        self._capturing = capturing
+        self._broken: dict[NpuApi, str] = {}
+        self._logged: set[tuple[str, str]] = set()
+        self.fallbacks: dict[str, str] = {}  # op -> the last reason it fell back (for reports and tests)
+        self.live_graphs = 0  # captured graphs of every NpuDevice not yet reset (GraphBuffers' lifetime)
+        # Kernels issued now land in a task group (captured or being updated): set by NpuDevice.
+        self.in_task_group = False
+
+    def graph_captured(self) -> None:
+        self.live_graphs += 1
+
+    def graph_released(self) -> None:
+        """A captured graph was reset or freed; with none left, the update buffers go too."""
+        self.live_graphs = max(0, self.live_graphs - 1)
+        if self.live_graphs == 0:
+            self.buffers.clear()
+
+    def capturing(self) -> bool:
+        if self._capturing is not None:
+            return bool(self._capturing())
+        return self.npu.has(api.IS_CURRENT_STREAM_CAPTURING) and bool(self.npu.call(api.IS_CURRENT_STREAM_CAPTURING))
+
+    def _unusable(self, binding: KernelBinding, args: tuple[Any, ...]) -> Optional[str]:
+        if binding.api in self._broken:
+            return self._broken[binding.api]
+        if not self.npu.has(binding.api):
+            return f"{binding.api.path} is not in this torch_npu"
+        return binding.accepts(*args)
+
+    def call(self, op: str, *args: Any) -> Any:
+        route = KERNEL_ROUTES[op]
+        reasons = []
+        for binding in route.bindings:
+            reason = self._unusable(binding, args)
+            if reason is None:
+                try:
+                    return binding.adapter(self, *args)
+                except _MISSING_KERNEL_ERRORS as exc:  # e.g. an ATB op whose NNAL library is missing
+                    self._broken[binding.api] = f"{binding.api.path} failed to load ({type(exc).__name__}: {exc})"
+                    reason = self._broken[binding.api]
+            reasons.append(reason)
+        why = "; ".join(reasons) or "torch_npu has no kernel for it"
+        self.fallbacks[op] = why
+        if not route.fallback_in_graphs and self.in_task_group:
+            raise CaptureConstraintError(
+                f"ascendgraph::{op} cannot be captured into an ACL graph on npu: {why}. Its reference fallback "
+                "issues kernels shaped by the host sequence lengths, which a FULL graph's parameter update cannot "
+                "refresh. Use --dtype bfloat16 (torch_npu's fused attention takes float16/bfloat16) or a PIECEWISE "
+                "mode, where attention runs eagerly."
+            )
+        if (op, why) not in self._logged:
+            self._logged.add((op, why))
+            log.warning("ascendgraph::%s on npu runs the %s fallback: %s", op, route.fallback_kind, why)
+        return route.fallback(self, *args)
+
+    def kernel(self, op: str) -> Callable[..., Any]:
+        """The function registered for ``op`` on the npu device type."""
+
+        def run(*args: Any) -> Any:
+            return self.call(op, *args)
+
+        run.__name__ = f"npu_{op}"
+        return run
+
+
+_ROUTER: Optional[KernelRouter] = None
+
+
+def register_npu_kernels(npu: Optional[TorchNpu] = None) -> KernelRouter:
+    """Register the router for every ascendgraph op on the ``npu`` device type (idempotent).
+
+    Registration is process-wide, as ``torch.library`` itself is.
+    """
+    global _ROUTER
+    if _ROUTER is None:
+        router = KernelRouter(npu or api.torch_npu_namespace())
+        for name in ops.OP_NAMES:
+            getattr(ops, name).register_kernel("npu")(router.kernel(name))
+        _ROUTER = router
+    return _ROUTER
+
+
+def prepare(device: torch.device) -> None:
+    """Create per-device constants (the causal mask) outside any capture."""
+    router = register_npu_kernels()
+    if device not in router.buffers.masks:
+        router.buffers.masks[device] = causal_mask(device)

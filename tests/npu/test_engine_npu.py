@@ -1,0 +1,40 @@
+"""A short `ascendgraph run --device npu` per graph mode: every request completes, the
+effective mode is the resolved one, graphs are captured where the mode has graphs, and
+every step agrees with the eager reference (bfloat16: torch_npu's attention kernel)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ascendgraph import cli
+
+pytestmark = pytest.mark.npu
+
+MODES = ["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"]
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *flags: str) -> tuple[int, dict]:
+    code = cli.main(["run", "--device", "npu", "--requests", "6", "--json", *flags])
+    return code, json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_short_run_per_mode_completes_and_matches_eager(capsys: pytest.CaptureFixture[str], mode: str) -> None:
+    code, report = run_json(capsys, "--dtype", "bfloat16", "--compilation-config", json.dumps({"cudagraph_mode": mode}))
+    assert code == 0, report["error"]
+    assert report["device"] == "npu"
+    assert report["requests_failed"] == 0 and report["requests_completed"] == report["requests_total"]
+    assert report["effective_mode"] == mode
+    assert (report["graphs_captured"] > 0) == (mode != "NONE")
+    if mode in ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"):
+        assert report["batches_by_mode"]["FULL"] > 0
+    assert report["max_abs_diff_vs_eager"] is not None
+
+
+def test_float32_full_graphs_fail_with_the_dtype_advice(capsys: pytest.CaptureFixture[str]) -> None:
+    code, report = run_json(capsys, "--dtype", "float32", "--compilation-config",
+                            json.dumps({"cudagraph_mode": "FULL_DECODE_ONLY"}))
+    assert code == 1 and report["error"] is not None
+    assert "--dtype bfloat16" in report["error"]["message"]
