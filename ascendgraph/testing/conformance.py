@@ -114,16 +114,23 @@ def _assert_clean(device: Any, before: Any) -> None:
 
 
 class _Attention:
-    """A tiny paged-attention setup: 2 requests, 4 heads over 2 KV heads."""
+    """A tiny paged-attention setup: 2 requests, 4 heads over 2 KV heads.
+
+    On hardware the fused attention kernel takes fp16/bf16 only (and head_dim 128 is its
+    well-trodden shape), so non-simulated devices use bfloat16 and head_dim 128.
+    """
 
     def __init__(self, device: Any) -> None:
-        self.heads, self.kv_heads, self.head_dim, self.block_size = 4, 2, 8, 4
+        on_sim = _is_sim(device)
+        dtype = torch.float32 if on_sim else torch.bfloat16
+        self.heads, self.kv_heads, self.block_size = 4, 2, 4
+        self.head_dim = 8 if on_sim else 128
         self.tokens = 2
-        self.query = _tensor(device, self.tokens, self.heads, self.head_dim, seed=1)
-        self.key_cache = _tensor(device, 8, self.block_size, self.kv_heads, self.head_dim, seed=2)
-        self.value_cache = _tensor(device, 8, self.block_size, self.kv_heads, self.head_dim, seed=3)
+        self.query = _tensor(device, self.tokens, self.heads, self.head_dim, seed=1, dtype=dtype)
+        self.key_cache = _tensor(device, 8, self.block_size, self.kv_heads, self.head_dim, seed=2, dtype=dtype)
+        self.value_cache = _tensor(device, 8, self.block_size, self.kv_heads, self.head_dim, seed=3, dtype=dtype)
         self.block_table = torch.arange(8, dtype=torch.int32, device=device.torch_device).view(2, 4)
-        self.out = torch.zeros(self.tokens, self.heads, self.head_dim, device=device.torch_device)
+        self.out = torch.zeros(self.tokens, self.heads, self.head_dim, device=device.torch_device, dtype=dtype)
         self.scale = 1.0 / math.sqrt(self.head_dim)
 
     def launch(self, seq_lens: list[int], out: Optional[torch.Tensor] = None) -> None:
