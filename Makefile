@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 
 # The main job: graph mode end to end on the CPU simulator.
 run: $(STAMP)
-	$(VENV)/bin/ascendgraph explain
+	$(VENV)/bin/ascendgraph run
 
 # The default test suite (no NPU, no vLLM needed), parallel on all cores.
 test: $(STAMP)

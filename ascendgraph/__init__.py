@@ -37,6 +37,19 @@ from ascendgraph.sizes import compute_capture_sizes, plan_stream_budget, select_
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str):
+    # The engine imports torch; load it only when asked, so `explain` starts fast.
+    if name == "run":
+        from ascendgraph.engine import run
+
+        return run
+    if name == "Report":
+        from ascendgraph.report import Report
+
+        return Report
+    raise AttributeError(f"module 'ascendgraph' has no attribute {name!r}")
+
 __all__ = [
     "AttentionGraphSupport",
     "BatchDescriptor",
@@ -64,5 +77,7 @@ __all__ = [
     "resolve",
     "rewrite_capture_error",
     "select_sizes",
+    "run",
+    "Report",
     "__version__",
 ]

@@ -297,4 +297,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    # Run through the imported module so commands registered by other modules land in the
+    # same COMMANDS table (this file is `__main__` here, not `ascendgraph.cli`).
+    from ascendgraph.cli import main as _main
+
+    sys.exit(_main())

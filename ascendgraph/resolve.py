@@ -280,10 +280,10 @@ def _rule_enforce_eager(s: _State) -> None:
     if not s.enforce_eager:
         return
     if s.compilation_mode is not CompilationMode.NONE:
-        s.decide("enforce_eager", s.compilation_mode or CompilationMode.VLLM_COMPILE, CompilationMode.NONE,
+        s.decide("enforce_eager", s.compilation_mode, CompilationMode.NONE,
                  "enforce_eager turns compilation off")
         s.compilation_mode = CompilationMode.NONE
-    before = s.mode or s.requested_mode
+    before = s.requested_mode if s.mode is None else s.mode
     s.mode = GraphMode.NONE
     if before is not GraphMode.NONE:
         s.decide("enforce_eager", before, GraphMode.NONE, "Compilation disabled, using eager mode by default")
@@ -476,7 +476,7 @@ def _rule_attention_narrowing(s: _State) -> None:
         capture_sizes=s.capture_sizes,
         max_capture_size=s.max_capture_size,
         uniform_decode_query_len=cfg.uniform_decode_query_len,
-        compilation_mode=s.compilation_mode or CompilationMode.NONE,
+        compilation_mode=CompilationMode.NONE if s.compilation_mode is None else s.compilation_mode,
         attention_split=s.attention_split,
         inductor_partition=cfg.use_inductor_graph_partition,
         use_v2_model_runner=cfg.use_v2_model_runner,
@@ -504,7 +504,8 @@ def _rule_data_parallel_agreement(s: _State) -> None:
     else:
         decode = min((m.decode_mode() for m in modes), key=lambda m: m.value)
         mixed = min((m.mixed_mode() for m in modes), key=lambda m: m.value)
-        agreed = GraphMode.from_pair(decode, mixed) or GraphMode.NONE
+        paired = GraphMode.from_pair(decode, mixed)
+        agreed = GraphMode.NONE if paired is None else paired
     s.set_mode("data_parallel_agreement", agreed,
                f"data-parallel ranks run {', '.join(m.name for m in modes)}: all ranks use the minimum, {agreed.name}")
 
@@ -569,7 +570,8 @@ def resolve(
         other_rank_modes=tuple(other_rank_modes),
         stream_limit=stream_limit,
         hccl_op_expansion_mode=hccl_op_expansion_mode,
-        requested_mode=config.cudagraph_mode or level_default,
+        # Enum members can be falsy (GraphMode.NONE, CompilationMode.NONE): test for None, never `or`.
+        requested_mode=level_default if config.cudagraph_mode is None else config.cudagraph_mode,
         mode=config.cudagraph_mode,
         compilation_mode=config.compilation_mode,
         enforce_eager=config.enforce_eager,
@@ -602,7 +604,7 @@ def resolve(
     return Resolution(
         requested_mode=state.requested_mode,
         mode=mode,
-        compilation_mode=state.compilation_mode or CompilationMode.NONE,
+        compilation_mode=CompilationMode.NONE if state.compilation_mode is None else state.compilation_mode,
         capture_sizes=list(state.capture_sizes),
         max_capture_size=state.max_capture_size,
         warmups=config.cudagraph_num_of_warmups if config.cudagraph_num_of_warmups is not None else ASCEND_WARMUPS,

@@ -13,6 +13,8 @@ calibrated profile from a JSON file:
 
 from __future__ import annotations
 
+import os
+
 import dataclasses
 import json
 from dataclasses import dataclass
@@ -102,6 +104,8 @@ def get_profile(name: Union[str, SimProfile, DeviceProfile] = DEFAULT_PROFILE) -
     if isinstance(name, DeviceProfile):
         base = PROFILES.get(name.name)
         return SimProfile(name, base.cost if base else CostParams())
+    if isinstance(name, os.PathLike) or (isinstance(name, str) and name.strip().lower().endswith(".json")):
+        return load_profile(name)
     if not isinstance(name, str):
         raise ConfigError(f"profile must be a name or a DeviceProfile, got {name!r}", key="profile")
     for key, profile in PROFILES.items():

@@ -82,3 +82,25 @@ def test_bad_profile_files_are_config_errors(tmp_path, content, fragment):
 def test_a_missing_profile_file_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="cannot read profile file"):
         load_profile(tmp_path / "absent.json")
+
+
+def test_get_profile_accepts_a_json_file_path(tmp_path):
+    import json
+
+    from sim.profiles import get_profile
+
+    source = tmp_path / "calibrated.json"
+    source.write_text(json.dumps({"name": "A3-calibrated", "soc": "A3", "stream_limit": 1234}))
+    for spelling in (str(source), source):
+        loaded = get_profile(spelling)
+        assert (loaded.name, loaded.device.soc, loaded.device.stream_limit) == ("A3-calibrated", "A3", 1234)
+
+
+def test_get_profile_with_a_missing_json_file_names_the_file(tmp_path):
+    import pytest
+
+    from ascendgraph.errors import ConfigError
+    from sim.profiles import get_profile
+
+    with pytest.raises(ConfigError, match="cannot read profile file"):
+        get_profile(str(tmp_path / "missing.json"))

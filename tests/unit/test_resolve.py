@@ -136,6 +136,12 @@ def test_step2_level_defaults(level, mode, compilation):
     assert r.requested_mode is mode and r.mode is mode and r.compilation_mode is compilation
 
 
+@pytest.mark.parametrize("level", [0, 1, 2, 3])
+def test_a_requested_none_is_reported_as_none_at_every_level(level):
+    r = run(M.NONE, optimization_level=level)
+    assert r.requested_mode is M.NONE and r.mode is M.NONE and r.decision("default_mode") is None
+
+
 def test_step1_enforce_eager_wins():
     r = run(M.FULL, enforce_eager=True)
     assert r.mode is M.NONE and r.compilation_mode is CompilationMode.NONE

@@ -1,0 +1,824 @@
+"""The engine: resolve -> build -> compile -> capture -> serve -> report (`ascendgraph run`).
+
+Theory of operation.
+
+1. **Resolve** the configuration (`ascendgraph.resolve`) and build the dispatcher's keys.
+2. **Build** the model from its spec with seeded weights. The same module serves the graph
+   path (compiled) and the eager reference (the plain module), each with its own paged
+   KV cache, so both see the same weights and inputs.
+3. **Compile** with the `AscendGraphBackend` (nothing for NONE).
+4. **Capture**: hand the device the resolved `StreamPlan`, set the FULL-graph parameter
+   sizes, then for every dispatcher key in capture order run the warm-ups eagerly and one
+   capture run with a dummy batch of that key's shape (tqdm bar per group). A failure
+   raises the rewritten capture error — or, with ``on_capture_error="eager"``, releases
+   every graph, the pool and the stream plan and serves eagerly.
+5. **Serve** the workload: each scheduled batch is dispatched (runtime mode + padded key),
+   its inputs written into persistent buffers (static addresses for the graphs), the
+   compiled model run (capture wrappers replay), FULL-graph attention parameters updated
+   after the replay is launched, the device synchronised (a hang surfaces here), and the
+   result checked against the eager reference; a step beyond tolerance fails its
+   requests with NumericalMismatch.
+6. **Report** (`ascendgraph.report.Report`).
+
+Per-batch path: `Engine.route(batch)` names the runner and `Engine.runners[name](batch)`
+returns a `RunResult` ("native": ACL graphs or eager as dispatched); `Engine.observers`
+see every step (`StepRecord`, with CPU time, simulated time and kernel counts per path) —
+the hooks xlite routing and the profiler plug into. All state lives on the engine object.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import sys
+import time
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Optional, Protocol, Sequence, Union
+
+import torch
+
+from ascendgraph.capture import CaptureState
+from ascendgraph.compile.backend import AscendGraphBackend, CompiledModel
+from ascendgraph.compile.pass_manager import PassManager
+from ascendgraph.config import GraphConfig
+from ascendgraph.device import Device, get_device
+from ascendgraph.dispatch import BatchDescriptor, GraphDispatcher
+from ascendgraph.errors import (
+    CaptureError,
+    ConfigError,
+    DeviceLost,
+    GraphHang,
+    NumericalMismatch,
+)
+from ascendgraph.forward_context import AttentionMetadata, ForwardContext, KVCache, set_forward_context
+from ascendgraph.models.build import DecoderModel, build_model, parse_dtype
+from ascendgraph.modes import GraphMode
+from ascendgraph.params import GraphParams
+from ascendgraph.report import RUNTIME_MODE_KEYS, Report
+from ascendgraph.resolve import Decision, Resolution, resolve
+from ascendgraph.sizes import DEFAULT_MAX_STREAMS
+from ascendgraph.workload import Request, ScheduledBatch, Scheduler, WorkloadSpec, generate_workload
+
+__all__ = [
+    "EngineOptions",
+    "Engine",
+    "StepRecord",
+    "StepObserver",
+    "RunResult",
+    "run",
+    "DEFAULT_REQUESTS",
+    "default_atol",
+    "ON_CAPTURE_ERROR",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_REQUESTS = 16
+ON_CAPTURE_ERROR = ("raise", "eager")
+_ATOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
+_MAX_IDLE_STEPS = 10_000
+
+
+def default_atol(dtype: Union[str, torch.dtype]) -> float:
+    """INTERFACES "Checking against eager": 1e-4 for float32, 2e-2 for bfloat16."""
+    return _ATOL[parse_dtype(dtype)]
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How to run a configuration (everything that is not the vLLM configuration itself)."""
+
+    device: Union[str, Device] = "auto"
+    requests: int = DEFAULT_REQUESTS
+    seed: int = 0
+    workload: Optional[Sequence[Request]] = None  # overrides requests / seed-generated prompts
+    workload_spec: Optional[WorkloadSpec] = None
+    on_capture_error: str = "raise"
+    stream_limit: Optional[int] = None
+    hccl_op_expansion_mode: Optional[str] = None
+    faults: Optional[str] = None
+    sim_profile: Optional[str] = None  # sim only: a profile name or calibration JSON; default: config.soc
+    dtype: str = "float32"
+    atol: Optional[float] = None
+    check_eager: bool = True
+    debug: bool = False  # check input addresses at every replay
+    progress: Optional[bool] = None  # None: when stderr is a terminal
+    env: Optional[dict[str, str]] = None
+    num_threads: Optional[int] = None  # torch intra-op threads (the CLI uses 1: the simulator's ops are small)
+    pass_manager: Optional[PassManager] = None
+    # Failure-mode switches for tests of SEMANTICS §7 (never use them to "fix" a run).
+    skip_param_update: bool = False  # the kernel is not re-issued: stale lengths -> wrong results
+    record_update_events: bool = True  # False: replays wait for ever -> GraphHang
+
+    def __post_init__(self) -> None:
+        if self.on_capture_error not in ON_CAPTURE_ERROR:
+            raise ConfigError(
+                f"on_capture_error must be one of {', '.join(ON_CAPTURE_ERROR)}, got {self.on_capture_error!r}",
+                key="on_capture_error",
+            )
+        if isinstance(self.requests, bool) or not isinstance(self.requests, int) or self.requests < 1:
+            raise ConfigError(f"requests must be an integer >= 1, got {self.requests!r}", key="requests")
+        if self.atol is not None and not (self.atol >= 0 and math.isfinite(self.atol)):
+            raise ConfigError(f"atol must be a finite number >= 0, got {self.atol!r}", key="atol")
+        parse_dtype(self.dtype)
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What one served step did (observers receive these)."""
+
+    step: int
+    kind: str  # decode | prefill | mixed
+    route: str  # native | (xlite, ...)
+    runtime_mode: GraphMode
+    descriptor: BatchDescriptor
+    num_reqs: int
+    num_tokens: int
+    padded_tokens: int
+    max_abs_diff: float
+    graph_time_us: Optional[float]  # simulated device time (None on devices without a virtual clock)
+    eager_time_us: Optional[float]
+    graph_cpu_s: float = 0.0  # host CPU time of the graph path (dispatch, replay, update, sync)
+    eager_cpu_s: float = 0.0  # host CPU time of the eager reference
+    graph_kernels: int = 0  # device kernel records of the graph path (while the device records them)
+    eager_kernels: int = 0
+
+
+@dataclass
+class _Measure:
+    cpu_s: float = 0.0
+    device_us: float = 0.0
+    kernels: int = 0
+
+
+@dataclass
+class RunResult:
+    """What a runner returns for one batch: the real tokens' hidden states and how it ran."""
+
+    hidden: torch.Tensor  # [num_tokens, hidden], unpadded
+    runtime_mode: GraphMode
+    descriptor: BatchDescriptor
+    padded_tokens: int
+    measure: _Measure
+
+
+class StepObserver(Protocol):
+    """Sees every served step (profilers, kernel counters)."""
+
+    def on_step(self, engine: "Engine", record: StepRecord) -> None: ...
+
+
+@dataclass
+class _Inputs:
+    """Persistent input buffers: graphs read these addresses at every replay."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    block_table: torch.Tensor
+
+
+@dataclass
+class _Counters:
+    batches_by_mode: dict[str, int] = field(default_factory=lambda: {k: 0 for k in RUNTIME_MODE_KEYS})
+    graphed_real_tokens: int = 0
+    graphed_padded_tokens: int = 0
+    max_abs_diff: float = 0.0
+    graph_time_us: float = 0.0
+    eager_time_us: float = 0.0
+    steps: int = 0
+
+
+class Engine:
+    """One engine: a resolved configuration, a model, its graphs and a workload to serve."""
+
+    def __init__(self, config: GraphConfig, options: EngineOptions = EngineOptions()) -> None:
+        if not isinstance(config, GraphConfig):
+            raise ConfigError(
+                f"Engine needs a GraphConfig, got {type(config).__name__}; build one with GraphConfig.from_vllm_args(...)"
+            )
+        self.config = config
+        self.options = options
+        if options.num_threads is not None:
+            torch.set_num_threads(options.num_threads)
+        self.dtype = parse_dtype(options.dtype)
+        self.atol = options.atol if options.atol is not None else default_atol(self.dtype)
+        self.stream_limit = options.stream_limit or DEFAULT_MAX_STREAMS
+        self.resolution: Resolution = resolve(
+            config,
+            env=options.env,
+            stream_limit=self.stream_limit,
+            hccl_op_expansion_mode=options.hccl_op_expansion_mode,
+        )
+        for warning in self.resolution.warnings:
+            log.warning("%s", warning)
+        self.decisions: list[Decision] = list(self.resolution.decisions)
+        self.device: Device = self._make_device()
+        self.mode = self.resolution.mode
+        self.dispatcher = self._make_dispatcher(self.mode)
+        self.spec = config.model
+        self.query_len = config.uniform_decode_query_len
+
+        # workload first: the KV cache (captured by FULL graphs) is sized from it
+        self.requests = list(options.workload) if options.workload is not None else generate_workload(
+            options.workload_spec or WorkloadSpec(num_requests=options.requests, seed=options.seed),
+            vocab_size=self.spec.vocab_size,
+        )
+        self._check_requests_fit()
+        self.scheduler = Scheduler(
+            self.requests,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            num_speculative_tokens=config.num_speculative_tokens,
+            block_size=config.block_size,
+            vocab_size=self.spec.vocab_size,
+            seed=options.seed,
+        )
+
+        self.model: DecoderModel = build_model(
+            self.spec,
+            attention_backend=self.resolution.attention_backend,
+            dtype=self.dtype,
+            seed=options.seed,
+            device=self.device.torch_device,
+        )
+        num_blocks = self.scheduler.allocator.num_blocks
+        self.kv_caches: dict[str, KVCache] = self.model.make_kv_caches(num_blocks, config.block_size)
+        self.reference_kv_caches: dict[str, KVCache] = self.model.make_kv_caches(num_blocks, config.block_size)
+        self.inputs = self._make_inputs()
+
+        self.graph_params = GraphParams(self.device)
+        self.capture_state = CaptureState(
+            self.device,
+            debug=options.debug,
+            stream_budget=self.stream_limit,
+            graph_params=self.graph_params,
+        )
+        self.pass_manager = options.pass_manager or PassManager.for_resolution(self.resolution)
+        self.backend: Optional[AscendGraphBackend] = None
+        if self.mode is not GraphMode.NONE:
+            self.backend = AscendGraphBackend(
+                mode=self.mode,
+                attention_split=self.resolution.attention_split,
+                capture_state=self.capture_state,
+                pass_manager=self.pass_manager,
+                debug=options.debug,
+            )
+        self.compiled = CompiledModel(self.model, self.backend)
+        self.observers: list[StepObserver] = []
+        # route name -> runner; `route(batch)` picks one per batch (xlite adds its own).
+        self.runners: dict[str, Callable[[ScheduledBatch], RunResult]] = {"native": self._run_native}
+        self._has_clock = getattr(self.device, "track_eager", None) is not None
+        self.capture_seconds = 0.0
+        self.capture_fallback: Optional[BaseException] = None
+        self.captured = False
+        self.error: Optional[BaseException] = None
+        self.first_mismatch: Optional[NumericalMismatch] = None
+        self._counters = _Counters()
+        self._stats_before_capture = None
+
+    # ------------------------------------------------------------------ construction
+    def _make_device(self) -> Device:
+        device = self.options.device
+        if not isinstance(device, str):
+            if self.options.faults is not None:
+                set_plan = getattr(device, "set_fault_plan", None)
+                if set_plan is None:
+                    raise ConfigError("--faults needs the sim device (fault injection is simulated)", key="faults")
+                set_plan(self.options.faults)
+            return device
+        name = device.strip().lower()
+        sim_only = self.options.faults is not None or self.options.sim_profile is not None
+        if name == "auto" and sim_only:
+            name = "sim"  # fault injection only exists on the simulator
+        if name == "npu" and sim_only:
+            raise ConfigError(
+                "--faults and --sim-profile need --device sim (they configure the simulator)", key="device"
+            )
+        device_options: dict[str, Any] = {}
+        if name == "sim":
+            device_options = {"seed": self.options.seed, "profile": self.options.sim_profile or self.config.soc}
+            if self.options.stream_limit is not None:
+                device_options["stream_limit"] = self.options.stream_limit
+            if self.options.faults is not None:
+                device_options["faults"] = self.options.faults
+            if self.options.env is not None:
+                device_options["env"] = self.options.env
+        return get_device(name, **device_options)
+
+    def _make_dispatcher(self, mode: GraphMode) -> GraphDispatcher:
+        config = self.config
+        return GraphDispatcher(
+            mode,
+            capture_sizes=self.resolution.capture_sizes if mode is not GraphMode.NONE else [],
+            max_num_seqs=config.max_num_seqs,
+            uniform_decode_query_len=config.uniform_decode_query_len,
+            max_loras=config.max_loras,
+            specialize_lora=config.cudagraph_specialize_lora,
+        )
+
+    def _check_requests_fit(self) -> None:
+        limit = self.spec.max_position_embeddings
+        for request in self.requests:
+            longest = request.prompt_len + request.max_tokens + self.query_len
+            if longest > limit:
+                raise ConfigError(
+                    f"request {request.request_id} needs {longest} positions (prompt {request.prompt_len} + "
+                    f"{request.max_tokens} outputs + {self.query_len}) but the model has {limit}",
+                    key="requests",
+                )
+
+    def _make_inputs(self) -> _Inputs:
+        config = self.config
+        device = self.device.torch_device
+        max_tokens = max(config.max_num_batched_tokens, self.resolution.max_capture_size, 1)
+        rows = max(config.max_num_seqs, 1)
+        width = max(1, math.ceil(self.spec.max_position_embeddings / config.block_size))
+        return _Inputs(
+            input_ids=torch.zeros(max_tokens, dtype=torch.long, device=device),
+            positions=torch.zeros(max_tokens, dtype=torch.long, device=device),
+            slot_mapping=torch.full((max_tokens,), -1, dtype=torch.long, device=device),
+            block_table=torch.zeros((rows, width), dtype=torch.int32, device=device),
+        )
+
+    # ------------------------------------------------------------------ forward plumbing
+    def _context(
+        self, mode: GraphMode, descriptor: BatchDescriptor, metadata: AttentionMetadata, *, reference: bool = False
+    ) -> ForwardContext:
+        return ForwardContext(
+            runtime_mode=mode,
+            batch_descriptor=descriptor,
+            attn_metadata=metadata,
+            kv_caches=self.reference_kv_caches if reference else self.kv_caches,
+            attention_layers=self.model.attention_layers,
+            device=self.device,
+            graph_params=None if reference else self.graph_params,
+        )
+
+    def _write_inputs(
+        self,
+        token_ids: Sequence[int],
+        positions: Sequence[int],
+        slots: Sequence[int],
+        block_rows: Sequence[Sequence[int]],
+        *,
+        padded_tokens: int,
+        padded_rows: int,
+    ) -> None:
+        """Fill the persistent buffers for one forward (padding: token 0, position 0, slot -1)."""
+        inputs = self.inputs
+        device = inputs.input_ids.device
+        count = len(token_ids)
+        inputs.input_ids[:count].copy_(torch.tensor(token_ids, dtype=torch.long, device=device))
+        inputs.positions[:count].copy_(torch.tensor(positions, dtype=torch.long, device=device))
+        inputs.slot_mapping[:count].copy_(torch.tensor(slots, dtype=torch.long, device=device))
+        if padded_tokens > count:
+            inputs.input_ids[count:padded_tokens].zero_()
+            inputs.positions[count:padded_tokens].zero_()
+            inputs.slot_mapping[count:padded_tokens].fill_(-1)
+        table = inputs.block_table
+        table[: max(padded_rows, len(block_rows))].zero_()
+        for row, blocks in enumerate(block_rows):
+            if blocks:
+                table[row, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32, device=device)
+
+    def _forward(
+        self, mode: GraphMode, descriptor: BatchDescriptor, metadata: AttentionMetadata, padded_tokens: int
+    ) -> torch.Tensor:
+        with set_forward_context(self._context(mode, descriptor, metadata)):
+            return self.compiled(self.inputs.input_ids[:padded_tokens], self.inputs.positions[:padded_tokens])
+
+    # ------------------------------------------------------------------ capture
+    def _dummy_layout(self, mode: GraphMode, descriptor: BatchDescriptor) -> list[int]:
+        """Query lengths of the dummy batch a key is warmed up or captured with.
+
+        A FULL graph freezes its attention lists, so its capture uses the key's own shape:
+        num_reqs requests (q tokens each when uniform). Everything else — warm-ups and
+        piecewise captures, where attention runs eagerly — uses one request of num_tokens
+        tokens: the graphs are the same and the eager attention stays cheap.
+        """
+        tokens = descriptor.num_tokens
+        if mode is not GraphMode.FULL:
+            return [tokens]
+        if descriptor.uniform:
+            return [self.query_len] * (descriptor.num_reqs or tokens // self.query_len)
+        reqs = descriptor.num_reqs if descriptor.num_reqs is not None else min(tokens, self.config.max_num_seqs)
+        reqs = max(1, min(reqs, tokens))
+        base = tokens // reqs
+        lengths = [base] * reqs
+        lengths[-1] += tokens - base * reqs
+        return lengths
+
+    def _dummy_forward(self, mode: GraphMode, descriptor: BatchDescriptor) -> torch.Tensor:
+        lengths = self._dummy_layout(mode, descriptor)
+        tokens = sum(lengths)
+        positions = [p for length in lengths for p in range(length)]
+        ends = list(itertools.accumulate(lengths))
+        self._write_inputs(
+            [0] * tokens, positions, [-1] * tokens, [[] for _ in lengths], padded_tokens=tokens, padded_rows=len(lengths)
+        )
+        metadata = AttentionMetadata(
+            num_reqs=len(lengths),
+            num_actual_tokens=tokens,
+            num_tokens=tokens,
+            query_start_loc=ends,
+            seq_lens=list(lengths),
+            block_table=self.inputs.block_table[: len(lengths)],
+            slot_mapping=self.inputs.slot_mapping[:tokens],
+            uniform_decode=descriptor.uniform,
+            query_len=self.query_len,
+        )
+        return self._forward(mode, descriptor, metadata, tokens)
+
+    def _progress(self) -> bool:
+        if self.options.progress is not None:
+            return self.options.progress
+        return sys.stderr.isatty() and log.getEffectiveLevel() <= logging.INFO
+
+    def compile(self) -> float:
+        """Trigger the one Dynamo compilation (a dummy eager forward at the largest size)."""
+        if not self.compiled.is_compiled or self.backend is None or self.backend.artifacts:
+            return self.compiled.compile_seconds
+        size = max(self.resolution.max_capture_size, 1)
+        self._dummy_forward(GraphMode.NONE, BatchDescriptor(size))
+        self.device.synchronize()
+        return self.compiled.compile_seconds
+
+    def capture(self) -> None:
+        """Warm up and capture every dispatcher key (or nothing in NONE)."""
+        if self.captured:
+            return
+        self.captured = True
+        order = self.dispatcher.capture_order()
+        self._stats_before_capture = self.device.stats()
+        if not order:
+            self.compile()
+            return
+        self.device.set_stream_plan(self.resolution.stream_plan)
+        if self.mode.has_full_graphs():
+            self.graph_params.set_sizes(self.resolution.capture_sizes)
+        start = time.perf_counter()
+        try:
+            self.compile()
+            start = time.perf_counter()
+            with torch.no_grad(), self.capture_state.capturing():
+                for label, group in _capture_groups(order):
+                    self._capture_group(label, group)
+            self.device.synchronize()
+        except (GraphHang, DeviceLost):
+            raise
+        except RuntimeError as exc:
+            self.capture_seconds = time.perf_counter() - start
+            if self.options.on_capture_error != "eager":
+                raise
+            self._fall_back_to_eager(exc)
+            return
+        self.capture_seconds = time.perf_counter() - start
+        log.info(
+            "captured %d ACL graphs for %d keys in %.2f s",
+            self.capture_state.graphs_captured,
+            len(order),
+            self.capture_seconds,
+        )
+
+    def _capture_group(self, label: str, group: list[tuple[GraphMode, BatchDescriptor]]) -> None:
+        from tqdm import tqdm
+
+        warmups = self.resolution.warmups
+        bar = tqdm(group, desc=f"Capturing ACL graphs ({label})", file=sys.stderr, disable=not self._progress(),
+                   unit="size", leave=False, dynamic_ncols=True)
+        try:
+            for mode, key in bar:
+                for _ in range(warmups):
+                    self._dummy_forward(GraphMode.NONE, key)
+                self._dummy_forward(mode, key)
+        finally:
+            bar.close()
+
+    def _fall_back_to_eager(self, exc: BaseException) -> None:
+        """Release everything capture held and serve eagerly (``on_capture_error="eager"``)."""
+        log.error("ACL graph capture failed; serving eagerly instead (--on-capture-error eager):\n%s", exc)
+        self.capture_fallback = exc
+        released = self.capture_state.release()
+        self.device.set_stream_plan(None)
+        log.info("released %d captured graphs; device now: %s", released, self.device.stats())
+        previous = self.mode
+        self.mode = GraphMode.NONE
+        self.dispatcher = self._make_dispatcher(GraphMode.NONE)
+        self.decisions.append(
+            Decision("capture_fallback", previous.name, GraphMode.NONE.name,
+                     f"capture failed with {type(exc).__name__}; graphs released, serving eagerly")
+        )
+
+    # ------------------------------------------------------------------ serving
+    def route(self, batch: ScheduledBatch) -> str:
+        """Which runner (a key of `runners`) serves a batch. "native": ACL graphs or eager, as dispatched."""
+        return "native"
+
+    def _batch_metadata(
+        self, batch: ScheduledBatch, descriptor: BatchDescriptor, padded_tokens: int
+    ) -> AttentionMetadata:
+        rows = max(batch.num_reqs, descriptor.num_reqs or 0)
+        return AttentionMetadata(
+            num_reqs=batch.num_reqs,
+            num_actual_tokens=batch.num_tokens,
+            num_tokens=padded_tokens,
+            query_start_loc=batch.query_start_loc,
+            seq_lens=batch.seq_lens,
+            block_table=self.inputs.block_table[:rows],
+            slot_mapping=self.inputs.slot_mapping[:padded_tokens],
+            uniform_decode=descriptor.uniform,
+            query_len=self.query_len,
+        )
+
+    @contextmanager
+    def _measured(self) -> Iterator[_Measure]:
+        """Host CPU time, virtual device time and kernel records of the block (eager ops are
+        tracked on devices that price them, e.g. the simulator's ``track_eager``)."""
+        measure = _Measure()
+        track = getattr(self.device, "track_eager", None)
+        records = getattr(self.device, "kernel_records", None)
+        kernels_before = len(records) if records is not None else 0
+        before = self.device.stats().virtual_time_us
+        cpu_before = time.process_time()
+        with track() if track is not None else nullcontext():
+            yield measure
+        measure.cpu_s = time.process_time() - cpu_before
+        measure.device_us = self.device.stats().virtual_time_us - before
+        measure.kernels = (len(records) - kernels_before) if records is not None else 0
+
+    def _run_native(self, batch: ScheduledBatch) -> RunResult:
+        """ACL graphs or eager, as the dispatcher says: pad, replay, update FULL params, sync."""
+        tokens = batch.num_tokens
+        mode, descriptor = self.dispatcher.dispatch(tokens, uniform_decode=batch.uniform_decode)
+        padded = descriptor.num_tokens if mode is not GraphMode.NONE else tokens
+        rows = max(batch.num_reqs, descriptor.num_reqs or 0)
+        self._write_inputs(
+            [t for r in batch.requests for t in r.token_ids],
+            [r.start_position + i for r in batch.requests for i in range(r.num_tokens)],
+            [s for r in batch.requests for s in r.slot_ids],
+            [r.block_ids for r in batch.requests],
+            padded_tokens=padded,
+            padded_rows=rows,
+        )
+        metadata = self._batch_metadata(batch, descriptor, padded)
+        with self._measured() as measure:
+            hidden = self._forward(mode, descriptor, metadata, padded)
+            if mode is GraphMode.FULL:
+                # After the replay was launched: it waits on the attention events until updated.
+                self.graph_params.update(
+                    descriptor,
+                    metadata,
+                    query_len=self.query_len,
+                    skip_kernel=self.options.skip_param_update,
+                    record_events=self.options.record_update_events,
+                )
+            self.device.synchronize()
+        return RunResult(hidden[:tokens].clone(), mode, descriptor, padded, measure)
+
+    def _run_reference(self, batch: ScheduledBatch) -> tuple[torch.Tensor, _Measure]:
+        """The uncompiled model, eagerly, on the unpadded batch, with its own KV cache."""
+        device = self.device.torch_device
+        tokens = batch.num_tokens
+        ids = torch.tensor([t for r in batch.requests for t in r.token_ids], dtype=torch.long, device=device)
+        positions = torch.tensor(
+            [r.start_position + i for r in batch.requests for i in range(r.num_tokens)], dtype=torch.long, device=device
+        )
+        width = self.inputs.block_table.shape[1]
+        table = torch.zeros((batch.num_reqs, width), dtype=torch.int32, device=device)
+        for row, r in enumerate(batch.requests):
+            table[row, : len(r.block_ids)] = torch.tensor(r.block_ids, dtype=torch.int32, device=device)
+        metadata = AttentionMetadata(
+            num_reqs=batch.num_reqs,
+            num_actual_tokens=tokens,
+            num_tokens=tokens,
+            query_start_loc=batch.query_start_loc,
+            seq_lens=batch.seq_lens,
+            block_table=table,
+            slot_mapping=torch.tensor([s for r in batch.requests for s in r.slot_ids], dtype=torch.long, device=device),
+            query_len=self.query_len,
+        )
+        context = self._context(GraphMode.NONE, BatchDescriptor(tokens), metadata, reference=True)
+        with self._measured() as measure, set_forward_context(context):
+            hidden = self.model(ids, positions)
+            self.device.synchronize()
+        return hidden, measure
+
+    def _sample(self, batch: ScheduledBatch, hidden: torch.Tensor) -> dict[str, list[int]]:
+        """Greedy predictions after every query token of each request (from the graph path)."""
+        predictions = self.model.compute_logits(hidden).argmax(dim=-1).tolist()
+        sampled, start = {}, 0
+        for r in batch.requests:
+            sampled[r.request_id] = predictions[start : start + r.num_tokens]
+            start += r.num_tokens
+        return sampled
+
+    def step(self, batch: ScheduledBatch) -> StepRecord:
+        """Serve one batch: run it on its route, check it against eager, apply the results."""
+        route = self.route(batch)
+        runner = self.runners.get(route)
+        if runner is None:
+            raise KeyError(f"no runner for route {route!r}; known routes: {', '.join(self.runners)}")
+        with torch.no_grad():
+            result = runner(batch)
+            hidden, mode, descriptor = result.hidden, result.runtime_mode, result.descriptor
+            diff, eager = 0.0, None
+            if self.options.check_eager:
+                reference, eager = self._run_reference(batch)
+                diff = (hidden.float() - reference.float()).abs().max().item() if hidden.numel() else 0.0
+                if math.isnan(diff):
+                    diff = math.inf
+            counters = self._counters
+            counters.steps += 1
+            counters.batches_by_mode[mode.name] += 1
+            if mode is not GraphMode.NONE:
+                counters.graphed_real_tokens += batch.num_tokens
+                counters.graphed_padded_tokens += result.padded_tokens
+            counters.max_abs_diff = max(counters.max_abs_diff, diff)
+            counters.graph_time_us += result.measure.device_us
+            counters.eager_time_us += eager.device_us if eager is not None else 0.0
+            ids = [r.request_id for r in batch.requests]
+            if not diff <= self.atol:
+                mismatch = NumericalMismatch(
+                    f"step {batch.step} ({batch.kind}, {batch.num_tokens} tokens, {mode.name} {descriptor}) differs from "
+                    f"eager by {diff:.3g} > atol {self.atol:g}; requests {', '.join(ids)} failed"
+                )
+                log.error("%s", mismatch)
+                if self.first_mismatch is None:
+                    self.first_mismatch = mismatch
+                self.scheduler.fail(ids, str(mismatch))
+            else:
+                self.scheduler.complete(batch, self._sample(batch, hidden))
+        record = StepRecord(
+            step=batch.step,
+            kind=batch.kind,
+            route=route,
+            runtime_mode=mode,
+            descriptor=descriptor,
+            num_reqs=batch.num_reqs,
+            num_tokens=batch.num_tokens,
+            padded_tokens=result.padded_tokens,
+            max_abs_diff=diff,
+            graph_time_us=result.measure.device_us if self._has_clock else None,
+            eager_time_us=eager.device_us if eager is not None and self._has_clock else None,
+            graph_cpu_s=result.measure.cpu_s,
+            eager_cpu_s=eager.cpu_s if eager is not None else 0.0,
+            graph_kernels=result.measure.kernels,
+            eager_kernels=eager.kernels if eager is not None else 0,
+        )
+        for observer in self.observers:
+            observer.on_step(self, record)
+        return record
+
+    def serve(self) -> None:
+        """Serve the whole workload (capturing first if not done yet)."""
+        self.capture()
+        idle = 0
+        while self.scheduler.has_unfinished():
+            batch = self.scheduler.schedule()
+            if batch is None:
+                idle += 1
+                if idle > _MAX_IDLE_STEPS:  # pragma: no cover - arrivals are bounded
+                    raise RuntimeError("the scheduler made no progress for too many steps")
+                continue
+            idle = 0
+            try:
+                self.step(batch)
+            except (GraphHang, DeviceLost) as exc:
+                log.error("%s: %s", type(exc).__name__, exc)
+                self.error = exc
+                self.scheduler.fail_all(f"{type(exc).__name__}: {exc}")
+                return
+
+    # ------------------------------------------------------------------ report
+    def report(self) -> Report:
+        resolution = self.resolution
+        stats = self.device.stats()
+        counters = self._counters
+        completed = len(self.scheduler.finished)
+        failed = len(self.scheduler.failed)
+        error_exc: Optional[BaseException] = self.error or self.first_mismatch
+        error = {"type": type(error_exc).__name__, "message": str(error_exc)} if error_exc else None
+        if error is None and failed:
+            error = {"type": "RequestsFailed", "message": f"{failed} request(s) failed"}
+        real, padded = counters.graphed_real_tokens, counters.graphed_padded_tokens
+        has_clock = self._has_clock
+        fallback = self.capture_fallback
+        plan = resolution.stream_plan
+        return Report(
+            requested_mode=resolution.requested_mode.name,
+            effective_mode=self.mode.name,
+            decisions=[d.as_dict() for d in self.decisions],
+            capture_sizes=list(resolution.capture_sizes) if self.mode is not GraphMode.NONE else [],
+            graphs_captured=self.capture_state.graphs_captured if fallback is None else 0,
+            streams_used=stats.streams_in_use,
+            stream_limit=plan.max_streams if plan is not None else stats.stream_limit,
+            pool_bytes=stats.pool_bytes,
+            capture_seconds=self.capture_seconds,
+            requests_completed=completed,
+            requests_failed=failed,
+            batches_by_mode=dict(counters.batches_by_mode),
+            padding_waste=(padded / real - 1) if real else 0.0,
+            max_abs_diff_vs_eager=counters.max_abs_diff,
+            simulated_time_us={
+                "graph": counters.graph_time_us if has_clock else None,
+                "eager": counters.eager_time_us if has_clock and self.options.check_eager else None,
+            },
+            error=error,
+            device=getattr(self.device, "name", str(self.device)),
+            model=self.spec.name,
+            architecture=self.spec.architecture,
+            num_layers=self.spec.num_hidden_layers,
+            attention_backend=resolution.attention_backend,
+            dtype=str(self.dtype).replace("torch.", ""),
+            atol=self.atol,
+            compile_seconds=self.compiled.compile_seconds,
+            steps=counters.steps,
+            requests_total=len(self.requests),
+            warnings=list(resolution.warnings),
+            capture_fallback={"type": type(fallback).__name__, "message": str(fallback)} if fallback else None,
+            notes=self._notes(error_exc or fallback),
+            exception=error_exc,
+        )
+
+    def _notes(self, failure: Optional[BaseException]) -> list[str]:
+        """What the planner knew when a capture failed (SEMANTICS §8: beyond vLLM Ascend)."""
+        notes = []
+        if isinstance(failure, CaptureError):
+            parts = []
+            if failure.graphs_captured is not None:
+                parts.append(f"{failure.graphs_captured} graphs were captured before the failure")
+            if failure.streams_in_use is not None and failure.stream_budget is not None:
+                parts.append(f"streams in use {failure.streams_in_use}/{failure.stream_budget}")
+            if parts:
+                notes.append("; ".join(parts))
+            plan = self.resolution.stream_plan
+            if plan is not None and not plan.fits:
+                notes.append(
+                    f"the stream plan fits at most {plan.max_num_sizes} of the {len(plan.requested_sizes)} capture sizes "
+                    f"({plan.streams_per_size} streams per size, budget {plan.max_streams}); largest fitting "
+                    f"selection: {plan.sizes} — see `ascendgraph explain` with the same flags"
+                )
+        return notes
+
+    def close(self) -> None:
+        """Release every captured graph and the stream plan (the engine can be dropped afterwards)."""
+        self.capture_state.release()
+        if self.captured:
+            self.device.set_stream_plan(None)
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _capture_groups(
+    order: list[tuple[GraphMode, BatchDescriptor]],
+) -> list[tuple[str, list[tuple[GraphMode, BatchDescriptor]]]]:
+    """Capture order split into progress-bar groups: (mixed prefill-decode | decode, MODE)."""
+    groups: list[tuple[str, list[tuple[GraphMode, BatchDescriptor]]]] = []
+    for mode, key in order:
+        label = f"{'decode' if key.uniform else 'mixed prefill-decode'}, {mode.name}"
+        if not groups or groups[-1][0] != label:
+            groups.append((label, []))
+        groups[-1][1].append((mode, key))
+    return groups
+
+
+def run(
+    config: Optional[GraphConfig] = None,
+    *,
+    device: Union[str, Device] = "auto",
+    requests: int = DEFAULT_REQUESTS,
+    seed: int = 0,
+    **options: Any,
+) -> Report:
+    """Run a configuration end to end and return the `Report` (never raises for a failed
+    run: capture failures, hangs and mismatches are in ``report.error``; bad
+    configurations raise ConfigError / GraphModeError / DeviceUnavailable).
+
+    ``options`` are `EngineOptions` fields (on_capture_error, stream_limit, faults, dtype,
+    atol, workload, ...).
+    """
+    engine_options = EngineOptions(device=device, requests=requests, seed=seed, **options)
+    engine = Engine(config if config is not None else GraphConfig(), engine_options)
+    try:
+        try:
+            engine.capture()
+        except RuntimeError as exc:
+            engine.error = exc
+            engine.scheduler.fail_all(f"capture failed: {type(exc).__name__}")
+            return engine.report()
+        try:
+            engine.serve()
+        except Exception as exc:  # a failed run is reported (exit 1), not a crash
+            log.error("serving failed: %s: %s", type(exc).__name__, exc)
+            engine.error = exc
+            engine.scheduler.fail_all(f"{type(exc).__name__}: {exc}")
+        return engine.report()
+    finally:
+        engine.close()

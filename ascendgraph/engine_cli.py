@@ -1,0 +1,127 @@
+"""`ascendgraph run`: the main job — resolve, compile, capture, serve a workload, report.
+
+Registers the ``run`` command in `ascendgraph.cli` (imported by the CLI when present).
+Human text (progress bar, logs, the report) goes to stderr; ``--json`` prints the report
+document alone on stdout. Exit codes: 0 every request completed and matched eager;
+1 the run failed (a request failed, a capture failed without ``--on-capture-error
+eager``, a hang); 2 bad input (handled by `ascendgraph.cli.main`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import traceback
+
+from ascendgraph.cli import Command, add_config_arguments, config_from_args, emit_json, emit_text, register_command
+
+__all__ = ["add_run_arguments", "run_command", "DEFAULT_REQUESTS", "ON_CAPTURE_ERROR"]
+
+log = logging.getLogger("ascendgraph")
+
+# Kept here (not imported from ascendgraph.engine) so building the CLI parser does not import
+# torch; tests check they equal the engine's.
+DEFAULT_REQUESTS = 16
+ON_CAPTURE_ERROR = ("raise", "eager")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text}")
+    return value
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_arguments(parser)
+    run_group = parser.add_argument_group("run")
+    run_group.add_argument("--device", choices=("sim", "npu", "auto"), default="auto",
+                           help="device backend: the CPU simulator, a real NPU, or auto (npu when usable, else sim)")
+    run_group.add_argument("--requests", type=_positive_int, default=DEFAULT_REQUESTS, metavar="N",
+                           help=f"number of generated requests (default {DEFAULT_REQUESTS})")
+    run_group.add_argument("--seed", type=int, default=0, help="seed of weights, prompts and fault draws (default 0)")
+    run_group.add_argument("--on-capture-error", choices=ON_CAPTURE_ERROR, default="raise",
+                           help="raise: a failed capture fails the run (exit 1); eager: log it, release the graphs "
+                                "and serve eagerly")
+    run_group.add_argument("--faults", default=None, metavar="SPEC",
+                           help="sim fault plan, e.g. 'capture_begin=3*off->raise(207008)' (see INTERFACES.md)")
+    run_group.add_argument("--sim-profile", default=None, metavar="NAME|FILE.json",
+                           help="simulator profile: a name (A2, A3, 310P, A5, A2-old-hdk) or a calibration JSON "
+                                "file; default: the --soc profile")
+    run_group.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    run_group.add_argument("--atol", type=_non_negative_float, default=None,
+                           help="tolerance of the check against eager (default 1e-4 float32, 2e-2 bfloat16)")
+    run_group.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    # Also accepted after the command name (`ascendgraph run -q`); SUPPRESS keeps the global value.
+    run_group.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
+                           help="warnings and errors only (no progress bar)")
+    run_group.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="debug logging")
+    run_group.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                           help="traceback of the failure when the run fails; address checks on every replay")
+
+
+def run_command(args: argparse.Namespace) -> int:
+    from ascendgraph.engine import run  # torch is imported only when a run starts
+
+    config = config_from_args(args)
+    quiet = bool(getattr(args, "quiet", False))
+    verbose = bool(getattr(args, "verbose", False))
+    debug = bool(getattr(args, "debug", False))
+    if quiet or verbose:  # flags given after `run` are parsed after logging was configured
+        logging.getLogger("ascendgraph").setLevel(logging.DEBUG if verbose else logging.WARNING)
+    report = run(
+        config,
+        device=args.device,
+        requests=args.requests,
+        seed=args.seed,
+        on_capture_error=args.on_capture_error,
+        stream_limit=args.stream_limit,
+        hccl_op_expansion_mode=args.hccl_op_expansion_mode,
+        faults=args.faults,
+        sim_profile=args.sim_profile,
+        dtype=args.dtype,
+        atol=args.atol,
+        debug=debug,
+        progress=(not quiet) and sys.stderr.isatty(),
+        # The simulator issues many small ops: one intra-op thread is faster (and much faster
+        # on a busy machine). OMP_NUM_THREADS, when set, wins.
+        num_threads=None if os.environ.get("OMP_NUM_THREADS") else 1,
+    )
+    if debug and report.exception is not None:
+        emit_text("".join(traceback.format_exception(report.exception)).rstrip())
+    emit_text(report.format_text())
+    if args.json:
+        emit_json(report.to_json())
+    return report.exit_code
+
+
+register_command(
+    Command(
+        "run",
+        "compile, capture and serve a workload on a device; check every step against eager",
+        "The main job: resolve the configuration, build the model (random weights), compile it with the "
+        "ascendgraph backend, capture ACL graphs for every dispatcher key, serve a generated workload "
+        "(mixed prefill/decode batches, padding, replay, FULL-graph parameter updates) and check every "
+        "step against an eager reference. Exit 0 when every request completed, 1 when the run failed, "
+        "2 on bad input.\n\nexamples:\n  ascendgraph run\n  ascendgraph run --compilation-config "
+        "'{\"cudagraph_mode\":\"FULL_DECODE_ONLY\"}' --json\n  ascendgraph run --stream-limit 40 "
+        "--on-capture-error eager",
+        add_run_arguments,
+        run_command,
+    )
+)

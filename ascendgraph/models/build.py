@@ -1,0 +1,307 @@
+"""Small decoder models built from a `ModelSpec`, with random weights from a seed.
+
+`build_model(spec, backend=..., seed=...)` returns a `DecoderModel`:
+* ``Qwen3ForCausalLM``-like (``tiny``, ``qwen3-0.6b``): GQA attention with per-head q/k
+  RMSNorm before rope; ``LlamaForCausalLM``-like (``tiny-llama``): the same without q/k norm;
+* ``DeepseekV3ForCausalLM``-like (``tiny-mla``): multi-head latent attention — the KV
+  cache holds one compressed latent (+ the shared rope key) per token, queries are
+  absorbed into the latent space, attention runs as MQA over the latent;
+* MoE specs (``tiny-moe``): the MLP is a dense-computed top-k expert block.
+
+`DecoderModel.forward(input_ids, positions)` returns the final hidden states
+[num_tokens, hidden]; `compute_logits` applies the LM head (outside any graph, as vLLM
+does). KV caches are not part of the module: `make_kv_caches` allocates one set per engine
+path, and the forward context says which set a forward uses.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+from ascendgraph.errors import ConfigError
+from ascendgraph.forward_context import KVCache
+from ascendgraph.models.attention import AttentionImpl, attention_impl_for
+from ascendgraph.models.layers import (
+    QUANTIZATION_METHODS,
+    Attention,
+    DenseMoE,
+    GatedMLP,
+    RMSNorm,
+    RotaryEmbedding,
+    make_linear,
+)
+from ascendgraph.models.presets import ModelSpec
+
+__all__ = ["ModelOptions", "DecoderModel", "build_model", "DTYPES", "parse_dtype", "moe_expert_size"]
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        if name in DTYPES.values():
+            return name
+        name = str(name).replace("torch.", "")
+    key = str(name).strip().lower()
+    if key not in DTYPES:
+        raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {name!r}", key="dtype")
+    return DTYPES[key]
+
+
+def moe_expert_size(spec: ModelSpec) -> int:
+    """Width of one expert: a quarter of intermediate_size (tiny-moe stays CPU-cheap)."""
+    return max(64, spec.intermediate_size // 4)
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """How to build a model beyond its spec."""
+
+    attention_backend: str = "ascend"
+    dtype: torch.dtype = torch.float32
+    seed: int = 0
+    quantization: Optional[str] = None  # None; a W8A8-like variant plugs in via layers.make_linear
+
+
+# --------------------------------------------------------------------------- attention blocks
+
+
+def _layer_name(index: int) -> str:
+    return f"model.layers.{index}.self_attn.attn"
+
+
+class MHABlock(nn.Module):
+    """Grouped-query attention (optionally with q/k RMSNorm before rope)."""
+
+    def __init__(self, spec: ModelSpec, index: int, impl: AttentionImpl, quantization: Optional[str]) -> None:
+        super().__init__()
+        self.num_heads = spec.num_attention_heads
+        self.num_kv_heads = spec.num_key_value_heads
+        self.head_dim = spec.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_proj = make_linear(spec.hidden_size, self.q_size + 2 * self.kv_size, quantization=quantization)
+        self.o_proj = make_linear(self.q_size, spec.hidden_size, quantization=quantization)
+        self.q_norm = RMSNorm(self.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, spec.rms_norm_eps) if spec.qk_norm else None
+        self.rotary = RotaryEmbedding(self.head_dim, self.head_dim, spec.max_position_embeddings, spec.rope_theta)
+        self.attn = Attention(
+            _layer_name(index),
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            scale=1.0 / math.sqrt(self.head_dim),
+            impl=impl,
+        )
+
+    def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, int, int, int]:
+        return (num_blocks, block_size, self.num_kv_heads, self.head_dim)
+
+    def forward(self, positions: Tensor, hidden: Tensor) -> Tensor:
+        # `view`, not `reshape`: reshape of a split output would make Dynamo specialise num_tokens == 1.
+        tokens = hidden.shape[0]
+        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.q_norm is not None and self.k_norm is not None:
+            q = self.q_norm(q.view(tokens, self.num_heads, self.head_dim)).view(tokens, self.q_size)
+            k = self.k_norm(k.view(tokens, self.num_kv_heads, self.head_dim)).view(tokens, self.kv_size)
+        q, k = self.rotary(positions, q, k)
+        out = self.attn(
+            q.view(tokens, self.num_heads, self.head_dim),
+            k.view(tokens, self.num_kv_heads, self.head_dim),
+            v.view(tokens, self.num_kv_heads, self.head_dim),
+        )
+        return self.o_proj(out.view(tokens, self.q_size))
+
+
+class MLABlock(nn.Module):
+    """Multi-head latent attention with absorbed projections (DeepSeek-V3 shaped, small).
+
+    Cache per token: [c_kv (kv_lora_rank) | k_pe (rope dim)] as the key and
+    [c_kv | 0] as the value, one "kv head"; queries are [q_nope @ W_uk | q_pe] per head,
+    so q·k = q_nope·k_nope + q_pe·k_pe and the value read is c_kv, projected by W_uv.
+    """
+
+    def __init__(self, spec: ModelSpec, index: int, impl: AttentionImpl, quantization: Optional[str]) -> None:
+        super().__init__()
+        if spec.kv_lora_rank < 1 or spec.qk_rope_head_dim < 2:
+            raise ConfigError(
+                f"model {spec.name}: MLA needs kv_lora_rank >= 1 and qk_rope_head_dim >= 2, got "
+                f"{spec.kv_lora_rank} and {spec.qk_rope_head_dim}",
+                key="model",
+            )
+        self.num_heads = spec.num_attention_heads
+        self.nope_dim = spec.head_dim
+        self.rope_dim = spec.qk_rope_head_dim
+        self.v_dim = spec.head_dim
+        self.lora_rank = spec.kv_lora_rank
+        self.latent_dim = self.lora_rank + self.rope_dim
+        self.q_proj = make_linear(
+            spec.hidden_size, self.num_heads * (self.nope_dim + self.rope_dim), quantization=quantization
+        )
+        self.kv_a_proj = make_linear(spec.hidden_size, self.lora_rank + self.rope_dim, quantization=quantization)
+        self.kv_a_norm = RMSNorm(self.lora_rank, spec.rms_norm_eps)
+        self.w_uk = nn.Parameter(torch.empty(self.num_heads, self.nope_dim, self.lora_rank))
+        self.w_uv = nn.Parameter(torch.empty(self.num_heads, self.lora_rank, self.v_dim))
+        self.o_proj = make_linear(self.num_heads * self.v_dim, spec.hidden_size, quantization=quantization)
+        self.rotary = RotaryEmbedding(self.rope_dim, self.rope_dim, spec.max_position_embeddings, spec.rope_theta)
+        self.attn = Attention(
+            _layer_name(index),
+            num_heads=self.num_heads,
+            num_kv_heads=1,
+            head_dim=self.latent_dim,
+            scale=1.0 / math.sqrt(self.nope_dim + self.rope_dim),
+            impl=impl,
+        )
+
+    def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, int, int, int]:
+        return (num_blocks, block_size, 1, self.latent_dim)
+
+    def forward(self, positions: Tensor, hidden: Tensor) -> Tensor:
+        tokens = hidden.shape[0]
+        q = self.q_proj(hidden).view(tokens, self.num_heads, self.nope_dim + self.rope_dim)
+        q_nope, q_pe = q.split([self.nope_dim, self.rope_dim], dim=-1)
+        c_kv, k_pe = self.kv_a_proj(hidden).split([self.lora_rank, self.rope_dim], dim=-1)
+        c_kv = self.kv_a_norm(c_kv)
+        q_pe, k_pe = self.rotary(positions, q_pe, k_pe)  # the kernel takes [T, heads, rope] as is
+        q_latent = torch.einsum("thd,hdl->thl", q_nope, self.w_uk)
+        query = torch.cat((q_latent, q_pe), dim=-1)
+        key = torch.cat((c_kv, k_pe), dim=-1).unsqueeze(1)
+        value = torch.cat((c_kv, torch.zeros_like(k_pe)), dim=-1).unsqueeze(1)
+        out = self.attn(query, key, value)
+        per_head = torch.einsum("thl,hlv->thv", out[..., : self.lora_rank], self.w_uv)
+        return self.o_proj(per_head.flatten(1))
+
+
+# --------------------------------------------------------------------------- decoder
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, spec: ModelSpec, index: int, impl: AttentionImpl, quantization: Optional[str]) -> None:
+        super().__init__()
+        block = MLABlock if spec.attention == "mla" else MHABlock
+        self.self_attn = block(spec, index, impl, quantization)
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        if spec.is_moe:
+            experts = max(spec.num_experts, 1)
+            top_k = min(max(spec.num_experts_per_tok, 1), experts)
+            self.mlp: nn.Module = DenseMoE(spec.hidden_size, moe_expert_size(spec), experts, top_k)
+        else:
+            self.mlp = GatedMLP(spec.hidden_size, spec.intermediate_size, quantization=quantization)
+
+    def forward(self, positions: Tensor, hidden: Tensor, residual: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+        # The residual add sits right before each norm (the add + rms_norm fusion site).
+        if residual is None:
+            residual = hidden
+        else:
+            residual = hidden + residual
+        hidden = self.self_attn(positions, self.input_layernorm(residual))
+        residual = hidden + residual
+        hidden = self.mlp(self.post_attention_layernorm(residual))
+        return hidden, residual
+
+
+class DecoderModel(nn.Module):
+    """A causal decoder: embed -> layers -> final norm; the LM head is applied separately."""
+
+    def __init__(self, spec: ModelSpec, options: ModelOptions) -> None:
+        super().__init__()
+        if options.quantization not in QUANTIZATION_METHODS:
+            raise ConfigError(
+                f"quantization {options.quantization!r} is not supported; choose one of {QUANTIZATION_METHODS}",
+                key="quantization",
+            )
+        self.spec = spec
+        self.options = options
+        self.impl = attention_impl_for(options.attention_backend)
+        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.layers = nn.ModuleList(
+            DecoderLayer(spec, index, self.impl, options.quantization) for index in range(spec.num_hidden_layers)
+        )
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+
+    @property
+    def attention_layers(self) -> dict[str, Attention]:
+        """Layer name -> Attention module (the forward context's ``attention_layers``)."""
+        return {layer.self_attn.attn.layer_name: layer.self_attn.attn for layer in self.layers}
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def forward(self, input_ids: Tensor, positions: Tensor) -> Tensor:
+        hidden = self.embed_tokens(input_ids)
+        residual: Optional[Tensor] = None
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, residual)
+        assert residual is not None
+        return self.norm(hidden + residual)
+
+    def compute_logits(self, hidden: Tensor) -> Tensor:
+        return self.lm_head(hidden)
+
+    def make_kv_caches(self, num_blocks: int, block_size: int) -> dict[str, KVCache]:
+        """Zeroed paged KV caches for every attention layer, on the model's device and dtype."""
+        if num_blocks < 1 or block_size < 1:
+            raise ConfigError(f"KV cache needs num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
+        weight = self.embed_tokens.weight
+        caches = {}
+        for layer in self.layers:
+            shape = layer.self_attn.kv_cache_shape(num_blocks, block_size)
+            caches[layer.self_attn.attn.layer_name] = KVCache(
+                key=torch.zeros(shape, dtype=weight.dtype, device=weight.device),
+                value=torch.zeros(shape, dtype=weight.dtype, device=weight.device),
+            )
+        return caches
+
+
+# --------------------------------------------------------------------------- weights
+
+
+def _initialise(model: DecoderModel, seed: int) -> None:
+    """Deterministic weights: N(0, 1/fan_in) projections, N(0, 1) embeddings, norms near 1."""
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight") or "_norm." in name or name.endswith("layernorm.weight"):
+                values = 1.0 + 0.05 * torch.randn(param.shape, generator=generator)
+            elif "embed_tokens" in name:
+                values = torch.randn(param.shape, generator=generator)
+            else:
+                fan_in = param.shape[-1] if param.dim() > 1 else param.shape[0]
+                values = torch.randn(param.shape, generator=generator) / math.sqrt(fan_in)
+            param.copy_(values.to(param.dtype))
+
+
+def build_model(
+    spec: ModelSpec,
+    *,
+    attention_backend: Optional[str] = None,
+    dtype: str | torch.dtype = "float32",
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+    quantization: Optional[str] = None,
+) -> DecoderModel:
+    """A model of ``spec`` with seeded random weights, in eval mode, on ``device``."""
+    options = ModelOptions(
+        attention_backend=attention_backend or spec.natural_attention_backend,
+        dtype=parse_dtype(dtype),
+        seed=seed,
+        quantization=quantization,
+    )
+    model = DecoderModel(spec, options)
+    _initialise(model, seed)
+    model = model.to(device=device, dtype=options.dtype)
+    # rope caches stay float32 (the kernel computes in float32)
+    for module in model.modules():
+        if isinstance(module, RotaryEmbedding):
+            module.cos_sin_cache = module.cos_sin_cache.float()
+    model.eval()
+    model.requires_grad_(False)
+    return model

@@ -1,0 +1,207 @@
+"""FULL-graph attention parameter update (SEMANTICS §7).
+
+Theory of operation. Attention kernels take host-side sequence lengths, which a captured
+FULL graph freezes. So during a FULL capture every attention call goes through
+`GraphParams.capture_attention`, which, on the capture stream:
+
+    ExternalEvent: wait, reset   (the graph will stall here at replay until the event is recorded)
+    task_group_begin
+    launch the kernel (out= a buffer inside the graph)
+    task_group_end -> handle     (kept, with the call's arguments and the event)
+
+After each replay of that graph is *launched*, the engine calls `update(...)`, which on a
+separate update stream, layer by layer: ``task_update_begin(handle)``, re-issues the
+kernel with the batch's real (padded) lengths, ``task_update_end``, records the event — and
+the replay proceeds past its wait with fresh parameters. Forgetting the update leaves the
+frozen lengths in place (wrong results, which the engine's check against eager catches);
+never recording the event leaves the replay waiting (a hang the device reports).
+
+Padding (`padded_attention_lengths`): a graph captured for N tokens and R requests always
+gets R-long lists. Uniform decode batches (q = 1 + k tokens per request): actual query
+ends [q, 2q, ..., (N // q) q], KV lengths padded with zeros to N // q. Mixed batches: the
+real cumulative ends, padded by repeating the last one (ends stay monotone, padding
+tokens belong to no request), KV lengths padded with zeros.
+
+Parameters are owned by one engine (vLLM Ascend keeps one per process): `set_sizes` may
+be called once per engine; a second call is the documented error.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Optional, Sequence
+
+from ascendgraph.dispatch import BatchDescriptor
+from ascendgraph.errors import GRAPH_PARAMS_ALREADY_SET
+from ascendgraph.forward_context import AttentionMetadata
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ascendgraph.device import Device, ExternalEvent, Stream, TaskGroupHandle
+    from ascendgraph.models.attention import AttentionCall
+
+__all__ = ["GraphParams", "AttentionRecord", "padded_attention_lengths", "GraphParamsNotSet"]
+
+log = logging.getLogger(__name__)
+
+
+class GraphParamsNotSet(RuntimeError):
+    """A FULL capture or update ran before `GraphParams.set_sizes`."""
+
+
+@dataclass
+class AttentionRecord:
+    """One captured attention launch: its arguments, task-group handle and external event."""
+
+    call: "AttentionCall"
+    handle: "TaskGroupHandle"
+    event: "ExternalEvent"
+
+    @property
+    def captured_num_reqs(self) -> int:
+        return len(self.call.seq_lens)
+
+
+def padded_attention_lengths(
+    metadata: AttentionMetadata, descriptor: BatchDescriptor, *, captured_num_reqs: int, query_len: int
+) -> tuple[list[int], list[int]]:
+    """(actual_seq_lengths, seq_lens) of a batch, padded to the captured graph's request count."""
+    real = metadata.num_reqs
+    if real > captured_num_reqs:
+        raise ValueError(
+            f"batch of {real} requests replays a graph captured for {captured_num_reqs} ({descriptor}); "
+            "the dispatcher padded to a key that is too small"
+        )
+    padding = captured_num_reqs - real
+    seq_lens = list(metadata.seq_lens) + [0] * padding
+    if descriptor.uniform:
+        m = query_len
+        if descriptor.num_tokens // m != captured_num_reqs:
+            raise ValueError(
+                f"uniform graph {descriptor} holds {descriptor.num_tokens // m} requests of {m} tokens, "
+                f"but it was captured with {captured_num_reqs}"
+            )
+        actual = [m * (i + 1) for i in range(captured_num_reqs)]
+        if list(metadata.query_start_loc) != actual[:real]:
+            raise ValueError(
+                f"batch dispatched as uniform decode (q={m}) has query ends {metadata.query_start_loc}"
+            )
+        return actual, seq_lens
+    ends = list(metadata.query_start_loc)
+    last = ends[-1] if ends else 0
+    return ends + [last] * padding, seq_lens
+
+
+class GraphParams:
+    """Per-engine FULL-graph parameters: per captured key, one record per attention call."""
+
+    def __init__(self, device: "Device") -> None:
+        self.device = device
+        self._sizes: Optional[tuple[int, ...]] = None
+        self._records: dict[BatchDescriptor, list[AttentionRecord]] = {}
+        self._update_stream: Optional["Stream"] = None
+        self.updates = 0
+
+    # -- sizes ---------------------------------------------------------------------
+    def set_sizes(self, capture_sizes: Sequence[int]) -> None:
+        """Declare the capture sizes parameters are kept for (once per engine)."""
+        if self._sizes is not None:
+            raise ValueError(GRAPH_PARAMS_ALREADY_SET)
+        self._sizes = tuple(sorted(set(capture_sizes)))
+
+    @property
+    def is_set(self) -> bool:
+        return self._sizes is not None
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return self._sizes or ()
+
+    @property
+    def update_stream(self) -> "Stream":
+        """The side stream updates run on (created on first use)."""
+        if self._update_stream is None:
+            self._update_stream = self.device.new_stream()
+        return self._update_stream
+
+    def records(self, descriptor: BatchDescriptor) -> list[AttentionRecord]:
+        return list(self._records.get(descriptor, ()))
+
+    @property
+    def descriptors(self) -> list[BatchDescriptor]:
+        return list(self._records)
+
+    # -- capture side --------------------------------------------------------------
+    def capture_attention(self, descriptor: BatchDescriptor, call: "AttentionCall") -> None:
+        """Launch ``call`` inside a task group behind an external-event wait, and remember it."""
+        if self._sizes is None:
+            raise GraphParamsNotSet(
+                "FULL-graph capture needs GraphParams.set_sizes(capture_sizes) first (the engine does it before capturing)"
+            )
+        if descriptor.num_tokens not in self._sizes:
+            raise ValueError(
+                f"FULL graph for {descriptor} captured, but {descriptor.num_tokens} is not one of the capture sizes "
+                f"{list(self._sizes)} its parameters were set for"
+            )
+        device = self.device
+        stream = device.current_stream()
+        event = device.new_external_event()
+        event.wait(stream)
+        event.reset(stream)
+        device.task_group_begin(stream)
+        call.launch()
+        handle = device.task_group_end(stream)
+        stored = replace(call, query=device.weak_ref(call.query), out=device.weak_ref(call.out))
+        self._records.setdefault(descriptor, []).append(AttentionRecord(stored, handle, event))
+
+    def discard(self, descriptor: BatchDescriptor) -> None:
+        """Forget what a (failed) capture recorded."""
+        self._records.pop(descriptor, None)
+
+    def clear(self) -> None:
+        self._records.clear()
+
+    # -- update side ---------------------------------------------------------------
+    def update(
+        self,
+        descriptor: BatchDescriptor,
+        metadata: AttentionMetadata,
+        *,
+        query_len: int = 1,
+        skip_kernel: bool = False,
+        record_events: bool = True,
+    ) -> int:
+        """Refresh the frozen attention parameters of the graph just replayed for ``descriptor``.
+
+        Runs on the update stream after the replay was launched. ``skip_kernel`` and
+        ``record_events`` exist for tests of the failure modes (stale results, hang).
+        Returns the number of attention calls updated.
+        """
+        if self._sizes is None:
+            raise GraphParamsNotSet("GraphParams.update before set_sizes: nothing was captured")
+        records = self._records.get(descriptor)
+        if not records:
+            raise KeyError(
+                f"no FULL-graph attention parameters were captured for {descriptor}; "
+                f"captured keys: {[str(d) for d in self._records]}"
+            )
+        actual, seq_lens = padded_attention_lengths(
+            metadata, descriptor, captured_num_reqs=records[0].captured_num_reqs, query_len=query_len
+        )
+        device = self.device
+        stream = self.update_stream
+        with device.stream(stream):
+            for record in records:
+                if not skip_kernel:
+                    device.task_update_begin(stream, record.handle)
+                    record.call.launch(actual, seq_lens, record.call.block_table)
+                    device.task_update_end(stream)
+                if record_events:
+                    record.event.record(stream)
+        self.updates += 1
+        return len(records)
+
+    def __repr__(self) -> str:
+        calls = sum(len(r) for r in self._records.values())
+        return f"GraphParams(sizes={list(self.sizes)}, graphs={len(self._records)}, attention_calls={calls})"
+

@@ -1,0 +1,94 @@
+"""How runs fail: stale FULL-graph parameters, hangs, stream exhaustion, eager fallback."""
+
+from __future__ import annotations
+
+import pytest
+
+from ascendgraph.errors import STREAM_EXHAUSTION_GUIDANCE, OLD_HDK_GUIDANCE
+from ascendgraph.modes import GraphMode
+from tests.engine.helpers import LAYERS, run_engine, small_config
+
+DECODE_ONLY = small_config("FULL_DECODE_ONLY")
+PIECEWISE = small_config("PIECEWISE")
+
+
+@pytest.mark.parametrize(
+    "how",
+    [{"skip_param_update": True}, {"faults": "task_update=skip_update"}],
+    ids=["engine-skips-the-update", "device-drops-the-update"],
+)
+def test_skipping_the_full_graph_parameter_update_fails_the_check_against_eager(how):
+    report = run_engine(DECODE_ONLY, **how).report
+    assert not report.ok and report.exit_code == 1
+    assert report.error["type"] == "NumericalMismatch"
+    assert "differs from eager" in report.error["message"]
+    assert report.requests_failed > 0
+    assert report.max_abs_diff_vs_eager > 1e-2
+
+
+@pytest.mark.parametrize(
+    "how",
+    [{"record_update_events": False}, {"faults": "event_record=hang"}],
+    ids=["engine-never-records", "record-never-reaches-the-device"],
+)
+def test_never_recording_the_update_event_is_reported_as_a_hang(how):
+    report = run_engine(DECODE_ONLY, **how).report
+    assert report.error["type"] == "GraphHang"
+    assert "waiting on external event" in report.error["message"]
+    assert report.requests_failed == report.requests_total - report.requests_completed > 0
+    assert report.exit_code == 1
+
+
+def test_a_stream_limit_below_what_the_sizes_need_fails_with_the_guidance():
+    # 3 sizes x (2 layers + 1) piecewise graphs need 9 streams.
+    result = run_engine(PIECEWISE, stream_limit=7)
+    report = result.report
+    assert report.exit_code == 1
+    assert report.error["type"] == "StreamResourceExhausted"
+    assert report.error["message"].startswith(STREAM_EXHAUSTION_GUIDANCE + "\nOriginal error:\n")
+    assert "207008" in report.error["message"]
+    assert report.requests_completed == 0 and report.requests_failed == report.requests_total
+    assert any("fits at most 2 of the 3 capture sizes" in note for note in report.notes)
+
+
+def test_with_eager_fallback_the_run_completes_and_capture_leaves_nothing_behind():
+    result = run_engine(PIECEWISE, stream_limit=7, on_capture_error="eager")
+    report = result.report
+    assert report.ok, report.format_text()
+    assert report.effective_mode == "NONE" and report.requested_mode == "PIECEWISE"
+    assert report.capture_fallback["type"] == "StreamResourceExhausted"
+    assert report.batches_by_mode == {"NONE": report.steps, "PIECEWISE": 0, "FULL": 0}
+    assert report.decisions[-1]["rule"] == "capture_fallback"
+    before, after = result.stats_before_capture, result.stats_after_capture
+    assert (after.streams_in_use, after.graphs_alive, after.pool_bytes) == (
+        before.streams_in_use, before.graphs_alive, before.pool_bytes
+    )
+    assert after.graphs_captured_total == 7, "seven graphs fit before the eighth failed"
+
+
+def test_an_old_hdk_signature_is_named_as_such():
+    report = run_engine(PIECEWISE, faults="capture_begin=2*off->raise(alloc_sq_cq)").report
+    assert report.error["type"] == "OldHdkStack"
+    assert report.error["message"].startswith(OLD_HDK_GUIDANCE)
+
+
+def test_a_capture_failure_in_the_middle_of_full_graphs_falls_back_cleanly():
+    config = small_config("FULL_AND_PIECEWISE")
+    pieces = 3 * (LAYERS + 1)
+    result = run_engine(config, faults=f"capture_begin={pieces + 1}*off->raise(207005)", on_capture_error="eager")
+    report = result.report
+    assert report.ok and report.capture_fallback["type"] == "ResourceAllocFailed"
+    assert result.engine.graph_params.descriptors == []
+    assert result.stats_after_capture.graphs_alive == 0
+
+
+def test_bfloat16_runs_are_checked_with_the_bfloat16_tolerance():
+    report = run_engine(small_config("FULL_DECODE_ONLY"), dtype="bfloat16").report
+    assert report.ok, report.format_text()
+    assert report.dtype == "bfloat16" and report.atol == 2e-2
+
+
+def test_effective_mode_none_captures_nothing():
+    result = run_engine(small_config(enforce_eager=True))
+    assert result.report.effective_mode == GraphMode.NONE.name and result.report.graphs_captured == 0
+    assert result.report.ok

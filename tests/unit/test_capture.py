@@ -1,0 +1,208 @@
+"""GraphWrapper (SEMANTICS §6) and capture-error rewriting (§8) on the simulator."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+from ascendgraph.capture import CaptureNotAllowed, CaptureState, GraphOptions, GraphWrapper
+from ascendgraph.device import get_device
+from ascendgraph.dispatch import BatchDescriptor
+from ascendgraph.errors import ADDRESS_MISMATCH, GraphHang, StreamResourceExhausted
+from ascendgraph.forward_context import ForwardContext, set_forward_context
+from ascendgraph.modes import GraphMode
+
+KEY = BatchDescriptor(4)
+
+
+def _context(mode: GraphMode, key: BatchDescriptor = KEY) -> ForwardContext:
+    return ForwardContext(runtime_mode=mode, batch_descriptor=key, attn_metadata=None, kv_caches={})
+
+
+def _double_plus(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor]:
+    return (x * 2 + y,)
+
+
+@pytest.fixture
+def state(sim_device) -> CaptureState:
+    return CaptureState(sim_device, allowed=True)
+
+
+@pytest.fixture
+def inputs() -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.arange(4.0), torch.ones(4)
+
+
+@pytest.mark.parametrize("runtime_mode", [None, GraphMode.NONE, GraphMode.PIECEWISE])
+def test_a_full_wrapper_calls_the_runnable_directly_outside_its_mode(state, inputs, runtime_mode):
+    wrapper = GraphWrapper(_double_plus, GraphMode.FULL, state)
+    if runtime_mode is None:
+        (out,) = wrapper(*inputs)
+    else:
+        with set_forward_context(_context(runtime_mode)):
+            (out,) = wrapper(*inputs)
+    assert torch.equal(out, torch.tensor([1.0, 3.0, 5.0, 7.0]))
+    assert wrapper.entries == {} and state.graphs_captured == 0
+
+
+@pytest.mark.parametrize("mode", [GraphMode.PIECEWISE, GraphMode.FULL])
+def test_first_sight_captures_and_later_calls_replay_on_the_captured_tensors(state, inputs, mode, sim_device):
+    x, y = inputs
+    wrapper = GraphWrapper(_double_plus, mode, state)
+    with set_forward_context(_context(mode)):
+        wrapper(x, y)  # capture: outputs are garbage until the first replay
+        assert state.graphs_captured == 1 and sim_device.stats().graphs_alive == 1
+        x.copy_(torch.tensor([10.0, 20.0, 30.0, 40.0]))
+        (out,) = wrapper(x, y)
+    sim_device.synchronize()
+    assert torch.equal(out, torch.tensor([21.0, 41.0, 61.0, 81.0]))
+    assert wrapper.entries[KEY].replays == 1
+    assert state.graphs_captured == 1
+
+
+def test_each_descriptor_gets_its_own_graph(state, inputs):
+    wrapper = GraphWrapper(_double_plus, GraphMode.PIECEWISE, state)
+    for key in (BatchDescriptor(4), BatchDescriptor(8)):
+        with set_forward_context(_context(GraphMode.PIECEWISE, key)):
+            wrapper(*inputs)
+    assert set(wrapper.entries) == {BatchDescriptor(4), BatchDescriptor(8)}
+    assert state.graphs_captured == 2
+
+
+def test_a_new_descriptor_outside_the_capture_phase_is_refused(sim_device, inputs):
+    state = CaptureState(sim_device)  # capture not allowed
+    wrapper = GraphWrapper(_double_plus, GraphMode.FULL, state)
+    with set_forward_context(_context(GraphMode.FULL)), pytest.raises(CaptureNotAllowed, match="never captured"):
+        wrapper(*inputs)
+    with state.capturing(), set_forward_context(_context(GraphMode.FULL)):
+        wrapper(*inputs)
+    assert not state.allowed
+
+
+def test_debug_mode_checks_input_addresses_with_the_vllm_ascend_message(state, inputs):
+    x, y = inputs
+    wrapper = GraphWrapper(_double_plus, GraphMode.FULL, state, options=GraphOptions(debug=True))
+    with set_forward_context(_context(GraphMode.FULL)):
+        wrapper(x, y)
+        moved = x.clone()
+        expected = ADDRESS_MISMATCH.format(expected=[x.data_ptr(), y.data_ptr()], got=[moved.data_ptr(), y.data_ptr()])
+        with pytest.raises(AssertionError) as excinfo:
+            wrapper(moved, y)
+    assert str(excinfo.value) == expected
+    assert str(excinfo.value).startswith("Input addresses for aclgraphs are different during replay. Expected ")
+
+
+def test_gc_and_empty_cache_are_stubbed_only_where_asked(state, inputs, sim_device):
+    seen = {}
+
+    def probe(name):
+        def runnable(x, y):
+            seen[name] = (gc.collect, sim_device.empty_cache)
+            return (x + y,)
+
+        return runnable
+
+    real_collect = gc.collect
+    for name, disable in (("first piece", False), ("later piece", True)):
+        wrapper = GraphWrapper(probe(name), GraphMode.PIECEWISE, state, options=GraphOptions(gc_disable=disable))
+        with set_forward_context(_context(GraphMode.PIECEWISE)):
+            wrapper(*inputs)
+    assert seen["first piece"][0] is real_collect
+    assert seen["later piece"][0] is not real_collect and seen["later piece"][0]() == 0
+    assert gc.collect is real_collect
+    assert "empty_cache" not in vars(sim_device)
+
+
+def test_the_stored_output_is_a_weak_reference_and_capture_returns_the_strong_one(state, inputs):
+    wrapper = GraphWrapper(_double_plus, GraphMode.FULL, state)
+    with set_forward_context(_context(GraphMode.FULL)):
+        (captured,) = wrapper(*inputs)
+    (stored,) = wrapper.entries[KEY].output
+    assert stored is not captured and stored.data_ptr() == captured.data_ptr()
+
+
+def test_stream_exhaustion_during_capture_is_rewritten_and_leaves_nothing_behind(inputs):
+    device = get_device("sim", stream_limit=1)
+    state = CaptureState(device, allowed=True, stream_budget=1)
+    wrapper = GraphWrapper(_double_plus, GraphMode.PIECEWISE, state)
+    with set_forward_context(_context(GraphMode.PIECEWISE, BatchDescriptor(4))):
+        wrapper(*inputs)
+    before = device.stats()
+    with set_forward_context(_context(GraphMode.PIECEWISE, BatchDescriptor(8))):
+        with pytest.raises(StreamResourceExhausted) as excinfo:
+            wrapper(*inputs)
+    error = excinfo.value
+    assert str(error).startswith("ACL graph capture failed with a known stream-resource exhaustion signature.")
+    assert "207008" in str(error.__cause__)
+    assert (error.graphs_captured, error.streams_in_use, error.stream_budget) == (1, 1, 1)
+    after = device.stats()
+    assert (after.graphs_alive, after.streams_in_use, after.pool_bytes) == (
+        before.graphs_alive, before.streams_in_use, before.pool_bytes
+    )
+    assert list(wrapper.entries) == [BatchDescriptor(4)]
+
+
+def test_an_unknown_capture_failure_is_re_raised_unchanged(state, inputs):
+    def broken(x, y):
+        raise RuntimeError("something else entirely")
+
+    wrapper = GraphWrapper(broken, GraphMode.FULL, state)
+    with set_forward_context(_context(GraphMode.FULL)), pytest.raises(RuntimeError) as excinfo:
+        wrapper(*inputs)
+    assert type(excinfo.value) is RuntimeError and str(excinfo.value) == "something else entirely"
+    assert wrapper.entries == {}
+
+
+@pytest.mark.parametrize("mode, hangs", [(GraphMode.FULL, True), (GraphMode.PIECEWISE, False)])
+def test_only_full_wrappers_synchronize_before_replay(mode, hangs, inputs):
+    device = get_device("sim", faults="replay=1*hang->off")
+    state = CaptureState(device, allowed=True)
+    wrapper = GraphWrapper(_double_plus, mode, state)
+    with set_forward_context(_context(mode)):
+        wrapper(*inputs)
+        wrapper(*inputs)  # this replay hangs (injected)
+        if hangs:
+            with pytest.raises(GraphHang):
+                wrapper(*inputs)
+        else:
+            wrapper(*inputs)  # queued behind the hung replay: no host synchronisation
+
+
+def test_release_resets_every_graph(state, inputs, sim_device):
+    wrappers = [GraphWrapper(_double_plus, GraphMode.PIECEWISE, state) for _ in range(3)]
+    with set_forward_context(_context(GraphMode.PIECEWISE)):
+        for wrapper in wrappers:
+            wrapper(*inputs)
+    assert sim_device.stats().graphs_alive == 3
+    assert state.release() == 3
+    assert sim_device.stats().graphs_alive == 0 and sim_device.stats().streams_in_use == 0
+    assert all(w.entries == {} for w in wrappers)
+
+
+def test_after_capture_hooks_see_each_new_graph_and_a_failing_hook_undoes_the_capture(state, inputs, sim_device):
+    seen = []
+    state.after_capture.append(lambda wrapper, entry: seen.append((wrapper.runtime_mode, entry.descriptor)))
+    wrapper = GraphWrapper(_double_plus, GraphMode.FULL, state)
+    with set_forward_context(_context(GraphMode.FULL)):
+        wrapper(*inputs)
+    assert seen == [(GraphMode.FULL, KEY)]
+
+    def refuse(wrapper, entry):
+        raise RuntimeError("post-capture step failed")
+
+    state.after_capture.append(refuse)
+    with set_forward_context(_context(GraphMode.FULL, BatchDescriptor(8))), pytest.raises(RuntimeError, match="post-capture"):
+        wrapper(*inputs)
+    assert list(wrapper.entries) == [KEY] and sim_device.stats().graphs_alive == 1
+
+
+def test_a_wrapper_can_be_given_a_bare_device(sim_device, inputs):
+    wrapper = GraphWrapper(_double_plus, GraphMode.FULL, sim_device)
+    with set_forward_context(_context(GraphMode.FULL)):
+        wrapper(*inputs)
+        (out,) = wrapper(*inputs)
+    sim_device.synchronize()
+    assert torch.equal(out, torch.tensor([1.0, 3.0, 5.0, 7.0]))
+    assert wrapper.state.device is sim_device and wrapper.state.graphs_captured == 1

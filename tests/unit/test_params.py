@@ -1,0 +1,188 @@
+"""FULL-graph attention parameter update (SEMANTICS §7) on the simulator."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ascendgraph import ops
+from ascendgraph.capture import CaptureState, GraphWrapper
+from ascendgraph.dispatch import BatchDescriptor
+from ascendgraph.errors import GRAPH_PARAMS_ALREADY_SET, GraphHang
+from ascendgraph.forward_context import AttentionMetadata, ForwardContext, set_forward_context
+from ascendgraph.models.attention import AttentionCall
+from ascendgraph.modes import GraphMode
+from ascendgraph.params import GraphParams, GraphParamsNotSet, padded_attention_lengths
+
+SCALE = 0.35
+
+
+def _metadata(ends, seq_lens, *, tokens, uniform=False, q=1) -> AttentionMetadata:
+    return AttentionMetadata(
+        num_reqs=len(ends),
+        num_actual_tokens=ends[-1] if ends else 0,
+        num_tokens=tokens,
+        query_start_loc=list(ends),
+        seq_lens=list(seq_lens),
+        block_table=torch.zeros(1, 1, dtype=torch.int32),
+        slot_mapping=torch.zeros(tokens, dtype=torch.long),
+        uniform_decode=uniform,
+        query_len=q,
+    )
+
+
+# --------------------------------------------------------------------------- padding rules
+
+
+@pytest.mark.parametrize(
+    "ends, seq_lens, key, q, captured, expected",
+    [
+        # uniform decode, q = 1: one request per token, ends 1..N, KV lengths padded with zeros
+        ([1, 2], [7, 9], BatchDescriptor(4, 4, True), 1, 4, ([1, 2, 3, 4], [7, 9, 0, 0])),
+        # spec decode, m = k + 1 = 2: N // m requests, ends [m, 2m, ...]
+        ([2, 4], [5, 6], BatchDescriptor(8, 4, True), 2, 4, ([2, 4, 6, 8], [5, 6, 0, 0])),
+        ([3], [4], BatchDescriptor(9, 3, True), 3, 3, ([3, 6, 9], [4, 0, 0])),
+        # mixed batch: the real ends, padded by repeating the last (padding tokens belong to no request)
+        ([3, 4, 6], [3, 10, 2], BatchDescriptor(8, 8, False), 1, 8, ([3, 4, 6, 6, 6, 6, 6, 6], [3, 10, 2, 0, 0, 0, 0, 0])),
+        ([5], [5], BatchDescriptor(8, 2, False), 1, 2, ([5, 5], [5, 0])),
+    ],
+)
+def test_padded_lengths_follow_the_captured_request_count(ends, seq_lens, key, q, captured, expected):
+    metadata = _metadata(ends, seq_lens, tokens=key.num_tokens, uniform=key.uniform, q=q)
+    assert padded_attention_lengths(metadata, key, captured_num_reqs=captured, query_len=q) == expected
+
+
+def test_more_requests_than_the_graph_holds_is_refused():
+    metadata = _metadata([1, 2, 3], [1, 1, 1], tokens=4)
+    with pytest.raises(ValueError, match="captured for 2"):
+        padded_attention_lengths(metadata, BatchDescriptor(4, 2), captured_num_reqs=2, query_len=1)
+
+
+def test_a_non_uniform_batch_on_a_uniform_graph_is_refused():
+    metadata = _metadata([1, 3], [4, 4], tokens=4, uniform=True, q=2)
+    with pytest.raises(ValueError, match="uniform decode"):
+        padded_attention_lengths(metadata, BatchDescriptor(4, 2, True), captured_num_reqs=2, query_len=2)
+
+
+# --------------------------------------------------------------------------- ownership
+
+
+def test_parameters_may_be_set_once_per_engine(sim_device):
+    params = GraphParams(sim_device)
+    params.set_sizes([4, 1, 2])
+    assert params.sizes == (1, 2, 4)
+    with pytest.raises(ValueError) as excinfo:
+        params.set_sizes([1, 2])
+    assert str(excinfo.value) == GRAPH_PARAMS_ALREADY_SET == "Graph parameters have already been set!"
+    other = GraphParams(sim_device)  # another engine's parameters are independent
+    other.set_sizes([8])
+    assert other.sizes == (8,) and params.sizes == (1, 2, 4)
+
+
+def test_capture_and_update_need_the_sizes_first(sim_device):
+    params = GraphParams(sim_device)
+    with pytest.raises(GraphParamsNotSet):
+        params.update(BatchDescriptor(4), _metadata([1], [1], tokens=4))
+
+
+# --------------------------------------------------------------------------- capture / replay / update
+
+
+class _Setup:
+    """One FULL graph around one attention launch: 4 tokens, up to 4 requests, 2 heads."""
+
+    def __init__(self, device) -> None:
+        generator = torch.Generator().manual_seed(0)
+        self.device = device
+        self.key_cache = torch.randn(4, 4, 1, 8, generator=generator)
+        self.value_cache = torch.randn(4, 4, 1, 8, generator=generator)
+        self.block_table = torch.tensor([[0, 1], [2, 3], [1, 0], [3, 2]], dtype=torch.int32)
+        self.query = torch.randn(4, 2, 8, generator=generator)
+        self.descriptor = BatchDescriptor(4, 4, True)
+        self.params = GraphParams(device)
+        self.params.set_sizes([4])
+        self.state = CaptureState(device, allowed=True, graph_params=self.params)
+        self.wrapper = GraphWrapper(self._attention, GraphMode.FULL, self.state)
+        self.captured_lengths = ([1, 2, 3, 4], [1, 1, 1, 1])
+
+    def _attention(self, query: torch.Tensor) -> tuple[torch.Tensor]:
+        out = torch.empty_like(query)
+        ends, lens = self.captured_lengths
+        call = AttentionCall("layer", query, self.key_cache, self.value_cache, self.block_table, ends, lens, SCALE, out)
+        self.params.capture_attention(self.descriptor, call)
+        return (out,)
+
+    def context(self) -> ForwardContext:
+        return ForwardContext(GraphMode.FULL, self.descriptor, None, {}, graph_params=self.params)
+
+    def capture(self) -> None:
+        with set_forward_context(self.context()):
+            self.wrapper(self.query)
+
+    def replay(self, seq_lens, **update) -> torch.Tensor:
+        metadata = _metadata([1, 2, 3, 4][: len(seq_lens)], seq_lens, tokens=4, uniform=True)
+        with set_forward_context(self.context()):
+            (out,) = self.wrapper(self.query)
+        self.params.update(self.descriptor, metadata, query_len=1, **update)
+        self.device.synchronize()
+        return out.clone()
+
+    def eager(self, ends, seq_lens) -> torch.Tensor:
+        out = torch.empty_like(self.query)
+        ops.paged_attention(self.query, self.key_cache, self.value_cache, self.block_table, ends, seq_lens, SCALE, out)
+        return out
+
+
+def test_capture_records_one_task_group_and_event_per_attention_call(sim_device):
+    setup = _Setup(sim_device)
+    setup.capture()
+    records = setup.params.records(setup.descriptor)
+    assert len(records) == 1
+    assert records[0].captured_num_reqs == 4
+    assert records[0].call.seq_lens == [1, 1, 1, 1]
+
+
+def test_the_update_gives_the_replay_the_new_sequence_lengths(sim_device):
+    setup = _Setup(sim_device)
+    setup.capture()
+    result = setup.replay([5, 3, 8])
+    expected = setup.eager([1, 2, 3, 4], [5, 3, 8, 0])
+    torch.testing.assert_close(result, expected, rtol=0, atol=0)
+    assert setup.params.updates == 1
+
+
+def test_skipping_the_update_replays_the_frozen_lengths_and_gives_wrong_results(sim_device):
+    setup = _Setup(sim_device)
+    setup.capture()
+    stale = setup.replay([5, 3, 8], skip_kernel=True)
+    torch.testing.assert_close(stale, setup.eager([1, 2, 3, 4], [1, 1, 1, 1]), rtol=0, atol=0)
+    assert (stale - setup.eager([1, 2, 3, 4], [5, 3, 8, 0])).abs().max() > 0.1
+
+
+def test_never_recording_the_event_is_reported_as_a_hang(sim_device):
+    setup = _Setup(sim_device)
+    setup.capture()
+    with pytest.raises(GraphHang, match="waiting on external event"):
+        setup.replay([5, 3, 8], record_events=False)
+
+
+def test_updates_track_successive_batches(sim_device):
+    setup = _Setup(sim_device)
+    setup.capture()
+    for seq_lens in ([2, 2, 2, 2], [7], [8, 1]):
+        padded = seq_lens + [0] * (4 - len(seq_lens))
+        torch.testing.assert_close(setup.replay(seq_lens), setup.eager([1, 2, 3, 4], padded), rtol=0, atol=0)
+
+
+def test_a_failed_capture_discards_its_records(sim_device):
+    setup = _Setup(sim_device)
+
+    def failing(query):
+        setup._attention(query)
+        raise RuntimeError("capture went wrong")
+
+    setup.wrapper.runnable = failing
+    with pytest.raises(RuntimeError, match="capture went wrong"):
+        setup.capture()
+    assert setup.params.records(setup.descriptor) == []
+    assert sim_device.stats().graphs_alive == 0
