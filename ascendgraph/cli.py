@@ -248,6 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only")
     parser.add_argument("--debug", action="store_true", help="show a traceback when a run fails")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    children: dict[str, argparse.ArgumentParser] = {}
+    parser.set_defaults(_children=children)
     for command in COMMANDS:
         child = sub.add_parser(
             command.name,
@@ -257,6 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
         )
         command.add_arguments(child)
         child.set_defaults(_command=command)
+        children[command.name] = child
     return parser
 
 
@@ -270,10 +273,56 @@ def _configure_logging(args: argparse.Namespace) -> None:
     root.propagate = False
 
 
+def _dests(child: argparse.ArgumentParser, tokens: Sequence[str]) -> dict[str, str]:
+    """Option destinations named in a token list, with the spelling used."""
+    found: dict[str, str] = {}
+    for token in tokens:
+        if token.startswith("-"):
+            name = token.split("=", 1)[0]
+            action = child._option_string_actions.get(name)
+            if action is not None:
+                found[action.dest] = name
+    return found
+
+
+def _parse_with_pasted_line(
+    parser: argparse.ArgumentParser, head: list[str], pasted: list[str]
+) -> tuple[argparse.Namespace, list[str], list[str]]:
+    """Parse ``head`` plus the translation of a pasted ``vllm serve`` line (after ``--``)."""
+    from ascendgraph.vllm_cli import PASTE_COMMANDS, translate_vllm_command
+
+    args = parser.parse_args(head)
+    command = getattr(args, "command", None)
+    if command not in PASTE_COMMANDS:
+        raise CliUsageError(
+            f"{PROG}: error: only {', '.join(PASTE_COMMANDS)} accept a pasted `vllm serve` line after -- "
+            f"(see {PROG} --help)"
+        )
+    child = args._children[command]
+    try:
+        translated = translate_vllm_command(pasted, accepts=lambda flag: flag in child._option_string_actions)
+    except ConfigError as exc:
+        raise CliUsageError(f"{PROG} {command}: error: {exc}") from None
+    mine, theirs = _dests(child, head), _dests(child, translated.argv)
+    for dest in sorted(set(mine) & set(theirs)):
+        raise CliUsageError(
+            f"{PROG} {command}: error: {mine[dest]} is given both before -- and in the pasted vllm serve line; "
+            "give it once"
+        )
+    return parser.parse_args(head + translated.argv), translated.ignored, translated.notes
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
+    tokens = list(sys.argv[1:] if argv is None else argv)
+    ignored: list[str] = []
+    notes: list[str] = []
     try:
-        args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+        if "--" in tokens:
+            split = tokens.index("--")
+            args, ignored, notes = _parse_with_pasted_line(parser, tokens[:split], tokens[split + 1:])
+        else:
+            args = parser.parse_args(tokens)
     except CliUsageError as exc:
         emit_text(str(exc))
         return BAD_INPUT
@@ -281,6 +330,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.print_help(sys.stderr)
         return BAD_INPUT
     _configure_logging(args)
+    if ignored:
+        log.warning("ignoring vllm serve flags ascendgraph does not model: %s", ", ".join(ignored))
+    for note in notes:
+        log.warning("%s", note)
     command: Command = args._command
     try:
         return command.run(args)

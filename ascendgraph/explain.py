@@ -88,6 +88,17 @@ def format_sizes(sizes: list[int], *, limit: int = 24) -> str:
     return f"{head} ... {tail}"
 
 
+def _short(value: str) -> str:
+    """A long size list shortened for the text view (JSON keeps it whole)."""
+    if len(value) > 60 and value.startswith("[") and value.endswith("]"):
+        try:
+            sizes = [int(part) for part in value[1:-1].split(",")]
+        except ValueError:
+            return value
+        return f"[{format_sizes(sizes, limit=10)}] ({len(sizes)} sizes)"
+    return value
+
+
 def _on(flag: bool) -> str:
     return "on" if flag else "off"
 
@@ -113,7 +124,7 @@ def format_resolution(resolution: Resolution) -> str:
     if not resolution.decisions:
         lines.append("  (none: the configuration runs as given)")
     for number, decision in enumerate(resolution.decisions, 1):
-        lines.append(f"  {number}. [{decision.rule}] {decision.before} -> {decision.after}")
+        lines.append(f"  {number}. [{decision.rule}] {_short(decision.before)} -> {_short(decision.after)}")
         lines.append(f"     {decision.reason}")
     lines.append("")
     if resolution.mode is GraphMode.NONE:
