@@ -20,7 +20,8 @@ from ascendgraph.errors import ConfigError, DeviceUnavailable, GraphModeError
 from ascendgraph.models.backends import ATTENTION_BACKENDS
 from ascendgraph.models.presets import PRESETS
 
-__all__ = ["main", "build_parser", "add_config_arguments", "config_from_args", "COMMANDS", "Command"]
+__all__ = ["main", "build_parser", "add_config_arguments", "config_from_args", "COMMANDS", "Command",
+           "register_command", "positive_int", "non_negative_int", "emit_json", "emit_text"]
 
 PROG = "ascendgraph"
 BAD_INPUT = 2
@@ -39,7 +40,8 @@ class _Parser(argparse.ArgumentParser):
         raise CliUsageError(f"{self.prog}: error: {message} (see {self.prog} --help)")
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
     try:
         value = int(text)
     except ValueError:
@@ -49,7 +51,8 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _non_negative_int(text: str) -> int:
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
     try:
         value = int(text)
     except ValueError:
@@ -64,7 +67,7 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     model = parser.add_argument_group("model")
     model.add_argument("--model", default="tiny", metavar="PRESET|CONFIG.JSON",
                        help=f"a preset ({', '.join(PRESETS)}) or a Hugging Face config.json (file or folder); default tiny")
-    model.add_argument("--num-layers", type=_positive_int, default=None, metavar="N",
+    model.add_argument("--num-layers", type=positive_int, default=None, metavar="N",
                        help="override the model's num_hidden_layers (e.g. run qwen3-0.6b with 2 layers)")
     model.add_argument("--attention-backend", choices=sorted(ATTENTION_BACKENDS), default=None,
                        help="attention backend (default: the model's own: mla for MLA models, else ascend)")
@@ -75,27 +78,27 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
                       help='vLLM Ascend additional_config as JSON, e.g. \'{"ascend_compilation_config": {"enable_static_kernel": true}}\'')
     vllm.add_argument("-O", dest="optimization_level", default=None, metavar="LEVEL",
                       help="optimisation level 0-3 as in vLLM (-O0 eager ... -O3); default 2")
-    vllm.add_argument("--max-num-seqs", type=_positive_int, default=None, metavar="N", help="default 256")
-    vllm.add_argument("--max-num-batched-tokens", type=_positive_int, default=None, metavar="N", help="default 8192")
-    vllm.add_argument("--num-speculative-tokens", type=_non_negative_int, default=None, metavar="K",
+    vllm.add_argument("--max-num-seqs", type=positive_int, default=None, metavar="N", help="default 256")
+    vllm.add_argument("--max-num-batched-tokens", type=positive_int, default=None, metavar="N", help="default 8192")
+    vllm.add_argument("--num-speculative-tokens", type=non_negative_int, default=None, metavar="K",
                       help="speculative decoding: K draft tokens per step (q = 1 + K tokens per decoding request)")
     vllm.add_argument("--speculative-config", default=None, metavar="JSON",
                       help='e.g. \'{"num_speculative_tokens": 1}\'')
-    vllm.add_argument("--tensor-parallel-size", "-tp", type=_positive_int, default=None, metavar="N")
-    vllm.add_argument("--data-parallel-size", "-dp", type=_positive_int, default=None, metavar="N")
-    vllm.add_argument("--pipeline-parallel-size", "-pp", type=_positive_int, default=None, metavar="N")
-    vllm.add_argument("--prefill-context-parallel-size", "-pcp", type=_positive_int, default=None, metavar="N")
-    vllm.add_argument("--decode-context-parallel-size", "-dcp", type=_positive_int, default=None, metavar="N")
+    vllm.add_argument("--tensor-parallel-size", "-tp", type=positive_int, default=None, metavar="N")
+    vllm.add_argument("--data-parallel-size", "-dp", type=positive_int, default=None, metavar="N")
+    vllm.add_argument("--pipeline-parallel-size", "-pp", type=positive_int, default=None, metavar="N")
+    vllm.add_argument("--prefill-context-parallel-size", "-pcp", type=positive_int, default=None, metavar="N")
+    vllm.add_argument("--decode-context-parallel-size", "-dcp", type=positive_int, default=None, metavar="N")
     vllm.add_argument("--enable-expert-parallel", action="store_true", default=None)
     vllm.add_argument("--enable-sequence-parallel", action="store_true", default=None,
                       help="sequence parallelism (Ascend then keeps only capture sizes divisible by tp)")
     vllm.add_argument("--enforce-eager", action="store_true", default=None, help="no compilation, no graphs")
-    vllm.add_argument("--block-size", type=_positive_int, default=None, metavar="N", help="KV cache block size (default 128)")
-    vllm.add_argument("--max-loras", type=_non_negative_int, default=None, metavar="N")
+    vllm.add_argument("--block-size", type=positive_int, default=None, metavar="N", help="KV cache block size (default 128)")
+    vllm.add_argument("--max-loras", type=non_negative_int, default=None, metavar="N")
     vllm.add_argument("--performance-mode", choices=("balanced", "interactivity", "throughput"), default=None)
     stack = parser.add_argument_group("Ascend stack")
     stack.add_argument("--soc", choices=SOCS, default=None, type=str.upper, help="SoC generation (default A2)")
-    stack.add_argument("--stream-limit", type=_positive_int, default=None, metavar="N",
+    stack.add_argument("--stream-limit", type=positive_int, default=None, metavar="N",
                        help="streams available to graph capture (the planner's MAX; default 1800)")
     stack.add_argument("--hccl-op-expansion-mode", default=None, metavar="MODE",
                        help="HCCL_OP_EXPANSION_MODE (AIV, or FFTS+/AICPU); default: read from the environment")

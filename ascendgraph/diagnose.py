@@ -957,23 +957,15 @@ def format_diagnosis(diagnosis: Diagnosis) -> str:
 # --------------------------------------------------------------------------- command
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ascendgraph.cli import positive_int
+
     parser.add_argument("logfile", metavar="LOGFILE|-",
                         help="a vLLM / vLLM Ascend log (plain or .gz), or - to read standard input")
     parser.add_argument("--json", action="store_true", help="print the diagnosis as JSON on stdout")
-    parser.add_argument("--num-layers", type=_positive_int, default=None, metavar="N",
+    parser.add_argument("--num-layers", type=positive_int, default=None, metavar="N",
                         help="num_hidden_layers for the stream plan (overrides the log; needed when it does not show it)")
-    parser.add_argument("--stream-limit", type=_positive_int, default=DEFAULT_MAX_STREAMS, metavar="N",
+    parser.add_argument("--stream-limit", type=positive_int, default=DEFAULT_MAX_STREAMS, metavar="N",
                         help=f"streams available to graph capture (the planner's MAX; default {DEFAULT_MAX_STREAMS})")
 
 

@@ -748,31 +748,23 @@ def format_report(report: DoctorReport) -> str:
 # --------------------------------------------------------------------------- command
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ascendgraph.cli import positive_int
+
     parser.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     defaults = ReferenceConfig()
     ref = parser.add_argument_group(
         "stream-budget reference (the config the HCCL_OP_EXPANSION_MODE check plans for)"
     )
-    ref.add_argument("--num-layers", type=_positive_int, default=defaults.num_hidden_layers, metavar="N",
+    ref.add_argument("--num-layers", type=positive_int, default=defaults.num_hidden_layers, metavar="N",
                      help=f"num_hidden_layers (default {defaults.num_hidden_layers}, Qwen3-0.6B)")
-    ref.add_argument("--tensor-parallel-size", "-tp", type=_positive_int, default=defaults.tensor_parallel_size,
+    ref.add_argument("--tensor-parallel-size", "-tp", type=positive_int, default=defaults.tensor_parallel_size,
                      metavar="N", help=f"default {defaults.tensor_parallel_size}")
-    ref.add_argument("--data-parallel-size", "-dp", type=_positive_int, default=defaults.data_parallel_size,
+    ref.add_argument("--data-parallel-size", "-dp", type=positive_int, default=defaults.data_parallel_size,
                      metavar="N", help=f"default {defaults.data_parallel_size}")
-    ref.add_argument("--max-num-seqs", type=_positive_int, default=defaults.max_num_seqs, metavar="N",
+    ref.add_argument("--max-num-seqs", type=positive_int, default=defaults.max_num_seqs, metavar="N",
                      help=f"sets the default capture sizes (default {defaults.max_num_seqs})")
-    ref.add_argument("--stream-limit", type=_positive_int, default=defaults.stream_limit, metavar="N",
+    ref.add_argument("--stream-limit", type=positive_int, default=defaults.stream_limit, metavar="N",
                      help=f"streams available to graph capture (default {defaults.stream_limit})")
 
 

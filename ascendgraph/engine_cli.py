@@ -15,7 +15,15 @@ import os
 import sys
 import traceback
 
-from ascendgraph.cli import Command, add_config_arguments, config_from_args, emit_json, emit_text, register_command
+from ascendgraph.cli import (
+    Command,
+    add_config_arguments,
+    config_from_args,
+    emit_json,
+    emit_text,
+    positive_int,
+    register_command,
+)
 
 __all__ = ["add_run_arguments", "run_command", "DEFAULT_REQUESTS", "ON_CAPTURE_ERROR"]
 
@@ -25,16 +33,6 @@ log = logging.getLogger("ascendgraph")
 # torch; tests check they equal the engine's.
 DEFAULT_REQUESTS = 16
 ON_CAPTURE_ERROR = ("raise", "eager")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
 
 
 def _non_negative_float(text: str) -> float:
@@ -52,7 +50,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     run_group = parser.add_argument_group("run")
     run_group.add_argument("--device", choices=("sim", "npu", "auto"), default="auto",
                            help="device backend: the CPU simulator, a real NPU, or auto (npu when usable, else sim)")
-    run_group.add_argument("--requests", type=_positive_int, default=DEFAULT_REQUESTS, metavar="N",
+    run_group.add_argument("--requests", type=positive_int, default=DEFAULT_REQUESTS, metavar="N",
                            help=f"number of generated requests (default {DEFAULT_REQUESTS})")
     run_group.add_argument("--seed", type=int, default=0, help="seed of weights, prompts and fault draws (default 0)")
     run_group.add_argument("--on-capture-error", choices=ON_CAPTURE_ERROR, default="raise",

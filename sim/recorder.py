@@ -187,10 +187,28 @@ def constraint_message(kind: int, func: Any, graph: str) -> str:
 
 
 class _Mode(TorchDispatchMode):
+    """Base of the simulator's dispatch modes.
+
+    A wrapper op (SIMULATOR-NOTES recipe (a)) is never handled as one op: the mode
+    re-enters itself and runs the wrapper's Python implementation, so the kernel ops it
+    issues are what the subclass sees in `handle`.
+    """
+
     @classmethod
     def ignore_compile_internals(cls) -> bool:
         # Let torch.compile compile under the mode; its compiled ops still reach us.
         return True
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        kwargs = kwargs or {}
+        impl = ag_ops._WRAPPER_OPS.get(func)
+        if impl is not None:
+            with self:
+                return impl(*args, **kwargs)
+        return self.handle(func, args, kwargs)
+
+    def handle(self, func: Any, args: Any, kwargs: dict) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
 
 
 class CaptureRecorder(_Mode):
@@ -200,12 +218,7 @@ class CaptureRecorder(_Mode):
         super().__init__()
         self.capture = capture
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
-        kwargs = kwargs or {}
-        impl = ag_ops._WRAPPER_OPS.get(func)
-        if impl is not None:
-            with self:
-                return impl(*args, **kwargs)
+    def handle(self, func: Any, args: Any, kwargs: dict) -> Any:
         return self.capture.dispatch(func, args, kwargs)
 
 
@@ -216,12 +229,7 @@ class UpdateCollector(_Mode):
         super().__init__()
         self.update = update
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
-        kwargs = kwargs or {}
-        impl = ag_ops._WRAPPER_OPS.get(func)
-        if impl is not None:
-            with self:
-                return impl(*args, **kwargs)
+    def handle(self, func: Any, args: Any, kwargs: dict) -> Any:
         return self.update.dispatch(func, args, kwargs)
 
 
@@ -232,12 +240,7 @@ class EagerTracker(_Mode):
         super().__init__()
         self.device = device
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
-        kwargs = kwargs or {}
-        impl = ag_ops._WRAPPER_OPS.get(func)
-        if impl is not None:
-            with self:
-                return impl(*args, **kwargs)
+    def handle(self, func: Any, args: Any, kwargs: dict) -> Any:
         out = func(*args, **kwargs)
         if not func.is_view and func not in _UNANNOTATED_ALIAS_OPS:
             self.device._charge_eager(func, args, kwargs, out)
