@@ -10,6 +10,11 @@ is a tight loop of ``call(*args)`` plus a ``copy_`` into each captured output.
 A task group names a run of records. A task `Update` collects the ops re-issued between
 task_update_begin and task_update_end (they do not run) and, if they match the group op
 for op, the group's program entries take their arguments.
+
+Kernels. A segment's ``tasks`` are one per recorded op; its ``kernels`` are what the
+device launches and the profiler sees — the tasks themselves, unless a super-kernel
+optimisation merged runs of them (`Program.merge_runs`): the calls still run one by one
+(the results are the same), the clock and the kernel log see one kernel per run.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ascendgraph.errors import HOST_SYNC_DURING_CAPTURE, TASK_UPDATE_MISMATCH, CaptureConstraintError
-from sim.cost import CostModel, TaskInfo
+from sim.cost import CostModel, TaskInfo, super_kernel_task
 from sim.recorder import (
     ALIAS,
     OP,
@@ -328,16 +333,27 @@ class Update:
 class Segment:
     """Calls run back to back, then an optional control node."""
 
-    __slots__ = ("entries", "tasks", "time_us", "control")
+    __slots__ = ("entries", "tasks", "kernels", "runs", "time_us", "control")
 
     def __init__(self) -> None:
         self.entries: list[tuple] = []
         self.tasks: list[TaskInfo] = []
+        self.kernels: list[TaskInfo] = self.tasks  # what launches; `merge_runs` makes it its own list
+        self.runs: list[tuple[int, int, str]] = []  # merged task ranges [start, end) and the kernel's name
         self.time_us = 0.0
         self.control: Optional[ControlRecord] = None
 
-    def retime(self) -> None:
-        self.time_us = sum(task.duration_us for task in self.tasks)
+    def retime(self, cost: Optional[CostModel] = None) -> None:
+        if self.runs and cost is not None:
+            kernels: list[TaskInfo] = []
+            position = 0
+            for start, end, name in self.runs:
+                kernels.extend(self.tasks[position:start])
+                kernels.append(super_kernel_task(self.tasks[start:end], name, cost.params))
+                position = end
+            kernels.extend(self.tasks[position:])
+            self.kernels = kernels
+        self.time_us = sum(kernel.duration_us for kernel in self.kernels)
 
 
 def out_variant(func: Any) -> Optional[Any]:
@@ -416,8 +432,35 @@ class Program:
         segment = self.segments[seg_index]
         segment.entries[entry_index] = _entry(record.func, args, kwargs, record.dests)
         segment.tasks[entry_index] = _task(self.cost, record)
-        segment.retime()
+        segment.retime(self.cost)
         self.total_time_us = sum(seg.time_us for seg in self.segments)
+
+    @property
+    def num_kernels(self) -> int:
+        """Kernels one replay launches (tasks, with each merged run counted once)."""
+        return sum(len(seg.kernels) for seg in self.segments)
+
+    def merge_runs(self, eligible: Callable[[TaskInfo], bool], prefix: str, *, min_length: int = 2) -> int:
+        """Merge every run of ``min_length`` or more consecutive eligible tasks of a segment
+        into one kernel named ``<prefix>_<n>`` (a super kernel). Returns how many kernels
+        were made. Runs never cross a control node (an event wait splits segments)."""
+        made = 0
+        for segment in self.segments:
+            runs: list[tuple[int, int, str]] = []
+            start: Optional[int] = None
+            for index, task in enumerate([*segment.tasks, None]):
+                if task is not None and eligible(task):
+                    start = index if start is None else start
+                    continue
+                if start is not None and index - start >= min_length:
+                    runs.append((start, index, f"{prefix}_{made + len(runs)}"))
+                start = None
+            if runs:
+                segment.runs = runs
+                segment.retime(self.cost)
+                made += len(runs)
+        self.total_time_us = sum(seg.time_us for seg in self.segments)
+        return made
 
     def op_names(self) -> list[str]:
         return [str(r.func) for r in self.records if isinstance(r, OpRecord)]

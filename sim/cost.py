@@ -16,8 +16,17 @@ tensor inputs and outputs the op touches (for the paged KV cache only the blocks
 written). The numbers in `CostParams` are rough public figures, not calibrations; a JSON
 profile can replace them (see `sim.profiles.load_profile`).
 
-Hook: ``CostModel.task_adjust`` (None by default) may rescale a graph task's device time,
-e.g. static-kernel or super-kernel discounts decided by another stage.
+Hook: ``CostModel.task_adjust`` (None by default) may rescale a graph task's device time.
+
+Static and super kernels (SEMANTICS §10). ``CostModel.static_kernels`` maps a kernel
+signature — (op name, input shapes, input dtypes), `task_signature` — to the id of a
+fixed-shape kernel a static-kernel build produced (`SimDevice.install_static_kernels`). A
+graph task whose signature was built runs as that static kernel: named
+``<op>_static_kernel_<id>``, with its fixed per-task cost scaled by
+``static_kernel_overhead_factor`` (no shape-dependent tiling at launch). A super kernel
+(`super_kernel_task`) is a run of static kernels merged into one launch: one fixed cost,
+a small sync per merged boundary, and the largest block dim of its parts. A task's block
+dim is its output elements over ``elements_per_block``, between 1 and ``ai_cores``.
 """
 
 from __future__ import annotations
@@ -27,7 +36,20 @@ from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import torch
 
-__all__ = ["CostParams", "TaskInfo", "CostModel", "describe_task"]
+__all__ = [
+    "CostParams",
+    "TaskInfo",
+    "CostModel",
+    "describe_task",
+    "task_signature",
+    "static_kernel_task",
+    "super_kernel_task",
+    "STATIC_KERNEL_TAG",
+    "SUPER_KERNEL_TYPE",
+]
+
+STATIC_KERNEL_TAG = "static_kernel"  # in the name and op type of a static kernel (op_statistic.csv)
+SUPER_KERNEL_TYPE = "SuperKernel"
 
 
 @dataclass(frozen=True)
@@ -40,6 +62,10 @@ class CostParams:
     bandwidth_gbps: float = 1600.0  # HBM
     capture_base_us: float = 800.0  # capture begin/end + model instantiation
     capture_per_task_us: float = 25.0  # recording one task during capture
+    ai_cores: int = 24  # cores a kernel can launch on (the Block Dim ceiling)
+    elements_per_block: int = 8192  # output elements one core takes (block dim estimate)
+    static_kernel_overhead_factor: float = 0.5  # fixed per-task cost of a static kernel / of a dynamic one
+    super_kernel_sync_us: float = 0.1  # per merged boundary inside a super kernel
 
     def as_dict(self) -> dict[str, float]:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
@@ -57,6 +83,19 @@ class TaskInfo(NamedTuple):
     flops: float
     bytes: float
     duration_us: float
+    block_dim: int = 0  # cores the kernel launches on
+    parts: tuple[str, ...] = ()  # a super kernel: the names of the kernels merged into it
+
+
+def task_signature(info: TaskInfo) -> tuple:
+    """What identifies a fixed-shape kernel: (op name, input shapes, input dtypes)."""
+    return (info.name, info.input_shapes, info.input_dtypes)
+
+
+def _block_dim(outputs: list[torch.Tensor], params: CostParams) -> int:
+    elements = sum(t.numel() for t in outputs)
+    blocks = -(-elements // max(1, params.elements_per_block))
+    return int(min(max(1, blocks), max(1, params.ai_cores)))
 
 
 def _tensors(values: Sequence[Any]) -> list[torch.Tensor]:
@@ -131,6 +170,38 @@ def describe_task(func: Any, args: Sequence[Any], kwargs: dict[str, Any], output
         flops=flops,
         bytes=moved,
         duration_us=duration,
+        block_dim=_block_dim(outs, params),
+    )
+
+
+def static_kernel_task(info: TaskInfo, kernel_id: str, params: CostParams) -> TaskInfo:
+    """``info`` run as the static kernel ``kernel_id``: renamed, cheaper fixed cost."""
+    saved = params.task_overhead_us * (1.0 - params.static_kernel_overhead_factor)
+    return info._replace(
+        name=f"{info.op_type}_{STATIC_KERNEL_TAG}_{kernel_id}",
+        op_type=f"{info.op_type}_{STATIC_KERNEL_TAG}",
+        duration_us=max(0.0, info.duration_us - saved),
+    )
+
+
+def super_kernel_task(parts: Sequence[TaskInfo], name: str, params: CostParams) -> TaskInfo:
+    """One kernel for a run of static kernels: one fixed cost, a sync per merged boundary,
+    inputs of the first part, outputs of the last, the largest block dim."""
+    fixed = params.task_overhead_us * params.static_kernel_overhead_factor
+    merged = len(parts) - 1
+    duration = sum(p.duration_us for p in parts) - merged * fixed + merged * params.super_kernel_sync_us
+    return TaskInfo(
+        name=name,
+        op_type=SUPER_KERNEL_TYPE,
+        input_shapes=parts[0].input_shapes,
+        input_dtypes=parts[0].input_dtypes,
+        output_shapes=parts[-1].output_shapes,
+        output_dtypes=parts[-1].output_dtypes,
+        flops=sum(p.flops for p in parts),
+        bytes=sum(p.bytes for p in parts),
+        duration_us=max(0.0, duration),
+        block_dim=max(p.block_dim for p in parts),
+        parts=tuple(p.name for p in parts),
     )
 
 
@@ -146,12 +217,18 @@ class CostModel:
         self.params = params or CostParams()
         # Returns the adjusted device time (us) of a graph task; None keeps the roofline.
         self.task_adjust = task_adjust
+        # task_signature -> static kernel id (SimDevice.install_static_kernels fills it).
+        self.static_kernels: dict[tuple, str] = {}
 
     def task(self, func: Any, args: Sequence[Any], kwargs: dict[str, Any], outputs: Sequence[Any]) -> TaskInfo:
         return describe_task(func, args, kwargs, outputs, self.params)
 
     def graph_task(self, func: Any, args: Sequence[Any], kwargs: dict[str, Any], outputs: Sequence[Any]) -> TaskInfo:
         info = self.task(func, args, kwargs, outputs)
+        if self.static_kernels:
+            kernel_id = self.static_kernels.get(task_signature(info))
+            if kernel_id is not None:
+                info = static_kernel_task(info, kernel_id, self.params)
         if self.task_adjust is not None:
             info = info._replace(duration_us=float(self.task_adjust(info)))
         return info

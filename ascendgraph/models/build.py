@@ -33,6 +33,7 @@ from ascendgraph.models.layers import (
     GatedMLP,
     RMSNorm,
     RotaryEmbedding,
+    W8A8Linear,
     make_linear,
 )
 from ascendgraph.models.presets import ModelSpec
@@ -65,7 +66,7 @@ class ModelOptions:
     attention_backend: str = "ascend"
     dtype: torch.dtype = torch.float32
     seed: int = 0
-    quantization: Optional[str] = None  # None; a W8A8-like variant plugs in via layers.make_linear
+    quantization: Optional[str] = None  # None, "w8a8" or "w8a8_dynamic" (layers.QUANTIZATION_METHODS)
 
 
 # --------------------------------------------------------------------------- attention blocks
@@ -297,11 +298,17 @@ def build_model(
     )
     model = DecoderModel(spec, options)
     _initialise(model, seed)
+    for module in model.modules():
+        if isinstance(module, W8A8Linear):  # quantised variants: int8-valued weights + scales
+            module.quantize_weights_()
     model = model.to(device=device, dtype=options.dtype)
-    # rope caches stay float32 (the kernel computes in float32)
+    # rope caches stay float32 (the kernel computes in float32), and so do quantisation scales
     for module in model.modules():
         if isinstance(module, RotaryEmbedding):
             module.cos_sin_cache = module.cos_sin_cache.float()
+        if isinstance(module, W8A8Linear):
+            for name, buffer in list(module.named_buffers(recurse=False)):
+                setattr(module, name, buffer.float())
     model.eval()
     model.requires_grad_(False)
     return model

@@ -31,20 +31,77 @@ __all__ = [
     "DenseMoE",
     "make_linear",
     "QUANTIZATION_METHODS",
+    "W8A8Linear",
 ]
 
-# Linear-layer variants `make_linear` can build. A W8A8-like variant plugs in here.
-QUANTIZATION_METHODS: tuple[Optional[str], ...] = (None,)
+# Linear-layer variants `make_linear` can build (vLLM Ascend's W8A8 quant types, simplified):
+#   None            a plain projection in the model dtype
+#   "w8a8_dynamic"  int8 weights (per output channel scale); activations quantised per token
+#                   at run time by ``dynamic_quant`` (W8A8_DYNAMIC)
+#   "w8a8"          int8 weights; activations quantised by ``quantize`` with a static scale (W8A8)
+# The activation quant right after a norm is what the norm+quant fusions match.
+QUANTIZATION_METHODS: tuple[Optional[str], ...] = (None, "w8a8", "w8a8_dynamic")
+W8A8_STATIC_INPUT_SCALE = 4.0 / 127  # calibrated for the normed activations of the seeded models (|x| <~ 4)
 
 
 def make_linear(in_features: int, out_features: int, *, quantization: Optional[str] = None) -> nn.Module:
-    """A bias-free projection; the hook where a quantised (W8A8-like) linear will be chosen."""
-    if quantization is not None:
+    """A bias-free projection: ``nn.Linear``, or a `W8A8Linear` for a quantization method."""
+    if quantization not in QUANTIZATION_METHODS:
         raise ValueError(
             f"quantization {quantization!r} is not available; supported: "
             f"{', '.join(str(q) for q in QUANTIZATION_METHODS)}"
         )
-    return nn.Linear(in_features, out_features, bias=False)
+    if quantization is None:
+        return nn.Linear(in_features, out_features, bias=False)
+    return W8A8Linear(in_features, out_features, dynamic=quantization == "w8a8_dynamic")
+
+
+class W8A8Linear(nn.Module):
+    """A W8A8-like projection: int8 activations times int8 weights, dequantised after the matmul.
+
+    ``weight`` holds integer values in [-127, 127] (in the model dtype: exact for int8
+    values) once `quantize_weights_` snapped the initialised float weights to the grid;
+    ``weight_scale`` is per output channel. Activations are quantised per token
+    (``dynamic_quant``, W8A8_DYNAMIC) or with a static scale of the input's width
+    (``quantize``, W8A8 — one value repeated, so dequantisation is one product per output
+    channel, ``deq_scale``).
+    """
+
+    def __init__(self, in_features: int, out_features: int, *, dynamic: bool) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.dynamic = dynamic
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.register_buffer("weight_scale", torch.ones(out_features, dtype=torch.float32))
+        if not dynamic:
+            self.register_buffer("input_scale", torch.full((in_features,), W8A8_STATIC_INPUT_SCALE))
+            self.register_buffer("deq_scale", torch.ones(out_features, dtype=torch.float32))
+
+    @torch.no_grad()
+    def quantize_weights_(self) -> None:
+        """Snap ``weight`` to int8 values with a per-channel scale (after initialisation)."""
+        weight = self.weight.float()
+        scale = weight.abs().amax(dim=1).clamp_min(1e-8) / 127.0
+        self.weight.copy_(torch.round(weight / scale.unsqueeze(1)).clamp_(-127, 127).to(self.weight.dtype))
+        self.weight_scale.copy_(scale)
+        if not self.dynamic:
+            self.deq_scale.copy_(scale * self.input_scale.float()[0])
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.dynamic:
+            x_int8, x_scale = torch.ops.ascendgraph.dynamic_quant(x)
+            acc = F.linear(x_int8.to(self.weight.dtype), self.weight)
+            out = acc * (x_scale.unsqueeze(-1) * self.weight_scale)
+        else:
+            x_int8 = torch.ops.ascendgraph.quantize(x, self.input_scale, None)
+            acc = F.linear(x_int8.to(self.weight.dtype), self.weight)
+            out = acc * self.deq_scale
+        return out.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        kind = "dynamic" if self.dynamic else "static"
+        return f"in_features={self.in_features}, out_features={self.out_features}, activations={kind}"
 
 
 class RMSNorm(nn.Module):

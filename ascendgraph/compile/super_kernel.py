@@ -1,0 +1,70 @@
+"""Super kernel (``enable_super_kernel``, SEMANTICS §10): merging a captured graph's kernels.
+
+Theory of operation. Super kernel is a binary-level fusion applied *during capture*: once
+a FULL graph has been captured, its eligible kernels (fixed-shape static kernels, in runs
+that no graph event wait interrupts) are merged into larger kernels with the needed syncs
+inside, so a replay launches fewer kernels. vLLM Ascend calls torch_npu's
+``NPUGraph.super_kernel_optimize(optimize_options={"dcci_after_kernel_end": [".*"]})``
+right after the capture block and logs, once, ``Super kernel optimization is enabled for
+ACL graph capture.``; here `SuperKernelStage` is a `CaptureState.after_capture` hook
+calling ``device.super_kernel_optimize(graph, optimize_options=...)`` on each FULL graph
+(the simulator merges runs of static kernels; the NPU backend calls torch_npu) and logging
+that line once per engine. Piecewise graphs are never optimised (the flag is off in
+piecewise modes). A failing optimisation undoes the capture (the hook's contract).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Optional
+
+from ascendgraph.modes import GraphMode
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ascendgraph.capture import GraphEntry, GraphWrapper
+    from ascendgraph.engine import Engine
+
+__all__ = ["SUPER_KERNEL_LOG", "SUPER_KERNEL_OPTIONS", "SuperKernelStage", "attach_super_kernel"]
+
+log = logging.getLogger(__name__)
+
+SUPER_KERNEL_LOG = "Super kernel optimization is enabled for ACL graph capture."
+# What vLLM Ascend passes: a data-cache clean after every kernel of the merged region.
+SUPER_KERNEL_OPTIONS: dict[str, Any] = {"dcci_after_kernel_end": [".*"]}
+
+
+@dataclass
+class SuperKernelStage:
+    """After-capture hook: super-kernel optimisation of every captured FULL graph."""
+
+    device: Any
+    graphs_optimized: int = 0
+    super_kernels: int = 0  # kernels made by merging (as the device reports them)
+    logged: bool = False
+    options: dict[str, Any] = field(default_factory=lambda: dict(SUPER_KERNEL_OPTIONS))
+
+    def __call__(self, wrapper: "GraphWrapper", entry: "GraphEntry") -> None:
+        if wrapper.runtime_mode is not GraphMode.FULL:
+            return
+        made = self.device.super_kernel_optimize(entry.graph, optimize_options=dict(self.options))
+        self.graphs_optimized += 1
+        self.super_kernels += int(made or 0)
+        if not self.logged:
+            self.logged = True
+            log.info("%s", SUPER_KERNEL_LOG)
+
+
+def attach_super_kernel(engine: "Engine") -> Optional[SuperKernelStage]:
+    """Hook super-kernel optimisation into the engine's captures when it resolved on."""
+    if not engine.resolution.super_kernel:
+        return None
+    if getattr(engine.device, "super_kernel_optimize", None) is None:
+        log.warning(
+            "device %s has no super_kernel_optimize; enable_super_kernel has no effect",
+            getattr(engine.device, "name", engine.device),
+        )
+        return None
+    stage = SuperKernelStage(engine.device)
+    engine.capture_state.after_capture.append(stage)
+    return stage
