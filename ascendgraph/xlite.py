@@ -9,12 +9,15 @@ budget sit beside them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Sequence, Union
+from typing import TYPE_CHECKING, Any, Literal, Optional, Protocol, Sequence, Union
 
 from ascendgraph.errors import XliteConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
     from ascendgraph.config import GraphConfig
+    from ascendgraph.forward_context import ForwardContext
 
 __all__ = [
     "XLITE_ARCHITECTURES",
@@ -26,6 +29,12 @@ __all__ = [
     "XliteRoute",
     "XliteRouter",
     "ROUTING_RULES",
+    "XliteRuntimeSpec",
+    "XliteRuntime",
+    "XliteBudgetExceeded",
+    "XliteProfileRun",
+    "check_within_budget",
+    "describe_xlite",
 ]
 
 XLITE_SPEC_DECODE_ERROR = "Xlite graph mode only support speculative decoding with num_speculative_tokens=1."
@@ -199,3 +208,125 @@ ROUTING_RULES = (
     _rule_decode_only_data_parallel,
     _rule_within_budget,
 )
+
+
+# --------------------------------------------------------------------------- the runtime behind the device
+# The engine never talks to xlite directly: it asks its device for a runtime
+# (``device.xlite_runtime(model, spec)``): the simulator's stand-in (sim/xlite.py) or the
+# adapter over the ``xlite`` package (hw/xlite.py). A runtime owns a hidden-state buffer of
+# ``spec.budget`` rows, allocated once; every forward writes the batch's hidden states into
+# its first rows and returns that view. The router keeps batches over the budget away from
+# it; a runtime that receives one anyway raises `XliteBudgetExceeded` (a broken invariant,
+# not a user error).
+
+
+@dataclass(frozen=True)
+class XliteRuntimeSpec:
+    """What a device needs to build the xlite runtime of one engine."""
+
+    budget: int  # rows of the preallocated hidden-state buffer (xlite_token_budget)
+    full_mode: bool
+    hidden_size: int
+    dtype: Any  # torch.dtype of the hidden states
+    max_num_seqs: int
+    max_model_len: int
+    block_size: int
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+    enable_expert_parallel: bool = False
+    architecture: str = ""
+
+    @classmethod
+    def from_config(cls, config: "GraphConfig", *, dtype: Any) -> "XliteRuntimeSpec":
+        router = XliteRouter.from_config(config)
+        return cls(
+            budget=router.budget,
+            full_mode=router.full_mode,
+            hidden_size=config.model.hidden_size,
+            dtype=dtype,
+            max_num_seqs=config.max_num_seqs,
+            max_model_len=config.model.max_position_embeddings,
+            block_size=config.block_size,
+            tensor_parallel_size=config.tensor_parallel_size,
+            data_parallel_size=config.data_parallel_size,
+            enable_expert_parallel=config.enable_expert_parallel,
+            architecture=config.model.architecture,
+        )
+
+
+class XliteRuntime(Protocol):
+    """An xlite runtime bound to one model (what `Device.xlite_runtime` returns)."""
+
+    spec: XliteRuntimeSpec
+    hidden_states: "torch.Tensor"  # [spec.budget, spec.hidden_size], allocated once
+
+    def forward(self, input_ids: "torch.Tensor", positions: "torch.Tensor", context: "ForwardContext") -> "torch.Tensor":
+        """Run the whole model for one batch; return ``hidden_states[:num_tokens]`` (a view of the buffer).
+
+        ``context`` carries the attention metadata and the KV caches the runtime shares with
+        the native runnable. Raises `XliteBudgetExceeded` for more tokens than the budget.
+        """
+        ...
+
+    def profile_run(self) -> "torch.Tensor":
+        """A profile run in full mode: no forward, the preallocated buffer itself (SEMANTICS §11)."""
+        ...
+
+
+class XliteBudgetExceeded(AssertionError):
+    """A batch over the xlite budget reached the runtime: the router should have sent it native."""
+
+
+def check_within_budget(num_tokens: int, budget: int) -> None:
+    """The runtime-side guard: raise `XliteBudgetExceeded` naming both figures."""
+    if num_tokens > budget:
+        raise XliteBudgetExceeded(
+            f"xlite runtime got a batch of {num_tokens} tokens but its hidden-state buffer holds {budget}; "
+            "batches over the xlite budget must be routed to the native runnable (XliteRouter.route)"
+        )
+
+
+@dataclass(frozen=True)
+class XliteProfileRun:
+    """The start-up profile run of xlite full mode (a dummy batch of max_num_batched_tokens)."""
+
+    num_tokens: int
+    route: XliteRouteName
+    reason: str
+    buffer_tokens: Optional[int]  # rows of the buffer returned (xlite route), None when it ran native
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"num_tokens": self.num_tokens, "route": self.route, "reason": self.reason,
+                "buffer_tokens": self.buffer_tokens}
+
+
+# --------------------------------------------------------------------------- explain
+def describe_xlite(config: "GraphConfig") -> Optional[dict[str, Any]]:
+    """The xlite settings of a config for `ascendgraph explain` (None when xlite is off)."""
+    if not config.xlite_graph_config.enabled:
+        return None
+    router = XliteRouter.from_config(config)
+    if router.full_mode:
+        tp = config.tensor_parallel_size
+        rule = f"max_num_batched_tokens {config.max_num_batched_tokens} rounded up to a multiple of tp {tp}"
+    else:
+        rule = f"max_num_seqs {config.max_num_seqs} x (1 + num_speculative_tokens {config.num_speculative_tokens})"
+    routing = []
+    if router.full_mode:
+        routing.append("profile runs -> xlite (it returns its preallocated hidden-state buffer)")
+    across = " (max over the DP ranks)" if router.data_parallel_size > 1 else ""
+    routing.append(f"batches over {router.budget} tokens{across} -> native")
+    if not router.full_mode and router.data_parallel_size > 1:
+        routing.append(
+            f"more tokens than requests (prefill, mixed, speculative decode) with dp={router.data_parallel_size} -> native"
+        )
+    routing.append("every other batch, prefill or decode -> xlite")
+    return {
+        "enabled": True,
+        "full_mode": router.full_mode,
+        "mode": router.mode_name,
+        "budget": router.budget,
+        "budget_rule": rule,
+        "data_parallel_size": router.data_parallel_size,
+        "routing": routing,
+    }
