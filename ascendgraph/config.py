@@ -212,7 +212,7 @@ class GraphConfig:
             if key not in _ENGINE_KEYS:
                 raise ConfigError(_unknown_key_message("engine argument", key, _ENGINE_KEYS), key=key)
             values[key] = value
-        spec = model_spec_from(model)
+        spec = _model_spec(model)
         if layers_override is not None:
             spec = spec.with_layers(layers_override)
         values["model"] = spec
@@ -222,6 +222,22 @@ class GraphConfig:
             values["attention_backend"] = values["attention_backend"].strip().lower()
         values["parse_warnings"] = tuple(warnings)
         return cls(**values)
+
+
+def _model_spec(model: Any) -> ModelSpec:
+    """`model_spec_from`, with a config.json field of the wrong type reported as a ConfigError
+    (its int()/float() conversions would raise TypeError / ValueError / OverflowError)."""
+    try:
+        return model_spec_from(model)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ConfigError(
+            f"model: a field of the model description has the wrong type or value ({exc}); the numeric "
+            "fields of a config.json (head_dim, num_experts, max_position_embeddings, rope_theta, ...) "
+            "must be finite numbers",
+            key="model",
+        ) from None
 
 
 # Engine arguments accepted by from_vllm_args (vLLM spellings), besides those handled above.
@@ -283,6 +299,14 @@ def _parse_level(value: Any) -> int:
     return value
 
 
+def _parse_named(where: str, key: str, parse: Any, value: Any) -> Any:
+    """An enum parse whose error names the key it came from (the enum's own says only the kind)."""
+    try:
+        return parse(value)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}", key=key) from None
+
+
 def _parse_compilation_config(comp: Mapping[str, Any], values: dict[str, Any], warnings: list[str]) -> None:
     valid = MODELLED_COMPILATION_KEYS + IGNORED_COMPILATION_KEYS
     for key, value in comp.items():
@@ -297,9 +321,9 @@ def _parse_compilation_config(comp: Mapping[str, Any], values: dict[str, Any], w
         if value is None:
             continue
         if key in ("mode", "level"):
-            values["compilation_mode"] = CompilationMode.parse(value)
+            values["compilation_mode"] = _parse_named(f"--compilation-config {key}", key, CompilationMode.parse, value)
         elif key == "cudagraph_mode":
-            values["cudagraph_mode"] = GraphMode.parse(value)
+            values["cudagraph_mode"] = _parse_named(f"--compilation-config {key}", key, GraphMode.parse, value)
         elif key == "cudagraph_capture_sizes":
             if not isinstance(value, (list, tuple)):
                 raise ConfigError(
@@ -425,9 +449,11 @@ def _validate(config: GraphConfig) -> None:
         if not isinstance(value, bool):
             raise ConfigError(f"{name} must be true or false, got {value!r}", key=name)
     if config.cudagraph_mode is not None and not isinstance(config.cudagraph_mode, GraphMode):
-        object.__setattr__(config, "cudagraph_mode", GraphMode.parse(config.cudagraph_mode))
+        mode = _parse_named("cudagraph_mode", "cudagraph_mode", GraphMode.parse, config.cudagraph_mode)
+        object.__setattr__(config, "cudagraph_mode", mode)
     if config.compilation_mode is not None and not isinstance(config.compilation_mode, CompilationMode):
-        object.__setattr__(config, "compilation_mode", CompilationMode.parse(config.compilation_mode))
+        mode = _parse_named("compilation_mode", "compilation_mode", CompilationMode.parse, config.compilation_mode)
+        object.__setattr__(config, "compilation_mode", mode)
     if not _is_int(config.optimization_level) or config.optimization_level not in OPTIMIZATION_LEVELS:
         raise ConfigError(
             f"optimization_level must be 0, 1, 2 or 3, got {config.optimization_level!r}", key="optimization_level"
@@ -454,8 +480,14 @@ def _validate(config: GraphConfig) -> None:
                 )
     if not isinstance(config.soc, str) or config.soc not in SOCS:
         raise ConfigError(f"soc must be one of {', '.join(SOCS)}, got {config.soc!r}", key="soc")
-    if config.attention_backend is not None and config.attention_backend not in ATTENTION_BACKENDS:
-        attention_backend_info(config.attention_backend)  # raises with the valid names
+    backend = config.attention_backend
+    if backend is not None and not isinstance(backend, str):
+        raise ConfigError(
+            f"attention_backend must be a backend name ({', '.join(ATTENTION_BACKENDS)}), got {backend!r}",
+            key="attention_backend",
+        )
+    if backend is not None and backend not in ATTENTION_BACKENDS:
+        attention_backend_info(backend)  # raises with the valid names
     if config.performance_mode not in PERFORMANCE_MODES:
         raise ConfigError(
             f"performance_mode must be one of {', '.join(PERFORMANCE_MODES)}, got {config.performance_mode!r}",

@@ -328,7 +328,7 @@ def plan_stream_budget(
 ) -> StreamPlan:
     """SEMANTICS §9: the number of capture sizes the stack's streams allow."""
     layers = _check_positive_int("num_hidden_layers", num_hidden_layers)
-    budget = _check_positive_int("stream limit", max_streams)
+    budget = _check_positive_int("stream_limit", max_streams)
     mode = GraphMode.parse(mode)
     requested = sorted(set(capture_sizes))
     warnings: list[str] = []

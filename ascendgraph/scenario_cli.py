@@ -1,0 +1,174 @@
+"""`ascendgraph scenario`: run fault-scenario files and list the catalogue.
+
+Registers the ``scenario`` command in `ascendgraph.cli` (imported by the CLI when present):
+
+    ascendgraph scenario run PATH... [--json] [-k TEXT]   run files or folders of *.toml
+    ascendgraph scenario list PATH... [--json | --markdown]   check them and show the catalogue
+
+``run`` prints a table (scenario, outcome, expected, time, result) on stderr — or the
+``--json`` document alone on stdout — and exits 1 when any scenario missed its expectation.
+A missing path or a bad scenario file is bad input: one line naming the file, the key and
+what was expected, exit 2, before anything runs. Nothing heavy is imported at module top.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
+
+from ascendgraph.cli import Command, CliUsageError, emit_json, emit_text, register_command
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ascendgraph.scenario import Scenario, ScenarioResult
+
+__all__ = ["add_scenario_arguments", "scenario_command", "format_row", "summary_counts"]
+
+RUN_FAILED = 1
+
+
+def add_scenario_arguments(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="scenario_action", metavar="ACTION", parser_class=type(parser))
+    run = actions.add_parser(
+        "run", help="run scenario files (or folders of them) and check each against its expectation",
+        description="Run fault scenarios on the simulator. Exit 0 when every scenario met its expectation, "
+        "1 when any missed it, 2 for a missing path or a bad scenario file.",
+    )
+    run.add_argument("paths", nargs="+", metavar="PATH", help="a scenario .toml file or a folder of them")
+    run.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
+    run.add_argument("-k", dest="select", default=None, metavar="TEXT",
+                     help="run only scenarios whose name contains TEXT")
+    listing = actions.add_parser(
+        "list", help="check scenario files and list them (name, kind, expected outcome, description)",
+        description="Load and check scenario files without running them; print the catalogue.",
+    )
+    listing.add_argument("paths", nargs="+", metavar="PATH", help="a scenario .toml file or a folder of them")
+    style = listing.add_mutually_exclusive_group()
+    style.add_argument("--json", action="store_true", help="print the catalogue as JSON on stdout")
+    style.add_argument("--markdown", action="store_true", help="print the Markdown table of docs/faults.md on stdout")
+
+
+def _load(paths: Sequence[str], select: Any = None) -> list["Scenario"]:
+    from ascendgraph.scenario import discover_scenarios, load_scenario
+
+    scenarios = [load_scenario(path) for path in discover_scenarios(paths)]
+    if select:
+        scenarios = [s for s in scenarios if select in s.name]
+        if not scenarios:
+            raise CliUsageError(f"ascendgraph scenario run: error: no scenario name contains {select!r}")
+    return scenarios
+
+
+@contextlib.contextmanager
+def _engine_logs_quiet(verbose: bool) -> Iterator[None]:
+    """Scenarios fail on purpose: keep the engine's error logs out of the table unless -v."""
+    logger = logging.getLogger("ascendgraph")
+    previous = logger.level
+    if not verbose:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(previous)
+
+
+def format_row(values: Sequence[str], widths: Sequence[int]) -> str:
+    return "  ".join(value.ljust(width) for value, width in zip(values, widths)).rstrip()
+
+
+def summary_counts(results: Sequence["ScenarioResult"]) -> dict[str, Any]:
+    from ascendgraph.scenario import OUTCOMES
+
+    return {
+        "scenarios": len(results),
+        "passed": sum(r.passed for r in results),
+        "failed": sum(not r.passed for r in results),
+        "outcomes": {o: sum(r.outcome == o for r in results) for o in OUTCOMES},
+        "seconds": round(sum(r.seconds for r in results), 3),
+    }
+
+
+def _run(args: argparse.Namespace) -> int:
+    from ascendgraph.scenario import run_scenario
+
+    scenarios = _load(args.paths, args.select)
+    width = max(len("scenario"), *(len(s.name) for s in scenarios))
+    widths = (width, 8, max(len("expected"), *(len(s.expected_text) for s in scenarios)), 7, 6)
+    header = ("scenario", "outcome", "expected", "time", "result")
+    if not args.json:
+        emit_text(format_row(header, widths))
+        emit_text(format_row(tuple("-" * w for w in widths), widths))
+    results = []
+    with _engine_logs_quiet(bool(getattr(args, "verbose", False))):
+        for scenario in scenarios:
+            result = run_scenario(scenario)
+            results.append(result)
+            if not args.json:
+                emit_text(format_row(
+                    (scenario.name, result.outcome, scenario.expected_text, f"{result.seconds:.1f}s",
+                     "PASS" if result.passed else "FAIL"),
+                    widths,
+                ))
+    summary = summary_counts(results)
+    if args.json:
+        emit_json({"schema_version": 1, "summary": summary, "scenarios": [r.as_dict() for r in results]})
+    else:
+        for result in results:
+            if not result.passed:
+                emit_text("\n" + result.explain())
+        outcomes = ", ".join(f"{name} {count}" for name, count in summary["outcomes"].items())
+        emit_text(
+            f"\n{summary['scenarios']} scenarios: {summary['passed']} passed, {summary['failed']} failed "
+            f"({outcomes}) in {summary['seconds']:.1f} s"
+        )
+    return RUN_FAILED if summary["failed"] else 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    from ascendgraph.scenario import catalogue_table
+
+    scenarios = _load(args.paths)
+    if args.markdown:
+        print(catalogue_table(scenarios))
+    elif args.json:
+        emit_json({
+            "schema_version": 1,
+            "scenarios": [
+                {"name": s.name, "path": str(s.path), "kind": s.kind, "expected": s.expect.outcome,
+                 "error_type": s.expect.error_type, "description": s.description}
+                for s in scenarios
+            ],
+        })
+    else:
+        width = max(len(s.name) for s in scenarios)
+        for s in scenarios:
+            emit_text(f"{s.name.ljust(width)}  {s.kind:<6}  {s.expected_text:<34}  {s.description}")
+        emit_text(f"{len(scenarios)} scenarios")
+    return 0
+
+
+def scenario_command(args: argparse.Namespace) -> int:
+    action = getattr(args, "scenario_action", None)
+    if action == "run":
+        return _run(args)
+    if action == "list":
+        return _list(args)
+    raise CliUsageError("ascendgraph scenario: error: give an action: run PATH... or list PATH... "
+                        "(see ascendgraph scenario --help)")
+
+
+register_command(
+    Command(
+        "scenario",
+        "run fault scenarios (tests/scenarios/*.toml) on the simulator and check their outcome",
+        "Fault scenarios reproduce the ways graph mode fails on real stacks (stream exhaustion, old HDKs, "
+        "pool memory, hangs, lost devices, bad environments and configurations) and check the answer: "
+        "a clear error, or a documented fallback, with nothing lost and nothing leaked. See docs/faults.md."
+        "\n\nexamples:\n  ascendgraph scenario run tests/scenarios\n  ascendgraph scenario run "
+        "tests/scenarios/task_queue_enable_2.toml --json\n  ascendgraph scenario list tests/scenarios --markdown",
+        add_scenario_arguments,
+        scenario_command,
+    )
+)
