@@ -39,6 +39,8 @@ __all__ = [
 if TYPE_CHECKING:  # pragma: no cover - torch is only needed by the backends themselves
     import torch
 
+    from ascendgraph.xlite import XliteRuntime, XliteRuntimeSpec
+
 ENTRY_POINT_GROUP = "ascendgraph.devices"
 CAPTURE_ERROR_MODES = ("global", "thread_local", "relaxed")
 
@@ -200,6 +202,10 @@ class Device(Protocol):
     def set_stream_plan(self, plan: Any) -> None: ...
 
     def profiling(self, output_dir: str, **options: Any) -> ContextManager[Any]: ...
+
+    # XliteGraph (SEMANTICS §11): the device's xlite runtime for a model — the simulator's
+    # stand-in or the adapter over the `xlite` package (DeviceUnavailable when it is missing).
+    def xlite_runtime(self, model: Any, spec: "XliteRuntimeSpec") -> "XliteRuntime": ...
 
 
 @dataclass(frozen=True)

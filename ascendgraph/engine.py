@@ -42,6 +42,9 @@ import torch
 from ascendgraph.capture import CaptureState
 from ascendgraph.compile.backend import AscendGraphBackend, CompiledModel
 from ascendgraph.compile.pass_manager import PassManager
+from ascendgraph.compile.passes import fused_ops
+from ascendgraph.compile.static_kernel import attach_static_kernels
+from ascendgraph.compile.super_kernel import attach_super_kernel
 from ascendgraph.config import GraphConfig
 from ascendgraph.device import Device, get_device
 from ascendgraph.dispatch import BatchDescriptor, GraphDispatcher
@@ -56,10 +59,12 @@ from ascendgraph.forward_context import AttentionMetadata, ForwardContext, KVCac
 from ascendgraph.models.build import DecoderModel, build_model, parse_dtype
 from ascendgraph.modes import GraphMode
 from ascendgraph.params import GraphParams
+from ascendgraph.profiler import KernelCounter, profile_run
 from ascendgraph.report import RUNTIME_MODE_KEYS, Report
 from ascendgraph.resolve import Decision, Resolution, resolve
 from ascendgraph.sizes import DEFAULT_MAX_STREAMS
 from ascendgraph.workload import Request, ScheduledBatch, Scheduler, WorkloadSpec, generate_workload
+from ascendgraph.xlite import NATIVE, XLITE, XliteProfileRun, XliteRoute, XliteRouter, XliteRuntime, XliteRuntimeSpec
 
 __all__ = [
     "EngineOptions",
@@ -108,9 +113,14 @@ class EngineOptions:
     env: Optional[dict[str, str]] = None
     num_threads: Optional[int] = None  # torch intra-op threads (the CLI uses 1: the simulator's ops are small)
     pass_manager: Optional[PassManager] = None
+    quantization: Optional[str] = None  # None | "w8a8" | "w8a8_dynamic": the W8A8-like model variant
+    profile_dir: Optional[str] = None  # `run()` profiles capture + serving into this directory
     # Failure-mode switches for tests of SEMANTICS §7 (never use them to "fix" a run).
     skip_param_update: bool = False  # the kernel is not re-issued: stale lengths -> wrong results
     record_update_events: bool = True  # False: replays wait for ever -> GraphHang
+    # Simulated data parallelism (the engine is one process): the token counts of the OTHER
+    # dp-1 ranks for each batch; xlite routes on the maximum over all ranks. None: they are idle.
+    dp_peer_tokens: Optional[Callable[[ScheduledBatch], Sequence[int]]] = None
 
     def __post_init__(self) -> None:
         if self.on_capture_error not in ON_CAPTURE_ERROR:
@@ -201,8 +211,6 @@ class Engine:
             )
         self.config = config
         self.options = options
-        if options.num_threads is not None:
-            torch.set_num_threads(options.num_threads)
         self.dtype = parse_dtype(options.dtype)
         self.atol = options.atol if options.atol is not None else default_atol(self.dtype)
         self.stream_limit = options.stream_limit or DEFAULT_MAX_STREAMS
@@ -237,13 +245,20 @@ class Engine:
             seed=options.seed,
         )
 
-        self.model: DecoderModel = build_model(
-            self.spec,
-            attention_backend=self.resolution.attention_backend,
-            dtype=self.dtype,
-            seed=options.seed,
-            device=self.device.torch_device,
-        )
+        # A meta-tensor device (planning: `ascendgraph plan`) gets a model built on meta
+        # directly: no weights are ever materialised, so large presets cost no memory.
+        meta = self.device.torch_device.type == "meta"
+        # fork_rng: building nn.Modules draws from torch's global generator (their default
+        # init); the engine seeds its own weights and must leave the caller's RNG untouched.
+        with torch.device("meta") if meta else nullcontext(), torch.random.fork_rng(devices=[]):
+            self.model: DecoderModel = build_model(
+                self.spec,
+                attention_backend=self.resolution.attention_backend,
+                dtype=self.dtype,
+                seed=options.seed,
+                device=self.device.torch_device,
+                quantization=options.quantization,
+            )
         num_blocks = self.scheduler.allocator.num_blocks
         self.kv_caches: dict[str, KVCache] = self.model.make_kv_caches(num_blocks, config.block_size)
         self.reference_kv_caches: dict[str, KVCache] = self.model.make_kv_caches(num_blocks, config.block_size)
@@ -268,8 +283,21 @@ class Engine:
             )
         self.compiled = CompiledModel(self.model, self.backend)
         self.observers: list[StepObserver] = []
+        # npugraph_ex (issue 10): static-kernel builds are installed on the device, super kernel
+        # optimises each captured FULL graph, and kernels per step are counted for the report.
+        self.static_kernels = attach_static_kernels(self)
+        self.super_kernel = attach_super_kernel(self)
+        self.kernel_counter = KernelCounter.attach(self)
         # route name -> runner; `route(batch)` picks one per batch (xlite adds its own).
         self.runners: dict[str, Callable[[ScheduledBatch], RunResult]] = {"native": self._run_native}
+        # XliteGraph (SEMANTICS §11): router, the device's runtime, served batches per route and
+        # the full-mode start-up profile run; router/runtime are None when xlite is off.
+        self.batches_by_route: dict[str, int] = {XLITE: 0, NATIVE: 0}
+        self.xlite_router: Optional[XliteRouter] = None
+        self.xlite_runtime: Optional[XliteRuntime] = None
+        self.xlite_profile_run: Optional[XliteProfileRun] = None
+        if self.resolution.xlite_enabled:
+            self._start_xlite()
         self._has_clock = getattr(self.device, "track_eager", None) is not None
         self.capture_seconds = 0.0
         self.capture_fallback: Optional[BaseException] = None
@@ -278,6 +306,12 @@ class Engine:
         self.first_mismatch: Optional[NumericalMismatch] = None
         self._counters = _Counters()
         self._stats_before_capture = None
+        # torch's intra-op thread count is process-global: set it last (nothing above may fail
+        # with it changed) and give the caller's value back in close().
+        self._saved_num_threads: Optional[int] = None
+        if options.num_threads is not None:
+            self._saved_num_threads = torch.get_num_threads()
+            torch.set_num_threads(options.num_threads)
 
     # ------------------------------------------------------------------ construction
     def _make_device(self) -> Device:
@@ -514,8 +548,99 @@ class Engine:
 
     # ------------------------------------------------------------------ serving
     def route(self, batch: ScheduledBatch) -> str:
-        """Which runner (a key of `runners`) serves a batch. "native": ACL graphs or eager, as dispatched."""
-        return "native"
+        """Which runner (a key of `runners`) serves a batch: "native" (ACL graphs or eager, as
+        dispatched) or, with XliteGraph on, "xlite" when `XliteRouter` says so."""
+        decided = self.route_decision(batch)
+        return NATIVE if decided is None else decided.route
+
+    def route_decision(self, batch: ScheduledBatch) -> Optional[XliteRoute]:
+        """The xlite routing decision of a batch with its reason (None when xlite is off)."""
+        if self.xlite_router is None:
+            return None
+        return self.xlite_router.route(
+            self._dp_token_counts(batch), num_reqs=batch.num_reqs, has_prefill=batch.has_prefill
+        )
+
+    def _dp_token_counts(self, batch: ScheduledBatch) -> list[int]:
+        """This rank's token count followed by the simulated other DP ranks' (EngineOptions.dp_peer_tokens)."""
+        counts = [batch.num_tokens]
+        peers = self.options.dp_peer_tokens
+        if peers is not None:
+            others = [int(n) for n in peers(batch)]
+            expected = self.config.data_parallel_size - 1
+            if len(others) != expected:
+                raise ConfigError(
+                    f"dp_peer_tokens gave {len(others)} token count(s) for step {batch.step} but "
+                    f"data_parallel_size={self.config.data_parallel_size} has {expected} other rank(s)",
+                    key="dp_peer_tokens",
+                )
+            counts.extend(others)
+        return counts
+
+    def _start_xlite(self) -> None:
+        """Router and runtime of XliteGraph; in full mode the start-up profile run (a dummy batch
+        of max_num_batched_tokens, routed like any batch with is_profile_run=True)."""
+        config = self.config
+        self.xlite_router = XliteRouter.from_config(config)
+        spec = XliteRuntimeSpec.from_config(config, dtype=self.dtype)
+        self.xlite_runtime = self.device.xlite_runtime(self.model, spec)
+        self.runners[XLITE] = self._run_xlite
+        log.info(
+            "XliteGraph %s mode: token budget %d (batches over it run on the native runnable)",
+            self.xlite_router.mode_name, self.xlite_router.budget,
+        )
+        if not self.xlite_router.full_mode:
+            return
+        tokens = config.max_num_batched_tokens
+        decided = self.xlite_router.route(
+            [tokens] * config.data_parallel_size, num_reqs=min(config.max_num_seqs, tokens),
+            has_prefill=True, is_profile_run=True,
+        )
+        buffer_tokens: Optional[int] = None
+        with torch.no_grad():
+            if decided.route == XLITE:
+                buffer_tokens = int(self.xlite_runtime.profile_run().shape[0])
+            else:
+                self._dummy_forward(GraphMode.NONE, BatchDescriptor(tokens))
+                self.device.synchronize()
+        self.xlite_profile_run = XliteProfileRun(tokens, decided.route, decided.reason, buffer_tokens)
+        log.info("xlite profile run: %d tokens -> %s (%s)", tokens, decided.route, decided.reason)
+
+    def _run_xlite(self, batch: ScheduledBatch) -> RunResult:
+        """The xlite runtime: the whole forward, unpadded, into its hidden-state buffer (no ACL graph)."""
+        runtime = self.xlite_runtime
+        assert runtime is not None, "the xlite runner exists only with XliteGraph on"
+        tokens = batch.num_tokens
+        self._write_inputs(
+            [t for r in batch.requests for t in r.token_ids],
+            [r.start_position + i for r in batch.requests for i in range(r.num_tokens)],
+            [s for r in batch.requests for s in r.slot_ids],
+            [r.block_ids for r in batch.requests],
+            padded_tokens=tokens,
+            padded_rows=batch.num_reqs,
+        )
+        descriptor = BatchDescriptor(tokens, num_reqs=batch.num_reqs, uniform=batch.uniform_decode)
+        metadata = self._batch_metadata(batch, descriptor, tokens)
+        context = self._context(GraphMode.NONE, descriptor, metadata)
+        with self._measured() as measure:
+            hidden = runtime.forward(self.inputs.input_ids[:tokens], self.inputs.positions[:tokens], context)
+            self.device.synchronize()
+        return RunResult(hidden[:tokens].clone(), GraphMode.NONE, descriptor, tokens, measure)
+
+    def _route_extensions(self) -> dict[str, Any]:
+        """Report.extensions of routing: batches_by_route always; the xlite settings when on."""
+        extensions: dict[str, Any] = {}
+        router = self.xlite_router
+        if router is not None:
+            extensions["xlite"] = {
+                "enabled": True,
+                "full_mode": router.full_mode,
+                "budget": router.budget,
+                "data_parallel_size": router.data_parallel_size,
+                "profile_run": self.xlite_profile_run.as_dict() if self.xlite_profile_run else None,
+            }
+        extensions["batches_by_route"] = dict(self.batches_by_route)
+        return extensions
 
     def _batch_metadata(
         self, batch: ScheduledBatch, descriptor: BatchDescriptor, padded_tokens: int
@@ -623,6 +748,7 @@ class Engine:
             raise KeyError(f"no runner for route {route!r}; known routes: {', '.join(self.runners)}")
         with torch.no_grad():
             result = runner(batch)
+            self.batches_by_route[route] = self.batches_by_route.get(route, 0) + 1
             hidden, mode, descriptor = result.hidden, result.runtime_mode, result.descriptor
             diff, eager = 0.0, None
             if self.options.check_eager:
@@ -707,7 +833,7 @@ class Engine:
         has_clock = self._has_clock
         fallback = self.capture_fallback
         plan = resolution.stream_plan
-        return Report(
+        report = Report(
             requested_mode=resolution.requested_mode.name,
             effective_mode=self.mode.name,
             decisions=[d.as_dict() for d in self.decisions],
@@ -742,6 +868,29 @@ class Engine:
             notes=self._notes(error_exc or fallback),
             exception=error_exc,
         )
+        report.extensions.update(self._route_extensions())
+        report.extensions.update(self._npugraph_ex_extensions())
+        return report
+
+    def _npugraph_ex_extensions(self) -> dict[str, Any]:
+        """Report.extensions of the passes and kernel stages: fused_ops, kernels_per_step,
+        and the static / super kernel summaries when those stages ran."""
+        counter = self.kernel_counter
+        extensions: dict[str, Any] = {
+            "fused_ops": fused_ops(self.pass_manager),
+            "kernels_per_step": counter.per_step() if counter is not None else {"graph": None, "eager": None},
+        }
+        build = self.static_kernels.build if self.static_kernels is not None else None
+        if build is not None:
+            extensions["static_kernel"] = {
+                "build_dir": str(build.directory), "kernels": len(build.kernels), "sizes": list(build.sizes),
+                "reused": build.reused,
+            }
+        if self.super_kernel is not None:
+            extensions["super_kernel"] = {
+                "graphs": self.super_kernel.graphs_optimized, "super_kernels": self.super_kernel.super_kernels,
+            }
+        return extensions
 
     def _notes(self, failure: Optional[BaseException]) -> list[str]:
         """What the planner knew when a capture failed (SEMANTICS §8: beyond vLLM Ascend)."""
@@ -768,6 +917,9 @@ class Engine:
         self.capture_state.release()
         if self.captured:
             self.device.set_stream_plan(None)
+        if self._saved_num_threads is not None:
+            torch.set_num_threads(self._saved_num_threads)
+            self._saved_num_threads = None
 
     def __enter__(self) -> "Engine":
         return self
@@ -807,18 +959,28 @@ def run(
     engine_options = EngineOptions(device=device, requests=requests, seed=seed, **options)
     engine = Engine(config if config is not None else GraphConfig(), engine_options)
     try:
-        try:
-            engine.capture()
-        except RuntimeError as exc:
-            engine.error = exc
-            engine.scheduler.fail_all(f"capture failed: {type(exc).__name__}")
-            return engine.report()
-        try:
-            engine.serve()
-        except Exception as exc:  # a failed run is reported (exit 1), not a crash
-            log.error("serving failed: %s: %s", type(exc).__name__, exc)
-            engine.error = exc
-            engine.scheduler.fail_all(f"{type(exc).__name__}: {exc}")
-        return engine.report()
+        # --profile-dir: capture and serving are profiled, the files written after them.
+        with profile_run(engine, engine_options.profile_dir) as profile:
+            report = _capture_and_serve(engine)
+        if profile is not None:
+            report.extensions["profile"] = profile.summary()
+        return report
     finally:
         engine.close()
+
+
+def _capture_and_serve(engine: Engine) -> Report:
+    """Capture, then serve the workload; a failure is recorded in the report, not raised."""
+    try:
+        engine.capture()
+    except RuntimeError as exc:
+        engine.error = exc
+        engine.scheduler.fail_all(f"capture failed: {type(exc).__name__}")
+        return engine.report()
+    try:
+        engine.serve()
+    except Exception as exc:  # a failed run is reported (exit 1), not a crash
+        log.error("serving failed: %s: %s", type(exc).__name__, exc)
+        engine.error = exc
+        engine.scheduler.fail_all(f"{type(exc).__name__}: {exc}")
+    return engine.report()

@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 import traceback
+from typing import Any, Callable, Optional
 
 from ascendgraph.cli import (
     Command,
@@ -24,6 +25,7 @@ from ascendgraph.cli import (
     positive_int,
     register_command,
 )
+from ascendgraph.errors import ConfigError
 
 __all__ = ["add_run_arguments", "run_command", "DEFAULT_REQUESTS", "ON_CAPTURE_ERROR"]
 
@@ -65,18 +67,44 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     run_group.add_argument("--atol", type=_non_negative_float, default=None,
                            help="tolerance of the check against eager (default 1e-4 float32, 2e-2 bfloat16)")
     run_group.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    # Workload-aware capture sizes (ascendgraph.plan.sizes_from_plan; docs/plan.md).
+    run_group.add_argument("--sizes-from-plan", action="store_true",
+                           help="capture the sizes `ascendgraph plan` selects for this run's workload (--requests, "
+                                "--seed): at most --budget sizes minimising expected padding, the largest kept")
+    run_group.add_argument("--budget", type=positive_int, default=None, metavar="N",
+                           help="with --sizes-from-plan: number of capture sizes to keep (default: as many as the "
+                                "stream plan allows, i.e. every configured size when they all fit)")
     # Also accepted after the command name (`ascendgraph run -q`); SUPPRESS keeps the global value.
     run_group.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
                            help="warnings and errors only (no progress bar)")
     run_group.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="debug logging")
     run_group.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                            help="traceback of the failure when the run fails; address checks on every replay")
+    # npugraph_ex issue: the quantised model variant and Ascend-format profiles (docs/npugraph_ex.md,
+    # docs/profiling.md).
+    extras = parser.add_argument_group("model variant and profiling")
+    extras.add_argument("--quantization", choices=("w8a8", "w8a8_dynamic"), default=None,
+                        help="W8A8-like model variant: int8 weights, activations quantised after each norm "
+                             "statically (w8a8) or per token (w8a8_dynamic); default: not quantised")
+    extras.add_argument("--profile-dir", default=None, metavar="DIR",
+                        help="profile capture and serving: op_statistic.csv, kernel_details.csv and "
+                             "trace_view.json under DIR/<host>_<pid>_<time>_ascend_pt/ASCEND_PROFILER_OUTPUT/")
 
 
-def run_command(args: argparse.Namespace) -> int:
+def run_command(args: argparse.Namespace, on_report: Optional[Callable[[Any], None]] = None) -> int:
+    """The ``run`` command; ``on_report`` (used by ``ascendgraph profile``) sees the Report."""
     from ascendgraph.engine import run  # torch is imported only when a run starts
 
     config = config_from_args(args)
+    if getattr(args, "budget", None) is not None and not getattr(args, "sizes_from_plan", False):
+        raise ConfigError("--budget needs --sizes-from-plan (it limits the sizes the plan selects)", key="budget")
+    if getattr(args, "sizes_from_plan", False):
+        from ascendgraph.plan import sizes_from_plan
+
+        selected = sizes_from_plan(config, requests=args.requests, seed=args.seed, budget=args.budget,
+                                   stream_limit=args.stream_limit, hccl_op_expansion_mode=args.hccl_op_expansion_mode)
+        emit_text(selected.describe())
+        config = selected.config
     quiet = bool(getattr(args, "quiet", False))
     verbose = bool(getattr(args, "verbose", False))
     debug = bool(getattr(args, "debug", False))
@@ -94,12 +122,16 @@ def run_command(args: argparse.Namespace) -> int:
         sim_profile=args.sim_profile,
         dtype=args.dtype,
         atol=args.atol,
+        quantization=getattr(args, "quantization", None),
+        profile_dir=getattr(args, "profile_dir", None),
         debug=debug,
         progress=(not quiet) and sys.stderr.isatty(),
         # The simulator issues many small ops: one intra-op thread is faster (and much faster
         # on a busy machine). OMP_NUM_THREADS, when set, wins.
         num_threads=None if os.environ.get("OMP_NUM_THREADS") else 1,
     )
+    if on_report is not None:
+        on_report(report)
     if debug and report.exception is not None:
         emit_text("".join(traceback.format_exception(report.exception)).rstrip())
     emit_text(report.format_text())

@@ -12,6 +12,7 @@ from ascendgraph.config import GraphConfig
 from ascendgraph.modes import AttentionGraphSupport, GraphMode
 from ascendgraph.resolve import Resolution, resolve
 from ascendgraph.sizes import DEFAULT_MAX_STREAMS
+from ascendgraph.xlite import describe_xlite
 
 __all__ = ["SCHEMA_VERSION", "explain", "resolution_to_json", "format_resolution", "format_sizes"]
 
@@ -75,6 +76,7 @@ def resolution_to_json(resolution: Resolution) -> dict[str, Any]:
         "warmups": resolution.warmups,
         "attention_split": resolution.attention_split,
         "enforce_eager": resolution.enforce_eager,
+        **({"xlite": xlite} if (xlite := describe_xlite(config)) is not None else {}),
     }
 
 
@@ -146,6 +148,14 @@ def format_resolution(resolution: Resolution) -> str:
         )
         if not plan.fits:
             lines.append(f"  largest fitting selection: {format_sizes(plan.sizes)}")
+    xlite = describe_xlite(config)
+    if xlite is not None:
+        native = "eager" if resolution.mode is GraphMode.NONE else f"ACL graphs ({resolution.mode.name}) or eager"
+        lines.append("")
+        lines.append(f"xlite: {xlite['mode']} mode, token budget {xlite['budget']} = {xlite['budget_rule']}")
+        lines.append(f"  routing per batch (native = {native}):")
+        for rule in xlite["routing"]:
+            lines.append(f"  - {rule}")
     if resolution.warnings:
         lines.append("")
         lines.append("warnings:")

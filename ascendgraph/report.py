@@ -150,7 +150,7 @@ class Report:
                 f"  sim time   graph path {graph_us / 1000:.2f} ms vs eager reference {eager_us / 1000:.2f} ms{ratio}"
             )
         for key, value in self.extensions.items():
-            lines.append(f"  {key:<10} {value}")
+            lines.extend(_extension_lines(key, value, self.extensions))
         for warning in self.warnings:
             lines.append(f"  warning    {warning}")
         if self.error:
@@ -173,6 +173,57 @@ _MODE_RULES = {
     "data_parallel_agreement",
     "capture_fallback",
 }
+
+
+def _extension_lines(key: str, value: Any, extensions: dict[str, Any]) -> list[str]:
+    """Text lines of one extension; routing (xlite) has its own wording, others print as-is."""
+    if key == "batches_by_route":
+        if "xlite" not in extensions:  # xlite off: every batch is native, nothing to say
+            return []
+        by_route = ", ".join(f"{route} {count}" for route, count in value.items())
+        return [f"  {'routes':<10} {by_route}"]
+    if key == "xlite" and isinstance(value, dict):
+        mode = "full" if value.get("full_mode") else "decode-only"
+        line = f"  {'xlite':<10} {mode} mode, token budget {value.get('budget')}"
+        if value.get("data_parallel_size", 1) > 1:
+            line += f", routed on the max over {value['data_parallel_size']} DP ranks"
+        lines = [line]
+        profile = value.get("profile_run")
+        if profile:
+            lines.append(f"  {'':<10} profile run of {profile['num_tokens']} tokens -> {profile['route']} ({profile['reason']})")
+        return lines
+    if key in _NPUGRAPH_EX_KEYS:
+        return _npugraph_ex_lines(key, value)
+    return [f"  {key:<10} {value}"]
+
+
+# npugraph_ex issue: passes, kernel stages and profiles (ascendgraph.engine._npugraph_ex_extensions).
+_NPUGRAPH_EX_KEYS = ("fused_ops", "kernels_per_step", "static_kernel", "super_kernel", "profile")
+
+
+def _npugraph_ex_lines(key: str, value: Any) -> list[str]:
+    if not isinstance(value, dict):
+        return [f"  {key:<10} {value}"]
+    if key == "fused_ops":
+        if not value:
+            return []
+        fused = ", ".join(f"{name} {count}" for name, count in value.items())
+        return [f"  {'fusion':<10} {fused} (matches replaced per pass)"]
+    if key == "kernels_per_step":
+        if value.get("graph") is None:
+            return []
+        eager = value.get("eager")
+        tail = f" vs eager reference {eager:g}" if eager is not None else ""
+        return [f"  {'kernels':<10} {value['graph']:g} per decode step on the graph path{tail}"]
+    if key == "static_kernel":
+        how = "reused" if value.get("reused") else "built"
+        return [f"  {'static':<10} {value.get('kernels')} static kernels {how} for sizes "
+                f"{_sizes_text(list(value.get('sizes') or []))} in {value.get('build_dir')}"]
+    if key == "super_kernel":
+        return [f"  {'super':<10} {value.get('super_kernels')} super kernels in {value.get('graphs')} FULL graphs"]
+    if "torch_npu" in value:
+        return [f"  {'profile':<10} {value['torch_npu']}"]
+    return [f"  {'profile':<10} {value.get('kernels')} kernels of {value.get('steps')} steps in {value.get('dir')}"]
 
 
 def _finite_or_none(value: float) -> Optional[float]:

@@ -369,6 +369,13 @@ class NpuDevice:
         """
         return profiler.npu_profile(self._npu, output_dir, **options)
 
+    def xlite_runtime(self, model: Any, spec: Any) -> Any:
+        """The adapter over the `xlite` package (`hw.xlite.NpuXliteRuntime`); DeviceUnavailable
+        naming the fix when xlite cannot be imported."""
+        from hw.xlite import NpuXliteRuntime
+
+        return NpuXliteRuntime(self, model, spec)
+
     def stats(self) -> DeviceStats:
         plan = self._plan
         return DeviceStats(

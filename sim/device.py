@@ -70,7 +70,7 @@ from sim.profiles import DEFAULT_PROFILE, SimProfile, get_profile
 from sim.recorder import EagerTracker, OpInfo, classify
 from sim.streams import SimEvent, SimExternalEvent, SimStream
 
-__all__ = ["SimDevice", "SimPoolHandle", "KernelRecord", "OPTIONS"]
+__all__ = ["SimDevice", "SimPoolHandle", "KernelRecord", "TraceSpan", "OPTIONS", "SUPER_KERNEL_OPTION_KEYS"]
 
 logger = logging.getLogger(__name__)
 
@@ -82,8 +82,16 @@ OPTIONS = {
     "poison_capture_outputs": "fill fresh capture outputs with NaN until the first replay (default True)",
     "stream_error": "'207008' (default) or 'el0009': which CANN line a stream exhaustion carries",
     "record_kernels": "keep a KernelRecord per executed task from the start (default False)",
+    "meta_tensors": "tensors live on the meta device: captures still count streams, pool bytes and "
+    "virtual time, but no memory is held and nothing computes (planning only; default False)",
 }
 STREAM_ERROR_VARIANTS = ("207008", "el0009")
+# torch_npu's NPUGraph.super_kernel_optimize(optimize_options=...) keys (2.13); accepted, not modelled.
+SUPER_KERNEL_OPTION_KEYS = frozenset({
+    "preload_code", "split_mode", "stream_fusion", "constant_codegen", "auto_op_parallel", "opt_extend",
+    "dcci_before_kernel_start", "dcci_after_kernel_end", "dcci_disable_on_kernel", "aggressive_opt_strategies",
+    "ubuf_lock_ignore_kernel", "early_start",
+})
 _NO_CONTEXT = contextlib.nullcontext()
 
 
@@ -126,6 +134,25 @@ class KernelRecord(NamedTuple):
     graph: Optional[str]
     flops: float
     bytes: float
+    block_dim: int = 0  # cores the kernel launched on (a super kernel: the largest of its parts)
+    parts: tuple = ()  # a super kernel: names of the kernels merged into it
+
+
+class TraceSpan(NamedTuple):
+    """A device activity that is not a kernel, on the virtual clock (kept while profiling).
+
+    ``kind``: "capture" (a graph recorded on its capture stream), "replay" (a graph's
+    launch to its last kernel, on the replaying stream — its kernels lie inside), "wait"
+    (a replay suspended at an ExternalEvent until the event was recorded) or
+    "task_update" (a task group's kernels re-issued on the update stream).
+    """
+
+    kind: str
+    name: str
+    stream_id: int
+    start_us: float
+    duration_us: float
+    graph: Optional[str]
 
 
 class _EagerWait:
@@ -192,7 +219,9 @@ class SimDevice:
         self._faults: Optional[FaultPlan] = None
         self.set_fault_plan(faults)
 
-        self._torch_device = torch.device("cpu")
+        # meta_tensors (planning): same shapes, strides and byte counts, no storage, no compute.
+        self.meta_tensors = bool(options.get("meta_tensors", False))
+        self._torch_device = torch.device("meta" if self.meta_tensors else "cpu")
         self._stream_ids = itertools.count(0)
         self._default = SimStream(self, next(self._stream_ids), "stream 0 (default)")
         self._streams: list[SimStream] = [self._default]
@@ -218,7 +247,10 @@ class SimDevice:
         self._device_us = 0.0
         self._capture_time_us = 0.0
         self.kernel_records: list[KernelRecord] = []
+        self.trace_spans: list[TraceSpan] = []
+        self._sessions = 0  # open profiling() sessions
         self._profiling = bool(options.get("record_kernels", False))
+        self._replay_marks: dict[int, tuple[float, Optional[float], str]] = {}  # id(run) -> (start, wait start, event)
 
     # ------------------------------------------------------------------ basics
     @property
@@ -532,6 +564,11 @@ class SimDevice:
         graph.state = CAPTURED
         graph.capture_wall_s = time.perf_counter() - capture.started
         graph.capture_time_us = self.cost.capture_us(program.num_tasks)
+        if self._profiling:
+            self.trace_spans.append(
+                TraceSpan("capture", f"capture {graph.name}", capture.stream.stream_id, self._host_us,
+                          graph.capture_time_us, graph.name)
+            )
         self._host_us += graph.capture_time_us
         self._capture_time_us += graph.capture_time_us
         self._fallback_ops += capture.fallback_ops
@@ -593,7 +630,7 @@ class SimDevice:
         assert program is not None
         graph.replays += 1
         self._replays += 1
-        self._host_us += self.cost.graph_launch_us(program.num_tasks)
+        self._host_us += self.cost.graph_launch_us(program.num_kernels)
         run = ReplayRun(graph, program)
         if term is not None and term.action is Action.HANG:
             run.waiting_on = SimExternalEvent(self, f"an injected hang at replay of {graph.name}")
@@ -626,7 +663,8 @@ class SimDevice:
                         _copy_many(target, result)
                 start = max(self._device_us, self._host_us)
                 if self._profiling:
-                    self._log_tasks(segment.tasks, start, stream.stream_id, run.graph.name)
+                    self._log_tasks(segment.kernels, start, stream.stream_id, run.graph.name)
+                    self._mark_replay(run, stream, start)
                 self._device_us = start + segment.time_us
                 index += 1
                 control = segment.control
@@ -644,9 +682,35 @@ class SimDevice:
                     event.flag = True
                     recorded.append(event)
         run.segment = index
+        if self._profiling:
+            self._end_replay_part(run, stream, finished)
         for event in recorded:
             self._wake(event)
         return finished
+
+    def _mark_replay(self, run: ReplayRun, stream: SimStream, start: float) -> None:
+        """Trace: note a replay's first kernel; close the wait a resumed replay sat in."""
+        mark = self._replay_marks.get(id(run))
+        if mark is None:
+            self._replay_marks[id(run)] = (start, None, "")
+        elif mark[1] is not None:
+            self.trace_spans.append(
+                TraceSpan("wait", f"wait {mark[2]}", stream.stream_id, mark[1], start - mark[1], run.graph.name)
+            )
+            self._replay_marks[id(run)] = (mark[0], None, "")
+
+    def _end_replay_part(self, run: ReplayRun, stream: SimStream, finished: bool) -> None:
+        mark = self._replay_marks.get(id(run))
+        if mark is None:
+            return
+        if finished:
+            del self._replay_marks[id(run)]
+            self.trace_spans.append(
+                TraceSpan("replay", f"replay {run.graph.name}", stream.stream_id, mark[0], self._device_us - mark[0],
+                          run.graph.name)
+            )
+        else:
+            self._replay_marks[id(run)] = (mark[0], self._device_us, str(run.waiting_on))
 
     def _log_tasks(self, tasks: list, start: float, stream_id: int, graph: Optional[str]) -> None:
         clock = start
@@ -656,6 +720,7 @@ class SimDevice:
                 KernelRecord(
                     task.name, task.op_type, stream_id, clock, task.duration_us, task.input_shapes,
                     task.input_dtypes, task.output_shapes, task.output_dtypes, graph, task.flops, task.bytes,
+                    task.block_dim, task.parts,
                 )
             )
             clock += task.duration_us
@@ -723,7 +788,13 @@ class SimDevice:
             raise CaptureConstraintError(TASK_UPDATE_MISMATCH.format(group=update.group.name, detail=detail))
         for record_index, (_, args, kwargs) in zip(update.group.record_indices, update.calls):
             program.replace(record_index, args, kwargs)
-        self._host_us += self.cost.params.host_launch_us * len(update.calls)
+        cost_us = self.cost.params.host_launch_us * len(update.calls)
+        if self._profiling:
+            self.trace_spans.append(
+                TraceSpan("task_update", f"update {update.group.name}", stream.stream_id, self._host_us, cost_us,
+                          update.group.graph.name)
+            )
+        self._host_us += cost_us
 
     # ------------------------------------------------------------------ memory, sync
     def _pool_bytes(self) -> int:
@@ -796,11 +867,78 @@ class SimDevice:
         session = SimProfileSession(self, output_dir, len(self.kernel_records), options)
         previous = self._profiling
         self._profiling = True
+        self._sessions += 1
         try:
             yield session
         finally:
+            self._sessions -= 1
             self._profiling = previous
             session._stop = len(self.kernel_records)
+
+    def xlite_runtime(self, model: Any, spec: Any) -> Any:
+        """The xlite stand-in (`sim.xlite.SimXliteRuntime`): the model run eagerly into a
+        hidden-state buffer of ``spec.budget`` rows; refuses batches over the budget."""
+        from sim.xlite import SimXliteRuntime
+
+        self._check_alive()
+        return SimXliteRuntime(self, model, spec)
+
+    def stream_names(self) -> dict[int, str]:
+        """Stream id -> name of every stream of the device (profile track names)."""
+        return {stream.stream_id: stream.name for stream in self._streams}
+
+    @property
+    def records_kernels(self) -> bool:
+        """Whether executed tasks are kept as KernelRecords right now."""
+        return self._profiling
+
+    def set_record_kernels(self, enabled: bool = True) -> None:
+        """Keep (or stop keeping) a KernelRecord per executed task outside profiling() too."""
+        self._profiling = bool(enabled) or self._sessions > 0
+
+    def discard_kernel_records(self) -> bool:
+        """Drop the kernel records and trace spans kept so far — unless a profiling() session
+        is open (its records are indexes into them). Returns whether they were dropped."""
+        if self._sessions:
+            return False
+        del self.kernel_records[:]
+        del self.trace_spans[:]
+        self._replay_marks.clear()
+        return True
+
+    # ------------------------------------------------------------------ static and super kernels
+    def install_static_kernels(self, kernels: Mapping[tuple, str]) -> None:
+        """Make fixed-shape kernels available (a static-kernel build: signature -> kernel id,
+        see `sim.cost.task_signature`). Graphs captured from now on run a task whose signature
+        is installed as that static kernel; earlier captures keep the kernels they had."""
+        self.cost.static_kernels.update(kernels)
+
+    @property
+    def static_kernels(self) -> dict[tuple, str]:
+        return dict(self.cost.static_kernels)
+
+    def super_kernel_optimize(self, graph: SimGraph, optimize_options: Optional[dict[str, Any]] = None) -> int:
+        """Merge each run of two or more consecutive static kernels of a captured graph into one
+        super kernel (torch_npu's ``NPUGraph.super_kernel_optimize``; only fixed-shape binaries
+        can be fused, and a graph event wait ends a run). Returns how many super kernels."""
+        self._check_alive()
+        if not isinstance(graph, SimGraph) or graph.device is not self:
+            raise ConfigError(f"{graph!r} is not a graph of this device; use device.new_graph()", key="graph")
+        if optimize_options is not None:
+            if not isinstance(optimize_options, dict):
+                raise TypeError("optimize_options param must be dict or None.")
+            for key in optimize_options:
+                if key not in SUPER_KERNEL_OPTION_KEYS:
+                    raise ValueError(f"Invalid optimize_options param key: '{key}'.")
+        if graph.state != CAPTURED or graph.program is None:
+            raise CaptureConstraintError(
+                f"super_kernel_optimize needs a captured graph; {graph.name} is {graph.state} (optimise after capture_end)"
+            )
+        from sim.cost import STATIC_KERNEL_TAG
+
+        return graph.program.merge_runs(
+            lambda task: task.op_type.endswith(STATIC_KERNEL_TAG), f"super_kernel_{graph.name.replace('#', '')}"
+        )
 
     def clock(self) -> tuple[float, float]:
         """(host clock, device clock) in virtual microseconds."""

@@ -35,7 +35,13 @@ PIP_PLATFORM = ("--platform", "manylinux_2_28_x86_64", "--python-version", "3.11
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("ASCENDGRAPH_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "ascendgraph")
+    # The per-test cache (conftest) would re-download the wheel for every test: downloads
+    # go to the persistent cache the root conftest names.
+    root = (
+        os.environ.get("ASCENDGRAPH_DOWNLOAD_CACHE_DIR")
+        or os.environ.get("ASCENDGRAPH_CACHE_DIR")
+        or os.path.join(os.path.expanduser("~"), ".cache", "ascendgraph")
+    )
     return Path(root) / "wheels"
 
 

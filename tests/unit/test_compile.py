@@ -9,14 +9,12 @@ from torch._higher_order_ops.auto_functionalize import auto_functionalized, auto
 from ascendgraph.capture import CaptureState
 from ascendgraph.compile import ATTENTION_SPLITTING_OPS, AscendGraphBackend, CompiledModel, PassManager
 from ascendgraph.compile.lowering import count_calls
-from ascendgraph.compile.pass_manager import build_passes
 from ascendgraph.config import GraphConfig
 from ascendgraph.dispatch import BatchDescriptor
 from ascendgraph.forward_context import AttentionMetadata, ForwardContext, set_forward_context
 from ascendgraph.models.build import build_model
 from ascendgraph.models.presets import PRESETS
 from ascendgraph.modes import GraphMode
-from ascendgraph.resolve import resolve
 
 ATTENTION = ATTENTION_SPLITTING_OPS[0]
 LAYERS = 2
@@ -130,17 +128,6 @@ def test_the_pass_manager_runs_each_pass_on_the_aten_graph_and_counts_matches():
         _forward(compiled, model, tokens, model.make_kv_caches(4, 16))
     assert counter.calls == 1
     assert backend.pass_manager.matches == {"count_mm": 4 * LAYERS}
-
-
-def test_no_passes_are_configured_until_the_npugraph_ex_passes_exist():
-    try:
-        import ascendgraph.compile.passes  # noqa: F401
-    except ModuleNotFoundError:
-        resolution = resolve(GraphConfig.from_vllm_args(compilation_config={"cudagraph_mode": "FULL"}))
-        assert build_passes(resolution) == []
-        assert PassManager.for_resolution(resolution).matches == {}
-    else:  # pragma: no cover - once the passes land their own tests cover the list
-        pytest.skip("ascendgraph.compile.passes provides the passes")
 
 
 def test_two_models_never_share_a_compilation():
