@@ -14,6 +14,7 @@ ORIGINAL_TORCH_DEVICE_BACKEND_AUTOLOAD = _os.environ.get("TORCH_DEVICE_BACKEND_A
 if "torch" not in _sys.modules:
     _os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 
+from ascendgraph.api import explain, run
 from ascendgraph.config import GraphConfig
 from ascendgraph.dispatch import BatchDescriptor, GraphDispatcher
 from ascendgraph.errors import (
@@ -39,11 +40,7 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
-    # The engine imports torch; load it only when asked, so `explain` starts fast.
-    if name == "run":
-        from ascendgraph.engine import run
-
-        return run
+    # The report module imports nothing heavy, but keep the package import minimal.
     if name == "Report":
         from ascendgraph.report import Report
 
@@ -77,6 +74,7 @@ __all__ = [
     "resolve",
     "rewrite_capture_error",
     "select_sizes",
+    "explain",
     "run",
     "Report",
     "__version__",

@@ -166,7 +166,7 @@ def _add_explain_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_explain(args: argparse.Namespace) -> int:
-    from ascendgraph.explain import format_resolution, resolution_to_json
+    from ascendgraph.explanation import format_resolution, resolution_to_json
     from ascendgraph.resolve import resolve
     from ascendgraph.sizes import DEFAULT_MAX_STREAMS
 

@@ -876,7 +876,7 @@ def diagnosis_to_json(diagnosis: Diagnosis) -> dict[str, Any]:
 
 
 def _sizes_text(sizes: Sequence[int], limit: int = 24) -> str:
-    from ascendgraph.explain import format_sizes
+    from ascendgraph.explanation import format_sizes
 
     return format_sizes(list(sizes), limit=limit)
 

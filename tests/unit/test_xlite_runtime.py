@@ -13,7 +13,8 @@ from ascendgraph import GraphConfig
 from ascendgraph.cli import main
 from ascendgraph.dispatch import BatchDescriptor
 from ascendgraph.errors import DeviceUnavailable
-from ascendgraph.explain import explain, format_resolution, resolution_to_json
+from ascendgraph import explain
+from ascendgraph.explanation import format_resolution, resolution_to_json
 from ascendgraph.forward_context import AttentionMetadata, ForwardContext, set_forward_context
 from ascendgraph.models.build import build_model
 from ascendgraph.models.presets import PRESETS

@@ -1,44 +1,20 @@
-"""`ascendgraph explain`: resolve a configuration and present the result (text or JSON).
+"""How `ascendgraph explain` presents a Resolution: readable text, or JSON.
 
-`explain()` is the Python API (the same object the CLI prints); `resolution_to_json` and
-`format_resolution` are the two renderings. JSON carries ``"schema_version": 1``.
+`resolution_to_json` and `format_resolution` are the two renderings of the object
+`ascendgraph.explain()` returns (see `ascendgraph.api`). JSON carries ``"schema_version": 1``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from typing import Any
 
-from ascendgraph.config import GraphConfig
 from ascendgraph.modes import AttentionGraphSupport, GraphMode
-from ascendgraph.resolve import Resolution, resolve
-from ascendgraph.sizes import DEFAULT_MAX_STREAMS
+from ascendgraph.resolve import Resolution
 from ascendgraph.xlite import describe_xlite
 
-__all__ = ["SCHEMA_VERSION", "explain", "resolution_to_json", "format_resolution", "format_sizes"]
+__all__ = ["SCHEMA_VERSION", "resolution_to_json", "format_resolution", "format_sizes"]
 
 SCHEMA_VERSION = 1
-
-
-def explain(
-    config: Optional[GraphConfig | Mapping[str, Any]] = None,
-    *,
-    env: Optional[Mapping[str, str]] = None,
-    stream_limit: int = DEFAULT_MAX_STREAMS,
-    hccl_op_expansion_mode: Optional[str] = None,
-    **vllm_args: Any,
-) -> Resolution:
-    """Resolve a config (a GraphConfig, or vLLM-style arguments) and return the Resolution.
-
-    >>> explain(compilation_config={"cudagraph_mode": "FULL"}, attention_backend="mla").mode.name
-    'FULL_DECODE_ONLY'
-    """
-    if config is None:
-        config = GraphConfig.from_vllm_args(**vllm_args)
-    elif isinstance(config, Mapping):
-        config = GraphConfig.from_vllm_args(**dict(config), **vllm_args)
-    elif vllm_args:
-        raise TypeError("pass either a GraphConfig or vLLM-style keyword arguments, not both")
-    return resolve(config, env=env, stream_limit=stream_limit, hccl_op_expansion_mode=hccl_op_expansion_mode)
 
 
 def _stream_plan_json(resolution: Resolution) -> dict[str, Any]:
