@@ -212,7 +212,7 @@ class GraphConfig:
             if key not in _ENGINE_KEYS:
                 raise ConfigError(_unknown_key_message("engine argument", key, _ENGINE_KEYS), key=key)
             values[key] = value
-        spec = _model_spec(model)
+        spec = model_spec_from(model)  # checks every field itself: a bad one is a ConfigError naming it
         if layers_override is not None:
             spec = spec.with_layers(layers_override)
         values["model"] = spec
@@ -222,22 +222,6 @@ class GraphConfig:
             values["attention_backend"] = values["attention_backend"].strip().lower()
         values["parse_warnings"] = tuple(warnings)
         return cls(**values)
-
-
-def _model_spec(model: Any) -> ModelSpec:
-    """`model_spec_from`, with a config.json field of the wrong type reported as a ConfigError
-    (its int()/float() conversions would raise TypeError / ValueError / OverflowError)."""
-    try:
-        return model_spec_from(model)
-    except ConfigError:
-        raise
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise ConfigError(
-            f"model: a field of the model description has the wrong type or value ({exc}); the numeric "
-            "fields of a config.json (head_dim, num_experts, max_position_embeddings, rope_theta, ...) "
-            "must be finite numbers",
-            key="model",
-        ) from None
 
 
 # Engine arguments accepted by from_vllm_args (vLLM spellings), besides those handled above.
@@ -290,7 +274,7 @@ def _parse_level(value: Any) -> int:
         text = value.strip().upper()
         if text.startswith("O"):
             text = text[1:]
-        if text.isdigit():
+        if text.isascii() and text.isdigit():
             value = int(text)
     if isinstance(value, bool) or not isinstance(value, int) or value not in OPTIMIZATION_LEVELS:
         raise ConfigError(

@@ -4,10 +4,12 @@ Prints, and writes to ``bench/results.json`` (atomically; ``--out`` elsewhere):
 
 1. **replay vs eager per mode on tiny** (`bench_engine.bench_mode`): host CPU time of the
    graph path (dispatch, replay, FULL-graph parameter update, synchronise) over the eager
-   reference's on the same batches, and the simulated device-time ratio graph / eager;
+   reference's on the same batches, and the simulated device-time ratio graph / eager
+   (after `bench_engine.warm_up_process`, so one-time process costs are not timed);
 2. **simulator op-level replay vs eager** (`bench_sim.build` / `interleaved_us`): one
    decoder-block op sequence, replayed vs issued eagerly, per batch size;
-3. **capture time for all default sizes of tiny** (`bench_engine.bench_capture`);
+3. **capture time for all default sizes of tiny** (`bench_engine.bench_capture`; ``--quick``
+   passes it a one-layer configuration);
 4. **padding waste** workload-aware / even sampling at equal budget on three workloads
    (`bench_plan.bench_padding`: decode-heavy, mixed, bursty; in-sample and held-out);
 5. **test-suite wall time**: the default suite (`pytest -n auto`) in a subprocess
@@ -107,11 +109,13 @@ def section_sim(batches: Sequence[int], repeats: int) -> dict[str, Any]:
 
 
 def section_capture(seed: int, quick: bool) -> dict[str, Any]:
-    if quick:
-        result = _capture_quick(seed)
-    else:
-        from bench.bench_engine import bench_capture
+    from ascendgraph.config import GraphConfig
+    from bench.bench_engine import bench_capture
 
+    if quick:  # the smoke version: tiny with one layer, few sizes
+        result = bench_capture(seed, GraphConfig.from_vllm_args(num_layers=1, max_num_seqs=8))
+        result["model"] = "tiny (1 layer, max_num_seqs 8; quick)"
+    else:
         result = bench_capture(seed)
         result["model"] = "tiny (4 layers)"
     print(f"\n3. capture, all default sizes of {result['model']} ({result['mode']}): {result['capture_sizes']} sizes, "
@@ -119,29 +123,6 @@ def section_capture(seed: int, quick: bool) -> dict[str, Any]:
           f"({result['seconds_per_graph'] * 1e3:.1f} ms/graph); compile {result['compile_seconds']:.2f} s; "
           f"pool {result['pool_bytes'] / 2**20:.1f} MiB")
     return result
-
-
-def _capture_quick(seed: int) -> dict[str, Any]:
-    """The smoke version of bench_engine.bench_capture: tiny with one layer, few sizes."""
-    from ascendgraph.config import GraphConfig
-    from ascendgraph.engine import Engine, EngineOptions
-
-    config = GraphConfig.from_vllm_args(num_layers=1, max_num_seqs=8)
-    engine = Engine(config, EngineOptions(device="sim", requests=1, seed=seed, progress=False))
-    try:
-        start = time.perf_counter()
-        engine.compile()
-        compile_s = time.perf_counter() - start
-        engine.capture()
-        stats = engine.device.stats()
-        graphs = engine.capture_state.graphs_captured
-        return {"model": "tiny (1 layer, max_num_seqs 8; quick)", "mode": engine.mode.name,
-                "capture_sizes": len(engine.resolution.capture_sizes), "graphs": graphs,
-                "compile_seconds": compile_s, "capture_seconds": engine.capture_seconds,
-                "seconds_per_graph": engine.capture_seconds / max(graphs, 1), "pool_bytes": stats.pool_bytes,
-                "streams_in_use": stats.streams_in_use}
-    finally:
-        engine.close()
 
 
 def section_padding(budget: int, requests: int, seed: int) -> dict[str, Any]:

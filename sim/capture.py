@@ -11,7 +11,9 @@ A task group names a run of records. A task `Update` collects the ops re-issued 
 task_update_begin and task_update_end (they do not run) and, if they match the group op
 for op, the group's program entries take their arguments.
 
-Kernels. A segment's ``tasks`` are one per recorded op; its ``kernels`` are what the
+Kernels. A segment's ``tasks`` are one per recorded op (aliases, host-side checks and
+allocations are never recorded: they launch no kernel, see `sim.recorder`; an allocation
+still takes its bytes from the graph pool); its ``kernels`` are what the
 device launches and the profiler sees — the tasks themselves, unless a super-kernel
 optimisation merged runs of them (`Program.merge_runs`): the calls still run one by one
 (the results are the same), the clock and the kernel log see one kernel per run.
@@ -31,6 +33,8 @@ from ascendgraph.errors import HOST_SYNC_DURING_CAPTURE, TASK_UPDATE_MISMATCH, C
 from sim.cost import CostModel, TaskInfo, super_kernel_task
 from sim.recorder import (
     ALIAS,
+    ALLOC,
+    HOST,
     OP,
     RNG,
     CaptureRecorder,
@@ -226,8 +230,10 @@ class Capture:
         kind = info.kind
         if kind == OP:
             return self._record(info, args, kwargs)
-        if kind == ALIAS:
+        if kind == ALIAS or kind == HOST:
             return func(*args, **kwargs)
+        if kind == ALLOC:
+            return self._allocate_only(info, args, kwargs)
         if kind == RNG and (self.allow_rng or not draws_random(info, args, kwargs)):
             return self._record(info, args, kwargs)
         raise reject(kind, func, self.graph.name)
@@ -240,6 +246,13 @@ class Capture:
             real.fill_(math.nan)
         self.fresh_bytes += real.untyped_storage().nbytes()
         return real
+
+    def _allocate_only(self, info: OpInfo, args: tuple, kwargs: dict) -> Any:
+        """An allocation: fresh pool memory (counted, poisoned), no task recorded."""
+        made = materialize(info, args, kwargs, self._allocate)
+        if made is None:
+            return self._record_executed(info, args, kwargs)
+        return made[0]
 
     def _record(self, info: OpInfo, args: tuple, kwargs: dict) -> Any:
         made = materialize(info, args, kwargs, self._allocate)
@@ -295,8 +308,11 @@ class Update:
 
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
         info = self.device._op_info(func)
-        if info.kind == ALIAS:
+        if info.kind == ALIAS or info.kind == HOST:
             return func(*args, **kwargs)
+        if info.kind == ALLOC:  # scratch memory of the update: not a re-issued task
+            made = materialize(info, args, kwargs, self._allocate)
+            return func(*args, **kwargs) if made is None else made[0]
         if info.kind not in (OP, RNG):
             raise reject(info.kind, func, self.group.graph.name)
         self.calls.append((func, args, dict(kwargs)))

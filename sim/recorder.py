@@ -19,12 +19,24 @@ RNG                ``Tag.nondeterministic_seeded`` drawing numbers: rejected unl
 alias              view ops (``func.is_view``) and the aliasing ops that are not annotated
                    as views (``_unsafe_view``, ``unsafe_split``...): run now (they only
                    make aliases), never replayed
+host work          (`NO_KERNEL_OPS`) host-side checks of symbolic sizes
+                   (``_assert_scalar``, ``sym_constrain_range``...): run now, never replayed
+allocation         (`NO_KERNEL_OPS`) ``empty`` / ``empty_like`` / ``empty_strided`` /
+                   ``new_empty``...: a fresh block of the graph pool (counted in pool
+                   bytes, NaN-poisoned), never replayed
 op                 everything else: *not run*. Its outputs are computed on the meta device,
                    fresh outputs are allocated from the graph pool (NaN-poisoned, as the
                    device's memory is uninitialised) and the call is appended to the
                    recording with its arguments — the captured tensors and the host values
                    of that moment
 =================  ====================================================================
+
+Kernels. Only *op* (and recorded RNG) calls are device kernels: they are what a replay
+runs, what the clock prices, what the graph launch cost counts and what the kernel log
+(KernelRecord) lists. Aliases, host work and allocations launch nothing on an NPU, so
+they are never kernels — eagerly (`EagerTracker`) or in a graph (`launches_kernel`).
+``zeros`` / ``full`` / ``ones`` are not pure allocations: the device fills the memory
+with a kernel, so they stay ops.
 
 Capture does not execute work, like the device: a capture call's outputs are garbage
 until the first replay, and in-place updates issued during capture have not happened
@@ -63,6 +75,10 @@ __all__ = [
     "DYNAMIC_SHAPE",
     "METADATA_CHANGE",
     "RNG",
+    "HOST",
+    "ALLOC",
+    "NO_KERNEL_OPS",
+    "launches_kernel",
     "OpInfo",
     "classify",
     "to_meta",
@@ -74,7 +90,27 @@ __all__ = [
 
 aten = torch.ops.aten
 
-OP, ALIAS, HOST_SYNC, DYNAMIC_SHAPE, METADATA_CHANGE, RNG = range(6)
+OP, ALIAS, HOST_SYNC, DYNAMIC_SHAPE, METADATA_CHANGE, RNG, HOST, ALLOC = range(8)
+
+# Ops that launch no kernel on an NPU: schema name -> (class, reason). Their out= overloads
+# (mutable) are not in the table: they write into an argument and stay ops.
+NO_KERNEL_OPS: dict[str, tuple[int, str]] = {
+    "aten::_assert_scalar": (HOST, "a host-side check of a symbolic size (Dynamo's asserts on unbacked sizes)"),
+    "aten::_functional_assert_scalar": (HOST, "a host-side check of a symbolic size (functionalised)"),
+    "aten::sym_constrain_range": (HOST, "a host-side range constraint on a symbolic size"),
+    "aten::sym_constrain_range_for_size": (HOST, "a host-side range constraint on a symbolic size"),
+    "aten::_functional_sym_constrain_range": (HOST, "a host-side range constraint (functionalised)"),
+    "aten::_functional_sym_constrain_range_for_size": (HOST, "a host-side range constraint (functionalised)"),
+    "aten::_assert_tensor_metadata": (HOST, "a host-side check of a tensor's sizes, strides and dtype"),
+    "aten::empty": (ALLOC, "an allocation from the caching allocator / graph pool, no kernel"),
+    "aten::empty_like": (ALLOC, "an allocation from the caching allocator / graph pool, no kernel"),
+    "aten::empty_strided": (ALLOC, "an allocation from the caching allocator / graph pool, no kernel"),
+    "aten::empty_permuted": (ALLOC, "an allocation from the caching allocator / graph pool, no kernel"),
+    "aten::new_empty": (ALLOC, "an allocation from the caching allocator / graph pool, no kernel"),
+    "aten::new_empty_strided": (ALLOC, "an allocation from the caching allocator / graph pool, no kernel"),
+}
+# Classes that never launch a kernel (no task, no device time, no launch cost, no record).
+_NO_KERNEL_KINDS = frozenset({ALIAS, HOST, ALLOC})
 
 _HOST_SYNC_OPS = frozenset({aten._local_scalar_dense.default, aten.item.default, aten.equal.default})
 _METADATA_OPS = frozenset(
@@ -97,12 +133,13 @@ _HOST_SYNC_HINTS = {
 class OpInfo:
     """How capture treats one OpOverload (see the module table)."""
 
-    __slots__ = ("func", "kind", "return_alias", "arg_names", "arg_defaults", "mutating")
+    __slots__ = ("func", "kind", "return_alias", "arg_names", "arg_defaults", "mutating", "launches_kernel")
 
     def __init__(self, func: Any, kind: int) -> None:
         schema = func._schema
         self.func = func
         self.kind = kind
+        self.launches_kernel = launches_kernel(kind)
         self.mutating = bool(schema.is_mutable)
         self.arg_names = tuple(a.name for a in schema.arguments)
         self.arg_defaults = tuple(a.default_value if a.has_default_value() else None for a in schema.arguments)
@@ -128,10 +165,26 @@ class OpInfo:
         return kwargs.get(self.arg_names[index], self.arg_defaults[index])
 
 
+def launches_kernel(kind: int) -> bool:
+    """Whether an op of this class is a device kernel (aliases, host work and allocations are not)."""
+    return kind not in _NO_KERNEL_KINDS
+
+
+def _no_kernel_kind(func: Any) -> Optional[int]:
+    schema = func._schema
+    if schema.is_mutable:
+        return None
+    entry = NO_KERNEL_OPS.get(schema.name)
+    return entry[0] if entry is not None else None
+
+
 def classify(func: Any) -> OpInfo:
     """The capture class of an OpOverload (pure; the device caches it)."""
     tags = func.tags
-    if func in _HOST_SYNC_OPS or torch.Tag.data_dependent_output in tags:
+    no_kernel = _no_kernel_kind(func)
+    if no_kernel is not None:
+        kind = no_kernel
+    elif func in _HOST_SYNC_OPS or torch.Tag.data_dependent_output in tags:
         kind = HOST_SYNC
     elif torch.Tag.dynamic_output_shape in tags:
         kind = DYNAMIC_SHAPE
@@ -234,7 +287,8 @@ class UpdateCollector(_Mode):
 
 
 class EagerTracker(_Mode):
-    """Charges eager ops to the virtual clock (and the kernel log when profiling)."""
+    """Charges eager kernels to the virtual clock (and the kernel log when profiling);
+    aliases, host work and allocations run free (they launch no kernel)."""
 
     def __init__(self, device: "SimDevice") -> None:
         super().__init__()
@@ -242,7 +296,7 @@ class EagerTracker(_Mode):
 
     def handle(self, func: Any, args: Any, kwargs: dict) -> Any:
         out = func(*args, **kwargs)
-        if not func.is_view and func not in _UNANNOTATED_ALIAS_OPS:
+        if self.device._op_info(func).launches_kernel:
             self.device._charge_eager(func, args, kwargs, out)
         return out
 

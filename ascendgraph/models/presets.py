@@ -7,8 +7,9 @@ them); the engine builds real modules from a `ModelSpec` in `ascendgraph.models.
 from __future__ import annotations
 
 import json
+import math
 import os
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Optional
 
 from ascendgraph.errors import ConfigError
@@ -125,11 +126,47 @@ def _int_field(raw: Mapping[str, Any], key: str, source: str, default: Optional[
     return value
 
 
+def _optional_int_field(
+    raw: Mapping[str, Any], keys: tuple[str, ...], source: str, *, default: int, minimum: int
+) -> int:
+    """The first of ``keys`` present and not null: an integer >= ``minimum``; ``default`` when none is."""
+    for key in keys:
+        value = raw.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ConfigError(f"{source}: {key} must be an integer >= {minimum}, got {value!r}", key=key)
+        return value
+    return default
+
+
+def _positive_number_field(raw: Mapping[str, Any], keys: tuple[str, ...], source: str, *, default: float) -> float:
+    """The first of ``keys`` present and not null: a finite number > 0; ``default`` when none is."""
+    for key in keys:
+        value = raw.get(key)
+        if value is None:
+            continue
+        number: Optional[float] = None
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            try:
+                number = float(value)
+            except OverflowError:  # an integer too large for a float
+                number = None
+        if number is None or not math.isfinite(number) or number <= 0:
+            raise ConfigError(f"{source}: {key} must be a finite number > 0, got {value!r}", key=key)
+        return number
+    return default
+
+
+# Aliases Hugging Face configs use for the same field (first present wins).
+_EPS_KEYS = ("rms_norm_eps", "layer_norm_epsilon")
+_EXPERT_KEYS = ("num_experts", "n_routed_experts", "num_local_experts")
+
+
 def spec_from_hf_config(raw: Mapping[str, Any], *, source: str = "model config") -> ModelSpec:
     """Build a ModelSpec from a Hugging Face config.json dictionary (or our own field names)."""
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{source}: expected a JSON object, got {type(raw).__name__}", key="model")
-    own = {f.name for f in fields(ModelSpec)}
     archs = raw.get("architectures")
     architecture = raw.get("architecture")
     if architecture is None:
@@ -150,14 +187,27 @@ def spec_from_hf_config(raw: Mapping[str, Any], *, source: str = "model config")
     hidden = _int_field(raw, "hidden_size", source)
     heads = _int_field(raw, "num_attention_heads", source)
     kv_heads = _int_field(raw, "num_key_value_heads", source, default=heads)
-    head_dim = raw.get("head_dim") or hidden // heads
+    head_dim = _optional_int_field(raw, ("head_dim",), source, default=hidden // heads, minimum=1)
+    if head_dim < 1:  # derived: hidden_size < num_attention_heads
+        raise ConfigError(
+            f"{source}: head_dim = hidden_size // num_attention_heads = {hidden} // {heads} = {head_dim}; "
+            "give head_dim (an integer >= 1) or a hidden_size of at least num_attention_heads",
+            key="head_dim",
+        )
     intermediate = _int_field(raw, "intermediate_size", source, default=4 * hidden)
     vocab = _int_field(raw, "vocab_size", source)
-    eps = raw.get("rms_norm_eps", raw.get("layer_norm_epsilon", 1e-6))
-    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or eps <= 0:
-        raise ConfigError(f"{source}: rms_norm_eps must be a positive number, got {eps!r}", key="rms_norm_eps")
-    experts = raw.get("num_experts") or raw.get("n_routed_experts") or raw.get("num_local_experts") or 0
-    kv_lora_rank = raw.get("kv_lora_rank") or 0
+    eps = _positive_number_field(raw, _EPS_KEYS, source, default=1e-6)
+    experts = _optional_int_field(raw, _EXPERT_KEYS, source, default=0, minimum=0)
+    experts_per_tok = _optional_int_field(raw, ("num_experts_per_tok",), source, default=0, minimum=0)
+    if experts and experts_per_tok > experts:
+        raise ConfigError(
+            f"{source}: num_experts_per_tok must be at most the number of experts ({experts}), got {experts_per_tok}",
+            key="num_experts_per_tok",
+        )
+    kv_lora_rank = _optional_int_field(raw, ("kv_lora_rank",), source, default=0, minimum=0)
+    qk_rope_head_dim = _optional_int_field(raw, ("qk_rope_head_dim",), source, default=0, minimum=0)
+    max_positions = _optional_int_field(raw, ("max_position_embeddings",), source, default=4096, minimum=1)
+    rope_theta = _positive_number_field(raw, ("rope_theta",), source, default=1_000_000.0)
     is_mla = bool(kv_lora_rank) or raw.get("attention") == "mla"
     spec = ModelSpec(
         name=str(raw.get("name") or raw.get("_name_or_path") or architecture),
@@ -166,23 +216,22 @@ def spec_from_hf_config(raw: Mapping[str, Any], *, source: str = "model config")
         hidden_size=hidden,
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
-        head_dim=int(head_dim),
+        head_dim=head_dim,
         intermediate_size=intermediate,
         vocab_size=vocab,
-        rms_norm_eps=float(eps),
+        rms_norm_eps=eps,
         qk_norm=bool(raw.get("qk_norm", architecture.startswith("Qwen3"))),
         attention="mla" if is_mla else "mha",
-        kv_lora_rank=int(kv_lora_rank),
-        qk_rope_head_dim=int(raw.get("qk_rope_head_dim") or 0),
+        kv_lora_rank=kv_lora_rank,
+        qk_rope_head_dim=qk_rope_head_dim,
         is_moe=bool(raw.get("is_moe", bool(experts))),
-        num_experts=int(experts),
-        num_experts_per_tok=int(raw.get("num_experts_per_tok") or 0),
+        num_experts=experts,
+        num_experts_per_tok=experts_per_tok,
         is_encoder_decoder=bool(raw.get("is_encoder_decoder", architecture in _ENCODER_DECODER_ARCHS)),
         is_pooling=bool(raw.get("is_pooling", architecture.endswith(_POOLING_SUFFIXES))),
-        max_position_embeddings=int(raw.get("max_position_embeddings") or 4096),
-        rope_theta=float(raw.get("rope_theta") or 1_000_000.0),
+        max_position_embeddings=max_positions,
+        rope_theta=rope_theta,
     )
-    del own
     return spec
 
 

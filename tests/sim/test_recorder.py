@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import sim  # noqa: F401
-from sim.recorder import ALIAS, DYNAMIC_SHAPE, HOST_SYNC, METADATA_CHANGE, OP, RNG, classify, draws_random
+from sim.recorder import ALIAS, ALLOC, DYNAMIC_SHAPE, HOST, HOST_SYNC, METADATA_CHANGE, OP, RNG, classify, draws_random
 
 aten = torch.ops.aten
 
@@ -18,7 +18,14 @@ aten = torch.ops.aten
         (aten.add_.Tensor, OP),
         (aten.copy_.default, OP),
         (aten.mm.out, OP),
-        (aten.empty.memory_format, OP),
+        (aten.empty.memory_format, ALLOC),
+        (aten.empty.out, OP),
+        (aten.empty_like.default, ALLOC),
+        (aten.empty_strided.default, ALLOC),
+        (aten.new_empty.default, ALLOC),
+        (aten._assert_scalar.default, HOST),
+        (aten.sym_constrain_range_for_size.default, HOST),
+        (aten.zeros.default, OP),
         (torch.ops.ascendgraph.paged_attention.default, OP),
         (aten.view.default, ALIAS),
         (aten.transpose.int, ALIAS),
@@ -79,3 +86,55 @@ def test_an_op_without_a_meta_kernel_runs_at_capture_and_is_counted(sim_device):
     x.fill_(5)
     graph.replay()
     assert torch.equal(out, torch.full((3,), 10.0))
+
+
+# ----------------------------------------------------------------- ops that launch no kernel
+
+
+def test_an_allocation_in_capture_takes_pool_bytes_but_records_no_kernel(sim_device):
+    x = torch.randn(4, 8)
+    graph = sim_device.new_graph()
+    with sim_device.graph(graph):
+        buffer = torch.empty(4, 8)  # an allocation: pool memory, no kernel
+        like = torch.empty_like(x)
+        buffer.copy_(x * 2)
+        like.copy_(x + 1)
+    assert graph.recorded_ops() == ["aten.mul.Tensor", "aten.copy_.default", "aten.add.Tensor", "aten.copy_.default"]
+    assert graph.num_tasks == graph.program.num_kernels == 4
+    assert graph.pool_bytes == 4 * (4 * 8 * 4), "two allocations + the two temporaries of mul and add"
+    sim_device.set_record_kernels(True)
+    graph.replay()
+    sim_device.synchronize()
+    assert [r.name for r in sim_device.kernel_records] == graph.recorded_ops()
+    assert torch.equal(buffer, x * 2) and torch.equal(like, x + 1)
+
+
+def test_a_host_assert_runs_at_capture_and_is_never_replayed(sim_device):
+    x = torch.randn(3)
+    graph = sim_device.new_graph()
+    with sim_device.graph(graph):
+        torch.ops.aten._assert_scalar(True, "num_tokens >= 0")
+        y = x * 3
+    assert graph.recorded_ops() == ["aten.mul.Tensor"]
+    other = sim_device.new_graph()
+    with pytest.raises(RuntimeError, match="num_tokens >= 0"):
+        with sim_device.graph(other):
+            torch.ops.aten._assert_scalar(False, "num_tokens >= 0")
+    assert other.state == "idle" and other.num_tasks == 0
+    graph.replay()
+    sim_device.synchronize()
+    assert torch.equal(y, x * 3)
+
+
+def test_eager_allocations_and_asserts_cost_nothing_and_leave_no_kernel_record(sim_device):
+    sim_device.set_record_kernels(True)
+    with sim_device.track_eager():
+        before = sim_device.clock()
+        out = torch.empty(2, 4)
+        torch.empty_like(out)
+        torch.empty_strided((2, 4), (4, 1))
+        torch.ops.aten._assert_scalar(True, "num_tokens >= 0")
+        assert sim_device.clock() == before and sim_device.kernel_records == []
+        torch.zeros(2, 4)  # a fill: the device runs a kernel for it
+    assert [r.name for r in sim_device.kernel_records] == ["aten.zeros.default"]
+    assert sim_device.clock()[0] > before[0]

@@ -29,6 +29,8 @@ def test_quick_bench_writes_results_json_with_every_section(tmp_path, capsys):
     assert [row["batch"] for row in results["sim_replay_vs_eager"]["batches"]] == [1, 8]
     capture = results["capture"]
     assert capture["graphs"] > 0 and capture["capture_sizes"] > 0 and capture["pool_bytes"] > 0
+    # --quick hands bench_capture its own small configuration (not the default 35 sizes of tiny)
+    assert capture["model"] == "tiny (1 layer, max_num_seqs 8; quick)" and capture["capture_sizes"] < 35
     padding = results["padding_waste"]
     assert set(padding["workloads"]) == {"decode-heavy", "mixed", "bursty"}
     for row in padding["workloads"].values():

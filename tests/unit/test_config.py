@@ -92,6 +92,7 @@ def test_sub_config_values_must_be_booleans():
     (dict(compilation_config={"cudagraph_mode": "FAST"}), "invalid cudagraph_mode 'FAST'"),
     (dict(max_num_seqs=10**9), "larger than ascendgraph supports"),
     (dict(optimization_level=7), "optimization_level must be 0, 1, 2 or 3"),
+    (dict(optimization_level="\u00b9"), "optimization_level must be 0, 1, 2 or 3"),  # '¹'.isdigit() is True
     (dict(model="no-such-model"), "unknown model 'no-such-model'"),
     (dict(num_layers=0), "num_layers must be an integer >= 1"),
 ])
@@ -149,3 +150,84 @@ def test_the_natural_backend_follows_the_model():
     assert GraphConfig.from_vllm_args(model="tiny-mla").effective_attention_backend == "mla"
     assert GraphConfig.from_vllm_args(model="tiny").effective_attention_backend == "ascend"
     assert GraphConfig.from_vllm_args(model="tiny-mla", attention_backend="ascend").effective_attention_backend == "ascend"
+
+
+# --------------------------------------------------------------------------- config.json numeric fields
+
+_QWEN3 = {"architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": 2, "hidden_size": 512,
+          "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 1024, "vocab_size": 2048}
+_MOE = {**_QWEN3, "architectures": ["Qwen3MoeForCausalLM"], "num_experts": 8, "num_experts_per_tok": 2}
+_MLA = {**_QWEN3, "architectures": ["DeepseekV3ForCausalLM"], "kv_lora_rank": 256, "qk_rope_head_dim": 64}
+
+
+@pytest.mark.parametrize(
+    "base, field, value",
+    [
+        (_QWEN3, "head_dim", 0),
+        (_QWEN3, "head_dim", -64),
+        (_QWEN3, "head_dim", 64.0),
+        (_QWEN3, "head_dim", "128"),
+        (_QWEN3, "head_dim", True),
+        (_QWEN3, "rope_theta", 0),
+        (_QWEN3, "rope_theta", -1.0),
+        (_QWEN3, "rope_theta", float("nan")),
+        (_QWEN3, "rope_theta", float("inf")),
+        (_QWEN3, "rope_theta", 10**400),
+        (_QWEN3, "rope_theta", "1e6"),
+        (_QWEN3, "rope_theta", [1e6]),
+        (_QWEN3, "max_position_embeddings", 0),
+        (_QWEN3, "max_position_embeddings", 4096.5),
+        (_QWEN3, "max_position_embeddings", "4096"),
+        (_MOE, "num_experts", -1),
+        (_MOE, "num_experts", 8.0),
+        (_QWEN3, "n_routed_experts", "64"),
+        (_QWEN3, "num_local_experts", -8),
+        (_MOE, "num_experts_per_tok", -1),
+        (_MOE, "num_experts_per_tok", {"k": 2}),
+        (_MOE, "num_experts_per_tok", 9),  # more experts per token than the model has
+        (_MLA, "kv_lora_rank", -1),
+        (_MLA, "kv_lora_rank", "256"),
+        (_MLA, "qk_rope_head_dim", -64),
+        (_MLA, "qk_rope_head_dim", 64.0),
+        (_QWEN3, "rms_norm_eps", 0),
+        (_QWEN3, "rms_norm_eps", -1e-6),
+        (_QWEN3, "rms_norm_eps", float("nan")),
+        (_QWEN3, "rms_norm_eps", float("inf")),
+        (_QWEN3, "rms_norm_eps", 10**400),
+        (_QWEN3, "rms_norm_eps", "1e-6"),
+        (_QWEN3, "rms_norm_eps", False),
+        (_QWEN3, "layer_norm_epsilon", 0.0),
+    ],
+)
+def test_a_bad_numeric_model_field_is_a_config_error_naming_the_field_and_the_value(base, field, value):
+    raw = {**base, field: value}
+    for build in (lambda: model_spec_from(raw), lambda: GraphConfig.from_vllm_args(model=raw)):
+        with pytest.raises(ConfigError) as info:
+            build()
+        assert info.value.key == field
+        message = str(info.value)
+        assert f"{field} must be" in message and f"got {value!r}" in message, message
+
+
+@pytest.mark.parametrize(
+    "base, extra, expected",
+    [
+        (_QWEN3, {}, {"head_dim": 128, "rope_theta": 1e6, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6}),
+        (_QWEN3, {"head_dim": None, "rope_theta": None}, {"head_dim": 128, "rope_theta": 1e6}),  # null: the default
+        (_QWEN3, {"head_dim": 64, "rope_theta": 10000, "max_position_embeddings": 32768, "layer_norm_epsilon": 1e-5},
+         {"head_dim": 64, "rope_theta": 10000.0, "max_position_embeddings": 32768, "rms_norm_eps": 1e-5}),
+        (_MOE, {}, {"is_moe": True, "num_experts": 8, "num_experts_per_tok": 2}),
+        ({**_QWEN3, "n_routed_experts": 64, "num_experts_per_tok": 8}, {}, {"num_experts": 64, "num_experts_per_tok": 8}),
+        (_MLA, {}, {"attention": "mla", "kv_lora_rank": 256, "qk_rope_head_dim": 64}),
+        (_QWEN3, {"kv_lora_rank": 0, "num_experts": 0}, {"attention": "mha", "is_moe": False}),
+    ],
+)
+def test_numeric_model_fields_take_their_value_or_the_default(base, extra, expected):
+    spec = model_spec_from({**base, **extra})
+    assert {name: getattr(spec, name) for name in expected} == expected
+
+
+def test_a_head_dim_derived_as_zero_names_head_dim_and_the_fix():
+    with pytest.raises(ConfigError, match=r"head_dim = hidden_size // num_attention_heads = 2 // 4 = 0") as info:
+        model_spec_from({**_QWEN3, "hidden_size": 2})
+    assert info.value.key == "head_dim"

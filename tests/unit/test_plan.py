@@ -16,7 +16,6 @@ from ascendgraph.cli import main
 from ascendgraph.config import GraphConfig
 from ascendgraph.errors import ConfigError
 from ascendgraph.plan import (
-    _interpolate,
     default_budget,
     file_workload,
     generated_workload,
@@ -26,6 +25,7 @@ from ascendgraph.plan import (
     stream_failure,
 )
 from ascendgraph.modes import GraphMode
+from ascendgraph.plan_measure import interpolate
 from ascendgraph.resolve import resolve
 from ascendgraph.sizes import pad_num_tokens, sample_sizes, select_sizes
 
@@ -270,7 +270,7 @@ def test_plot_draws_a_png_when_matplotlib_is_installed(capsys, tmp_path):
 
 
 def test_importing_the_plan_command_does_not_import_torch():
-    code = "import sys, ascendgraph.plan; print('torch' in sys.modules)"
+    code = "import sys, ascendgraph.plan, ascendgraph.plan_measure; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
 
@@ -280,13 +280,13 @@ def test_importing_the_plan_command_does_not_import_torch():
 
 def test_interpolation_is_linear_between_points_and_extends_past_the_ends():
     points = [(1, 10.0), (5, 30.0), (9, 30.0)]
-    assert _interpolate(points, 1) == 10.0
-    assert _interpolate(points, 3) == 20.0
-    assert _interpolate(points, 7) == 30.0
-    assert _interpolate(points, 13) == 30.0
-    assert _interpolate([(4, 8.0), (8, 16.0)], 16) == 32.0
-    assert _interpolate([(4, 8.0), (8, 4.0)], 100) == 0.0  # never negative
-    assert _interpolate([(4, 8.0)], 100) == 8.0
+    assert interpolate(points, 1) == 10.0
+    assert interpolate(points, 3) == 20.0
+    assert interpolate(points, 7) == 30.0
+    assert interpolate(points, 13) == 30.0
+    assert interpolate([(4, 8.0), (8, 16.0)], 16) == 32.0
+    assert interpolate([(4, 8.0), (8, 4.0)], 100) == 0.0  # never negative
+    assert interpolate([(4, 8.0)], 100) == 8.0
 
 
 # --------------------------------------------------------------------------- select_sizes edges

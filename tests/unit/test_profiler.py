@@ -182,10 +182,14 @@ def test_a_profiled_run_is_consistent_with_its_steps_and_traces_every_device_act
     assert len(by_cat["replay"]) == len(full_steps) > 0
     assert len(by_cat["capture"]) == engine.capture_state.graphs_captured
     assert len(by_cat["task_update"]) == len(by_cat["wait"]) == 2 * len(full_steps), "one per attention layer"
+    def ns(event, key="ts"):  # trace times are whole nanoseconds; compare them exactly, not as float sums
+        return round(event[key] * 1000)
+
     for kernel in by_cat["kernel"]:
         if kernel["args"]["graph"] is None:
             continue
-        assert any(r["tid"] == kernel["tid"] and r["ts"] <= kernel["ts"] and kernel["ts"] + kernel["dur"] <= r["ts"] + r["dur"]
+        assert any(r["tid"] == kernel["tid"] and ns(r) <= ns(kernel)
+                   and ns(kernel) + ns(kernel, "dur") <= ns(r) + ns(r, "dur")
                    for r in by_cat["replay"]), "every replayed kernel sits inside a replay on its stream"
 
 
