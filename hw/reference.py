@@ -13,10 +13,11 @@ Numerics: norms, rope and attention compute in float32 and return the input dtyp
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 from torch import Tensor
+
+from ascendgraph import reference as _reference
 
 __all__ = [
     "rms_norm",
@@ -28,54 +29,14 @@ __all__ = [
     "paged_attention",
 ]
 
-INT8_MAX = 127
-
-
-def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    xf = x.float()
-    inv_rms = torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
-    return (xf * inv_rms * weight.float()).to(x.dtype)
-
-
-def dynamic_quant(x: Tensor) -> tuple[Tensor, Tensor]:
-    xf = x.float()
-    scale = xf.abs().amax(dim=-1) / INT8_MAX
-    divisor = torch.where(scale == 0, torch.ones_like(scale), scale).unsqueeze(-1)
-    return torch.round(xf / divisor).clamp_(-INT8_MAX - 1, INT8_MAX).to(torch.int8), scale
-
-
-def quantize(x: Tensor, scale: Tensor, offset: Optional[Tensor]) -> Tensor:
-    y = x.float() / scale.float()
-    if offset is not None:
-        y = y + offset.float()
-    return torch.round(y).clamp_(-INT8_MAX - 1, INT8_MAX).to(torch.int8)
-
-
-def _rotate(x: Tensor, cos: Tensor, sin: Tensor, head_size: int, is_neox: bool) -> Tensor:
-    """x [T, heads * head_size] (any shape whose first dim is T); cos/sin [T, rot / 2]."""
-    heads = x.reshape(x.shape[0], -1, head_size)
-    half = cos.shape[-1]
-    c, s = cos.unsqueeze(1), sin.unsqueeze(1)
-    part = heads[..., : 2 * half].float()
-    if is_neox:
-        first, second = part[..., :half], part[..., half:]
-        rotated = torch.cat((first * c - second * s, second * c + first * s), dim=-1)
-    else:
-        even, odd = part[..., 0::2], part[..., 1::2]
-        rotated = torch.stack((even * c - odd * s, odd * c + even * s), dim=-1).flatten(-2)
-    result = torch.cat((rotated.to(x.dtype), heads[..., 2 * half :]), dim=-1)
-    return result.reshape(x.shape)
-
-
-def rotary_embedding(
-    positions: Tensor, q: Tensor, k: Tensor, cos_sin_cache: Tensor, head_size: int, is_neox: bool
-) -> tuple[Tensor, Tensor]:
-    cos, sin = cos_sin_cache.index_select(0, positions.reshape(-1).long()).float().chunk(2, dim=-1)
-    return _rotate(q, cos, sin, head_size, is_neox), _rotate(k, cos, sin, head_size, is_neox)
-
-
-def muls_add(x: Tensor, y: Tensor, scale: float) -> Tensor:
-    return x * scale + y
+# The pure formulas are shared with the simulator's kernels (one definition); only the
+# KV-cache write and the attention below are hardware-specific (no host synchronisation, so
+# they can run inside a capture).
+rms_norm = _reference.rms_norm
+dynamic_quant = _reference.dynamic_quant
+quantize = _reference.quantize
+rotary_embedding = _reference.rotary_embedding
+muls_add = _reference.muls_add
 
 
 def reshape_and_cache(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor) -> None:

@@ -13,12 +13,12 @@ rather than a Python loop over tokens.
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 from torch import Tensor
 
 from ascendgraph import ops
+from ascendgraph import reference as _reference
 
 __all__ = [
     "register_cpu_kernels",
@@ -33,110 +33,17 @@ __all__ = [
     "paged_attention_ref",
 ]
 
-INT8_MIN, INT8_MAX = -128, 127
-
-
-# --------------------------------------------------------------------------- norms
-
-
-def rms_norm_ref(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    xf = x.float()
-    variance = xf.pow(2).mean(dim=-1, keepdim=True)
-    return (xf * torch.rsqrt(variance + eps) * weight.float()).to(x.dtype)
-
-
-def add_rms_norm_ref(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-    x_sum = x + residual
-    return rms_norm_ref(x_sum, weight, eps), x_sum
-
-
-# --------------------------------------------------------------------------- quantisation
-
-
-def dynamic_quant_ref(x: Tensor) -> tuple[Tensor, Tensor]:
-    xf = x.float()
-    scale = xf.abs().amax(dim=-1) / INT8_MAX
-    safe = torch.where(scale == 0, torch.ones_like(scale), scale)
-    y = torch.round(xf / safe.unsqueeze(-1)).clamp_(INT8_MIN, INT8_MAX).to(torch.int8)
-    return y, scale
-
-
-def quantize_ref(x: Tensor, scale: Tensor, offset: Optional[Tensor]) -> Tensor:
-    y = x.float() / scale.float()
-    if offset is not None:
-        y = y + offset.float()
-    return torch.round(y).clamp_(INT8_MIN, INT8_MAX).to(torch.int8)
-
-
-def add_rms_norm_dynamic_quant_ref(
-    x: Tensor, residual: Tensor, weight: Tensor, eps: float
-) -> tuple[Tensor, Tensor, Tensor]:
-    y, x_sum = add_rms_norm_ref(x, residual, weight, eps)
-    y_int8, scale = dynamic_quant_ref(y)
-    return y_int8, x_sum, scale
-
-
-def add_rms_norm_quant_ref(
-    x: Tensor, residual: Tensor, weight: Tensor, scale: Tensor, offset: Optional[Tensor], eps: float
-) -> tuple[Tensor, Tensor]:
-    y, x_sum = add_rms_norm_ref(x, residual, weight, eps)
-    return quantize_ref(y, scale, offset), x_sum
-
-
-# --------------------------------------------------------------------------- rope
-
-
-def _rope(x: Tensor, cos: Tensor, sin: Tensor, head_size: int, is_neox: bool) -> Tensor:
-    """x [T, heads * head_size] (or [T, heads, head_size]); cos/sin [T, rot / 2] float32."""
-    shape = x.shape
-    heads = x.reshape(shape[0], -1, head_size)
-    rot = cos.shape[-1] * 2
-    xf = heads[..., :rot].float()
-    c, s = cos.unsqueeze(1), sin.unsqueeze(1)
-    if is_neox:
-        x1, x2 = xf[..., : rot // 2], xf[..., rot // 2 :]
-        rotated = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
-    else:
-        x1, x2 = xf[..., 0::2], xf[..., 1::2]
-        rotated = torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).flatten(-2)
-    if rot < head_size:
-        rotated = torch.cat((rotated.to(x.dtype), heads[..., rot:]), dim=-1)
-    return rotated.to(x.dtype).reshape(shape)
-
-
-def rotary_embedding_ref(
-    positions: Tensor, q: Tensor, k: Tensor, cos_sin_cache: Tensor, head_size: int, is_neox: bool
-) -> tuple[Tensor, Tensor]:
-    cos_sin = cos_sin_cache.index_select(0, positions.reshape(-1).long()).float()
-    cos, sin = cos_sin.chunk(2, dim=-1)
-    return _rope(q, cos, sin, head_size, is_neox), _rope(k, cos, sin, head_size, is_neox)
-
-
-def split_qkv_rmsnorm_rope_ref(
-    qkv: Tensor,
-    q_weight: Tensor,
-    k_weight: Tensor,
-    positions: Tensor,
-    cos_sin_cache: Tensor,
-    q_size: int,
-    kv_size: int,
-    head_dim: int,
-    eps: float,
-    is_neox: bool,
-) -> tuple[Tensor, Tensor, Tensor]:
-    tokens = qkv.shape[0]
-    q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-    q = rms_norm_ref(q.reshape(tokens, -1, head_dim), q_weight, eps).reshape(tokens, q_size)
-    k = rms_norm_ref(k.reshape(tokens, -1, head_dim), k_weight, eps).reshape(tokens, kv_size)
-    q, k = rotary_embedding_ref(positions, q, k, cos_sin_cache, head_dim, is_neox)
-    return q, k, v.clone(memory_format=torch.contiguous_format)
-
-
-# --------------------------------------------------------------------------- elementwise
-
-
-def muls_add_ref(x: Tensor, y: Tensor, scale: float) -> Tensor:
-    return x * scale + y
+# The formulas live in ascendgraph.reference (shared with hw/'s fallbacks); the simulator's
+# CPU kernels are exactly these.
+rms_norm_ref = _reference.rms_norm
+add_rms_norm_ref = _reference.add_rms_norm
+dynamic_quant_ref = _reference.dynamic_quant
+quantize_ref = _reference.quantize
+add_rms_norm_dynamic_quant_ref = _reference.add_rms_norm_dynamic_quant
+add_rms_norm_quant_ref = _reference.add_rms_norm_quant
+rotary_embedding_ref = _reference.rotary_embedding
+split_qkv_rmsnorm_rope_ref = _reference.split_qkv_rmsnorm_rope
+muls_add_ref = _reference.muls_add
 
 
 # --------------------------------------------------------------------------- KV cache
