@@ -264,10 +264,11 @@ def backend_availability(name: str) -> tuple[bool, str]:
     return backend.availability()
 
 
-def get_device(name: str = "auto", **options: Any) -> Device:
-    """A device by backend name: ``sim``, ``npu`` or ``auto`` (npu when usable, else sim).
+def resolve_device_name(name: str = "auto") -> str:
+    """The backend ``get_device(name)`` would pick: ``auto`` becomes ``npu`` when usable, else ``sim``.
 
-    ``--device npu`` without a usable NPU raises DeviceUnavailable naming the reason.
+    Callers that pass backend-specific options (the simulator's profile, seed, stream limit)
+    resolve the name first so ``auto`` gets the same options as the backend it lands on.
     """
     if not isinstance(name, str):
         raise ConfigError(f"device name must be a string, got {name!r}", key="device")
@@ -275,6 +276,15 @@ def get_device(name: str = "auto", **options: Any) -> Device:
     if key == "auto":
         usable, _ = backend_availability("npu") if "npu" in _entry_points() else (False, "")
         key = "npu" if usable else "sim"
+    return key
+
+
+def get_device(name: str = "auto", **options: Any) -> Device:
+    """A device by backend name: ``sim``, ``npu`` or ``auto`` (npu when usable, else sim).
+
+    ``--device npu`` without a usable NPU raises DeviceUnavailable naming the reason.
+    """
+    key = resolve_device_name(name)
     backend = _backend(key)
     usable, reason = backend.availability()
     if not usable:

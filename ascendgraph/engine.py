@@ -46,7 +46,7 @@ from ascendgraph.compile.passes import fused_ops
 from ascendgraph.compile.static_kernel import attach_static_kernels
 from ascendgraph.compile.super_kernel import attach_super_kernel
 from ascendgraph.config import GraphConfig
-from ascendgraph.device import Device, get_device
+from ascendgraph.device import Device, get_device, resolve_device_name
 from ascendgraph.dispatch import BatchDescriptor, GraphDispatcher
 from ascendgraph.errors import (
     CaptureError,
@@ -325,8 +325,10 @@ class Engine:
             return device
         name = device.strip().lower()
         sim_only = self.options.faults is not None or self.options.sim_profile is not None
-        if name == "auto" and sim_only:
-            name = "sim"  # fault injection only exists on the simulator
+        if name == "auto":
+            # fault injection only exists on the simulator; otherwise the backend auto lands on,
+            # so the simulator's options (profile, seed, stream limit) apply to `auto` too
+            name = "sim" if sim_only else resolve_device_name(name)
         if name == "npu" and sim_only:
             raise ConfigError(
                 "--faults and --sim-profile need --device sim (they configure the simulator)", key="device"

@@ -92,3 +92,23 @@ def test_effective_mode_none_captures_nothing():
     result = run_engine(small_config(enforce_eager=True))
     assert result.report.effective_mode == GraphMode.NONE.name and result.report.graphs_captured == 0
     assert result.report.ok
+
+
+def test_device_auto_without_an_npu_gets_the_simulator_options_of_the_run():
+    """`--device auto` (the default) lands on sim here and must honour --stream-limit and --soc,
+    before and after an eager fallback releases the stream plan."""
+    from ascendgraph.config import GraphConfig
+    from ascendgraph.device import resolve_device_name
+    from ascendgraph.engine import Engine, EngineOptions
+
+    assert resolve_device_name("auto") == "sim"
+    config = GraphConfig(**{**PIECEWISE.__dict__, "soc": "A3"})
+    engine = Engine(config, EngineOptions(device="auto", stream_limit=7, on_capture_error="eager", progress=False))
+    try:
+        assert engine.device.stats().extra["profile"] == "A3"
+        assert engine.device.stats().stream_limit == 7
+        engine.capture()
+        assert engine.capture_fallback is not None
+        assert engine.device.stats().stream_limit == 7, "the limit outlives the released stream plan"
+    finally:
+        engine.close()
