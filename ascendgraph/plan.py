@@ -471,6 +471,11 @@ def _mib(nbytes: int) -> str:
     return f"{nbytes / 2**20:.1f} MiB"
 
 
+def _count(sizes: Optional[Sequence[int]]) -> str:
+    n = len(sizes or ())
+    return f"{n:>2} size{'s' if n != 1 else ' '}:"
+
+
 def _sizes(sizes: Sequence[int], limit: int = 12) -> str:
     if len(sizes) <= limit:
         return "[" + ", ".join(map(str, sizes)) + "]"
@@ -534,11 +539,12 @@ def format_plan(result: PlanResult) -> str:
         if plan.max_num_sizes == 0:
             lines.append(f"  no size fits: even the largest alone needs {plan.streams_needed(1)} streams")
         else:
-            n = len(result.fitting_even)
+            n = plan.max_num_sizes
             lines += [
-                f"  largest fitting selection ({n} size{'s' if n != 1 else ''}):",
-                f"    even sampling     {_sizes(result.fitting_even)}",
-                f"    workload-aware    {_sizes(result.fitting_aware)}",
+                f"  largest fitting selection (at most {n} size{'s' if n != 1 else ''}; workload-aware may "
+                "need fewer):",
+                f"    even sampling     {_count(result.fitting_even)} {_sizes(result.fitting_even)}",
+                f"    workload-aware    {_count(result.fitting_aware)} {_sizes(result.fitting_aware)}",
             ]
     lines += [
         "",

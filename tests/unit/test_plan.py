@@ -150,9 +150,12 @@ def test_cli_text_for_a_config_that_does_not_fit(capsys):
     descending = sorted(resolve(_not_fitting_config()).capture_sizes, reverse=True)
     assert f"first size to fail  {descending[12]} (capture #13 of 35, largest first)" in err
     assert "DOES NOT FIT" in err
-    assert "largest fitting selection (12 sizes):" in err
-    assert "even sampling     [1, 8, 32, 56, 80, 104, 136, 160, 184, 208, 232, 256]" in err
-    assert "workload-aware    [" in err
+    assert "largest fitting selection (at most 12 sizes; workload-aware may need fewer):" in err
+    assert "even sampling     12 sizes: [1, 8, 32, 56, 80, 104, 136, 160, 184, 208, 232, 256]" in err
+    aware_line = next(line for line in err.splitlines() if line.strip().startswith("workload-aware") and "sizes:" in line)
+    count = int(aware_line.split("workload-aware")[1].split("size")[0])
+    listed = aware_line.split("[")[1].rstrip("]").split(", ")
+    assert 1 <= count <= 12 and (len(listed) == count or "..." in listed), "each row states its own size count"
 
 
 def test_cli_check_exits_1_only_when_the_sizes_do_not_fit(capsys):
