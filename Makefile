@@ -21,6 +21,14 @@ run: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -n auto
 
+# Everything that runs without an NPU: the default suite plus the slow tests (10,000-example fuzzing).
+test-all: $(STAMP)
+	$(PY) -m pytest -n auto -m 'not npu and not vllm'
+
+# Differential tests against vLLM 0.32, in their own cached venv (docs/parity.md); what .ci/run does second.
+parity:
+	"$$(scripts/parity-env.sh | tail -n 1)" -m pytest -m vllm tests/parity -n auto -q -p no:warnings
+
 bench: $(STAMP)
 	$(PY) -m bench
 

@@ -59,7 +59,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                            help="raise: a failed capture fails the run (exit 1); eager: log it, release the graphs "
                                 "and serve eagerly")
     run_group.add_argument("--faults", default=None, metavar="SPEC",
-                           help="sim fault plan, e.g. 'capture_begin=3*off->raise(207008)' (see INTERFACES.md)")
+                           help="sim fault plan, e.g. 'capture_begin=3*off->raise(207008)' (grammar: docs/faults.md)")
     run_group.add_argument("--sim-profile", default=None, metavar="NAME|FILE.json",
                            help="simulator profile: a name (A2, A3, 310P, A5, A2-old-hdk) or a calibration JSON "
                                 "file; default: the --soc profile")

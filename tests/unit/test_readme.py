@@ -26,6 +26,8 @@ COVERED_ELSEWHERE = {
     ".venv/bin/python -m pytest -m slow": "the slow-marked tests themselves (tests/fuzz, tests/engine)",
     ".venv/bin/python -m pytest -m npu": "tests/hw/test_npu_marker.py (usage error without an NPU)",
     "make bench": "tests/unit/test_bench.py (the quick bench writes results.json)",
+    "make test-all": "test_every_readme_make_target_has_a_recipe (this file); the slow tests themselves",
+    "make parity": ".ci/run runs `make parity` on every submission",
 }
 
 
@@ -94,3 +96,20 @@ def test_the_python_api_example_runs(capsys):
     assert report.exit_code == 0 and report.requests_completed == 8
     assert namespace["resolution"].mode.name == "FULL_DECODE_ONLY"
     assert "FULL_DECODE_ONLY" in capsys.readouterr().out
+
+
+def test_every_readme_make_target_has_a_recipe():
+    """A target listed in .PHONY without a rule prints "Nothing to be done" and exits 0: catch it."""
+    import shutil
+    import subprocess
+
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    targets = sorted({line.split()[1] for line in _shell_commands() if line.startswith("make ")})
+    assert {"run", "test", "test-all", "parity"} <= set(targets)
+    for target in targets:
+        # -n prints the recipe without running it; -o keeps the venv stamp from being rebuilt
+        done = subprocess.run(["make", "-n", "-o", ".venv/.ascendgraph-installed", target],
+                              cwd=README.parent, capture_output=True, text=True, check=True)
+        assert "Nothing to be done" not in done.stdout + done.stderr, target
+        assert "pytest" in done.stdout or "ascendgraph" in done.stdout or "bench" in done.stdout, (target, done.stdout)
