@@ -38,6 +38,10 @@ SOCS = ("A2", "A3", "310P", "A5")
 OPTIMIZATION_LEVELS = (0, 1, 2, 3)
 PERFORMANCE_MODES = ("balanced", "interactivity", "throughput")
 
+# vLLM's defaults (SchedulerConfig.DEFAULT_MAX_NUM_SEQS / DEFAULT_MAX_NUM_BATCHED_TOKENS on the serve path).
+DEFAULT_MAX_NUM_SEQS = 256
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+
 STATIC_NEEDS_NPUGRAPH_EX = "Static kernel generation requires npugraph_ex to be enabled."
 SUPER_NEEDS_STATIC = "Super kernel generation requires static kernel to be enabled"
 
@@ -132,8 +136,8 @@ class GraphConfig:
     use_inductor_graph_partition: bool = False
     cudagraph_specialize_lora: bool = True
     enforce_eager: bool = False
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     num_speculative_tokens: int = 0
     draft_num_hidden_layers: Optional[int] = None
     tensor_parallel_size: int = 1
@@ -216,6 +220,7 @@ class GraphConfig:
         if layers_override is not None:
             spec = spec.with_layers(layers_override)
         values["model"] = spec
+        _default_max_num_seqs(values)
         if isinstance(values.get("soc"), str):
             values["soc"] = values["soc"].strip().upper()
         if isinstance(values.get("attention_backend"), str):
@@ -360,6 +365,14 @@ def _parse_additional_config(add: Mapping[str, Any], values: dict[str, Any], war
             warnings.append(f"additional_config key {key!r} is not modelled by ascendgraph; ignored")
 
 
+def _default_max_num_seqs(values: dict[str, Any]) -> None:
+    """vLLM 0.32 (EngineArgs): an unset max_num_seqs defaults to min(256, max_num_batched_tokens),
+    so that a small token budget alone is not refused by the check below."""
+    tokens = values.get("max_num_batched_tokens")
+    if values.get("max_num_seqs") is None and _is_int(tokens) and 1 <= tokens < DEFAULT_MAX_NUM_SEQS:
+        values["max_num_seqs"] = tokens
+
+
 def _parse_speculative_config(value: Any, values: dict[str, Any]) -> None:
     spec = parse_json_argument("--speculative-config", value)
     for key, item in spec.items():
@@ -428,6 +441,7 @@ def _validate(config: GraphConfig) -> None:
         value = getattr(config, name)
         if value is not None and value > limit:
             raise ConfigError(f"{name}={value} is larger than ascendgraph supports (at most {limit})", key=name)
+    _check_token_budget(config)
     for name in _BOOL_FIELDS:
         value = getattr(config, name)
         if not isinstance(value, bool):
@@ -480,6 +494,17 @@ def _validate(config: GraphConfig) -> None:
     if not isinstance(config.model, ModelSpec):
         raise ConfigError(f"model must be a ModelSpec, got {type(config.model).__name__}", key="model")
     _check_kernel_chain(config.ascend_compilation_config)
+
+
+def _check_token_budget(config: GraphConfig) -> None:
+    """vLLM 0.32 SchedulerConfig: every running sequence needs a token of the step's budget."""
+    tokens, seqs = config.max_num_batched_tokens, config.max_num_seqs
+    if tokens < seqs:
+        raise ConfigError(
+            f"max_num_batched_tokens ({tokens}) must be greater than or equal to max_num_seqs ({seqs}). "
+            f"Raise max_num_batched_tokens to at least {seqs} or lower max_num_seqs to at most {tokens}.",
+            key="max_num_batched_tokens",
+        )
 
 
 def _check_kernel_chain(acc: AscendCompilationConfig) -> None:

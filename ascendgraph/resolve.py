@@ -24,7 +24,9 @@ from ascendgraph.sizes import (
     DEFAULT_MAX_STREAMS,
     StreamPlan,
     align_sizes_to_tp,
+    HCCL_EXPANSION_MODES,
     ascend_default_max_capture_size,
+    check_hccl_expansion_mode,
     compute_capture_sizes,
     hccl_expansion_mode_from_env,
     plan_stream_budget,
@@ -56,6 +58,15 @@ UNSUPPORTED_COMPILATION_MODE = (
 )
 POOLING_FULL_GRAPHS = "Pooling models do not support full cudagraphs. Overriding cudagraph_mode to {new}."
 ENCODER_DECODER_FALLBACK = "Encoder-decoder models don't support {mode}, fallback to {new}."
+NO_CAPTURE_SIZES = (
+    "no capture size remains ({why}): cudagraph_mode={mode} captures nothing and every batch runs eagerly; "
+    "choose cudagraph_capture_sizes <= {mnbt} (or raise max_num_batched_tokens)"
+)
+UNKNOWN_HCCL_EXPANSION_MODE = (
+    "HCCL_OP_EXPANSION_MODE={value!r} is not a mode HCCL knows ({known}): HCCL falls back to its default "
+    "expansion, so the stream plan assumes FFTS+; export HCCL_OP_EXPANSION_MODE=AIV to fit more capture sizes, "
+    "or unset it"
+)
 CONTEXT_PARALLEL_FULL = (
     "cudagraph_mode={mode} is not sufficiently supported with context parallelism "
     "(prefill_context_parallel_size={pcp}, decode_context_parallel_size={dcp}); full graphs may fail "
@@ -517,6 +528,23 @@ def _rule_final_setup(s: _State) -> None:
         s.capture_sizes, s.max_capture_size = [], 0
 
 
+def _rule_no_capture_sizes(s: _State) -> None:
+    """A graph mode left without sizes (§2.3: every user size > max_num_batched_tokens is no
+    error) keeps its name but captures nothing: say so, or `run` reports graphs that never ran."""
+    mode = s.current_mode
+    if mode is GraphMode.NONE or s.capture_sizes:
+        return
+    cfg = s.config
+    mnbt = cfg.max_num_batched_tokens
+    user = list(cfg.cudagraph_capture_sizes or ())
+    if user and all(size > mnbt for size in user):
+        why = f"every configured size in {user} exceeds max_num_batched_tokens={mnbt}"
+    else:
+        why = f"capture sizes {user or 'by default'} with max_num_batched_tokens={mnbt}"
+    s.decide("no_capture_sizes", mode, f"{mode.name}, nothing captured (every batch eager)",
+             NO_CAPTURE_SIZES.format(why=why, mode=mode.name, mnbt=mnbt), warn=True)
+
+
 RuleFunction = Callable[[_State], None]
 
 RULES: tuple[tuple[str, RuleFunction, str], ...] = (
@@ -534,7 +562,18 @@ RULES: tuple[tuple[str, RuleFunction, str], ...] = (
     ("attention_narrowing", _rule_attention_narrowing, "§3.11 / §4 attention backend support"),
     ("data_parallel_agreement", _rule_data_parallel_agreement, "§3.12 DP ranks agree on the minimum mode"),
     ("final_backend_setup", _rule_final_setup, "§3.13 flags follow the mode that will really run"),
+    ("no_capture_sizes", _rule_no_capture_sizes, "§2.3 a graph mode whose sizes were all dropped runs eagerly"),
 )
+
+
+def _expansion_mode_from_env(environment: Mapping[str, str], warnings: list[str]) -> Optional[str]:
+    """HCCL_OP_EXPANSION_MODE from the environment; a value HCCL does not know is planned as
+    HCCL's default (FFTS+) with a warning (the run goes on: HCCL does too)."""
+    value = hccl_expansion_mode_from_env(environment)
+    if value is None or value.upper() in HCCL_EXPANSION_MODES:
+        return value
+    warnings.append(UNKNOWN_HCCL_EXPANSION_MODE.format(value=value, known=", ".join(HCCL_EXPANSION_MODES)))
+    return None
 
 
 def resolve(
@@ -557,6 +596,7 @@ def resolve(
     if not isinstance(config, GraphConfig):
         raise ConfigError(f"resolve() needs a GraphConfig, got {type(config).__name__}; "
                           "build one with GraphConfig.from_vllm_args(...)")
+    explicit_expansion = check_hccl_expansion_mode(hccl_op_expansion_mode)
     environment: Mapping[str, str] = os.environ if env is None else env
     info = attention_backend_info(config.effective_attention_backend)
     support = info.support if attention_support is None else AttentionGraphSupport.parse(attention_support)
@@ -569,7 +609,7 @@ def resolve(
         backend_name=backend_name or info.display_name,
         other_rank_modes=tuple(other_rank_modes),
         stream_limit=stream_limit,
-        hccl_op_expansion_mode=hccl_op_expansion_mode,
+        hccl_op_expansion_mode=explicit_expansion,
         # Enum members can be falsy (GraphMode.NONE, CompilationMode.NONE): test for None, never `or`.
         requested_mode=level_default if config.cudagraph_mode is None else config.cudagraph_mode,
         mode=config.cudagraph_mode,
@@ -584,6 +624,9 @@ def resolve(
         rule(state)
 
     mode = state.current_mode
+    expansion = explicit_expansion
+    if expansion is None and mode is not GraphMode.NONE:
+        expansion = _expansion_mode_from_env(environment, state.warnings)
     plan: Optional[StreamPlan] = None
     if mode is not GraphMode.NONE and state.capture_sizes:
         plan = plan_stream_budget(
@@ -598,7 +641,7 @@ def resolve(
             draft_num_hidden_layers=config.draft_num_hidden_layers,
             prefill_context_parallel_size=config.prefill_context_parallel_size,
             decode_context_parallel_size=config.decode_context_parallel_size,
-            hccl_op_expansion_mode=hccl_op_expansion_mode or hccl_expansion_mode_from_env(environment),
+            hccl_op_expansion_mode=expansion,
             max_streams=stream_limit,
         )
     return Resolution(

@@ -38,6 +38,10 @@ __all__ = [
     "plan_stream_budget",
     "select_sizes",
     "padding_waste",
+    "HCCL_EXPANSION_MODES",
+    "HCCL_PLANNER_MODES",
+    "check_hccl_expansion_mode",
+    "hccl_expansion_mode_from_env",
 ]
 
 ASCEND_MAX_CAPTURE_SIZE_CAP = 512
@@ -388,6 +392,31 @@ def plan_stream_budget(
         max_streams=budget,
         expansion_mode=expansion_name,
     )
+
+
+# HCCL_OP_EXPANSION_MODE values HCCL itself knows (doctor checks the environment against the
+# same list), and the planner's names for the non-AIV expansion (SEMANTICS §9: "FFTS+/AICPU").
+HCCL_EXPANSION_MODES = ("AI_CPU", "AIV", "HOST", "HOST_TS")
+HCCL_PLANNER_MODES = ("FFTS+", "AICPU")
+
+
+def check_hccl_expansion_mode(value: object) -> Optional[str]:
+    """An explicit expansion mode (a flag or argument), upper-cased; None/"" is unset.
+
+    Anything but AIV plans as FFTS+ (SEMANTICS §9), so a typo such as "aiv2" would silently
+    cost streams: it is a ConfigError naming the valid values instead.
+    """
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    valid = HCCL_EXPANSION_MODES + HCCL_PLANNER_MODES
+    text = value.strip().upper() if isinstance(value, str) else None
+    if text not in valid:
+        raise ConfigError(
+            f"hccl_op_expansion_mode (--hccl-op-expansion-mode) must be one of {', '.join(valid)}, got {value!r}; "
+            "AIV fits the most capture sizes, and leaving it unset reads HCCL_OP_EXPANSION_MODE from the environment",
+            key="hccl_op_expansion_mode",
+        )
+    return text
 
 
 def hccl_expansion_mode_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[str]:

@@ -17,6 +17,7 @@ path, and the forward context says which set a forward uses.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -38,7 +39,16 @@ from ascendgraph.models.layers import (
 )
 from ascendgraph.models.presets import ModelSpec
 
-__all__ = ["ModelOptions", "DecoderModel", "build_model", "DTYPES", "parse_dtype", "moe_expert_size"]
+__all__ = [
+    "ModelOptions",
+    "DecoderModel",
+    "build_model",
+    "DTYPES",
+    "parse_dtype",
+    "moe_expert_size",
+    "available_host_memory",
+    "estimate_build_bytes",
+]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -247,11 +257,26 @@ class DecoderModel(nn.Module):
     def compute_logits(self, hidden: Tensor) -> Tensor:
         return self.lm_head(hidden)
 
+    def kv_cache_bytes(self, num_blocks: int, block_size: int) -> int:
+        """Bytes `make_kv_caches` allocates (keys and values of every layer)."""
+        element = self.embed_tokens.weight.element_size()
+        shapes = [layer.self_attn.kv_cache_shape(num_blocks, block_size) for layer in self.layers]
+        return sum(2 * math.prod(shape) * element for shape in shapes)
+
     def make_kv_caches(self, num_blocks: int, block_size: int) -> dict[str, KVCache]:
         """Zeroed paged KV caches for every attention layer, on the model's device and dtype."""
         if num_blocks < 1 or block_size < 1:
             raise ConfigError(f"KV cache needs num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
         weight = self.embed_tokens.weight
+        if weight.device.type == "cpu":
+            _check_host_memory(
+                self.kv_cache_bytes(num_blocks, block_size),
+                f"the KV cache of model {self.spec.name!r} ({num_blocks} blocks of {block_size} tokens, "
+                f"{self.num_layers} layers)",
+                "use --num-layers N to shorten the model, fewer requests or a smaller --max-num-seqs (the cache "
+                "holds the longest request for each concurrent sequence), or `ascendgraph plan`, which measures "
+                "with meta tensors",
+            )
         caches = {}
         for layer in self.layers:
             shape = layer.self_attn.kv_cache_shape(num_blocks, block_size)
@@ -260,6 +285,104 @@ class DecoderModel(nn.Module):
                 value=torch.zeros(shape, dtype=weight.dtype, device=weight.device),
             )
         return caches
+
+
+# --------------------------------------------------------------------------- host memory
+# A model too large for this host would die in the allocator ("DefaultCPUAllocator: can't
+# allocate memory") after minutes of work; the estimate below refuses it up front instead.
+
+BUILD_MEMORY_FIX = (
+    "use --num-layers N to shorten it, a smaller config, or `ascendgraph plan`, which measures with meta tensors"
+)
+
+
+def _meminfo_available() -> Optional[int]:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _sysconf_available() -> Optional[int]:
+    try:
+        pages, size = os.sysconf("SC_AVPHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+    return pages * size if pages > 0 and size > 0 else None
+
+
+def _read_int(path: str) -> Optional[int]:
+    try:
+        with open(path, encoding="ascii") as handle:
+            text = handle.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None  # cgroup v2 writes "max" for no limit
+
+
+def _cgroup_available() -> Optional[int]:
+    """What a cgroup memory limit (v2, else v1) still allows, or None without a limit."""
+    for limit_path, usage_path in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+    ):
+        limit, usage = _read_int(limit_path), _read_int(usage_path)
+        if limit is not None and usage is not None and limit < (1 << 60):  # v1 "no limit" is ~2**63
+            return max(0, limit - usage)
+    return None
+
+
+def available_host_memory() -> Optional[int]:
+    """Bytes of host memory this process can still allocate, or None when that is unknown.
+
+    MemAvailable (page cache counts as free), else free pages from sysconf; capped by a
+    cgroup memory limit (containers) when there is one.
+    """
+    system = _meminfo_available()
+    if system is None:
+        system = _sysconf_available()
+    known = [value for value in (system, _cgroup_available()) if value is not None]
+    return min(known) if known else None
+
+
+def _human_bytes(count: int) -> str:
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.1f} {unit}" if unit != "B" else f"{count} B"
+        value /= 1024
+    return f"{count} B"  # pragma: no cover
+
+
+def _check_host_memory(needed: int, what: str, fix: str) -> None:
+    available = available_host_memory()
+    if available is not None and needed > available:
+        raise ConfigError(
+            f"{what} needs about {_human_bytes(needed)} ({needed} bytes) of host memory but only "
+            f"{_human_bytes(available)} is available: {fix}",
+            key="model",
+        )
+
+
+def estimate_build_bytes(spec: ModelSpec, options: ModelOptions) -> int:
+    """Peak host bytes of `build_model` on the CPU: every parameter and buffer as constructed
+    (float32), plus the initialiser's temporaries for the largest tensor (measured on a
+    meta-device replica, so nothing is allocated)."""
+    with torch.device("meta"):
+        replica = DecoderModel(spec, options)
+    tensors = [*replica.parameters(), *replica.buffers()]
+    total = sum(t.numel() * t.element_size() for t in tensors)
+    largest = max((t.numel() * 4 for t in replica.parameters()), default=0)  # float32 draws in _initialise
+    return total + 2 * largest
+
+
+def _builds_in_host_memory(device: torch.device | str) -> bool:
+    """True when build_model materialises the weights in host memory (not on meta, e.g. for `plan`)."""
+    return torch.device(device).type != "meta" and torch.get_default_device().type == "cpu"
 
 
 # --------------------------------------------------------------------------- weights
@@ -296,6 +419,13 @@ def build_model(
         seed=seed,
         quantization=quantization,
     )
+    if _builds_in_host_memory(device):
+        _check_host_memory(
+            estimate_build_bytes(spec, options),
+            f"model {spec.name!r} ({spec.num_hidden_layers} layers, hidden_size {spec.hidden_size}, "
+            f"intermediate_size {spec.intermediate_size}, vocab_size {spec.vocab_size})",
+            BUILD_MEMORY_FIX,
+        )
     model = DecoderModel(spec, options)
     _initialise(model, seed)
     for module in model.modules():

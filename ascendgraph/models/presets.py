@@ -9,12 +9,19 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass, replace
-from typing import Any, Mapping, Optional
+from dataclasses import dataclass, fields, replace
+from typing import Any, Callable, Mapping, Optional
 
 from ascendgraph.errors import ConfigError
 
-__all__ = ["ModelSpec", "PRESETS", "DEFAULT_PRESET", "model_spec_from", "preset_for_architecture"]
+__all__ = [
+    "ModelSpec",
+    "PRESETS",
+    "DEFAULT_PRESET",
+    "model_spec_from",
+    "preset_for_architecture",
+    "check_model_dimensions",
+]
 
 
 @dataclass(frozen=True)
@@ -43,6 +50,9 @@ class ModelSpec:
     max_position_embeddings: int = 4096
     rope_theta: float = 1_000_000.0
 
+    def __post_init__(self) -> None:
+        check_model_dimensions({f.name: getattr(self, f.name) for f in fields(self)}, source=f"model {self.name!r}")
+
     @property
     def natural_attention_backend(self) -> str:
         """The backend a model of this kind uses on Ascend by default."""
@@ -56,6 +66,108 @@ class ModelSpec:
                 f"num_layers must be an integer >= 1, got {num_hidden_layers!r}", key="num_layers"
             )
         return replace(self, num_hidden_layers=num_hidden_layers)
+
+
+# --------------------------------------------------------------------------- dimension checks
+# What the model builder (ascendgraph.models.build) relies on, checked when a spec is made so
+# that `explain` and `plan` reject a model `run` could not build (instead of a kernel traceback).
+
+_POSITIVE_INT_FIELDS = (
+    "num_hidden_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "vocab_size",
+    "max_position_embeddings",
+)
+_NON_NEGATIVE_INT_FIELDS = ("kv_lora_rank", "qk_rope_head_dim", "num_experts", "num_experts_per_tok")
+ATTENTION_KINDS = ("mha", "mla")
+
+
+def _divisors(value: int, limit: int = 8) -> str:
+    found = [d for d in range(1, min(value, 4096) + 1) if value % d == 0]
+    return ", ".join(str(d) for d in found[:limit]) + (", ..." if len(found) > limit else "")
+
+
+def _kv_heads_divide_heads(v: Mapping[str, Any], source: str) -> Optional[str]:
+    heads, kv_heads = v["num_attention_heads"], v["num_key_value_heads"]
+    if v["attention"] == "mla" or heads % kv_heads == 0:
+        return None
+    return (
+        f"{source}: num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv_heads}): "
+        f"each kv head serves an equal group of query heads; use a num_key_value_heads that divides {heads} "
+        f"({_divisors(heads)})"
+    )
+
+
+def _head_dim_even(v: Mapping[str, Any], source: str) -> Optional[str]:
+    head_dim, hidden, heads = v["head_dim"], v["hidden_size"], v["num_attention_heads"]
+    if v["attention"] == "mla" or head_dim % 2 == 0:
+        return None
+    derived = f" (= hidden_size // num_attention_heads = {hidden} // {heads})" if hidden // heads == head_dim else ""
+    return (
+        f"{source}: head_dim must be even (rotary embedding rotates pairs of dimensions), got {head_dim}{derived}; "
+        "give an even head_dim, or a hidden_size and num_attention_heads whose quotient is even"
+    )
+
+
+def _mla_latent(v: Mapping[str, Any], source: str) -> Optional[str]:
+    if v["attention"] != "mla" or v["kv_lora_rank"] >= 1:
+        return None
+    return (
+        f"{source}: attention 'mla' needs kv_lora_rank >= 1 (the width of the compressed KV latent), "
+        f"got {v['kv_lora_rank']}; give kv_lora_rank (DeepSeek-V3 uses 512) or use attention 'mha'"
+    )
+
+
+def _mla_rope(v: Mapping[str, Any], source: str) -> Optional[str]:
+    rope = v["qk_rope_head_dim"]
+    if v["attention"] != "mla" or (rope >= 2 and rope % 2 == 0):
+        return None
+    return (
+        f"{source}: attention 'mla' (kv_lora_rank {v['kv_lora_rank']}) needs an even qk_rope_head_dim >= 2 "
+        f"(rotary embedding rotates pairs of dimensions), got {rope}; give qk_rope_head_dim (DeepSeek-V3 uses 64)"
+    )
+
+
+def _experts_per_token(v: Mapping[str, Any], source: str) -> Optional[str]:
+    experts, per_token = v["num_experts"], v["num_experts_per_tok"]
+    if not experts or per_token <= experts:
+        return None
+    return f"{source}: num_experts_per_tok must be at most the number of experts ({experts}), got {per_token}"
+
+
+# (key the error names, check returning the message or None), in the order they are tried.
+DIMENSION_RULES: tuple[tuple[str, Callable[[Mapping[str, Any], str], Optional[str]]], ...] = (
+    ("num_key_value_heads", _kv_heads_divide_heads),
+    ("head_dim", _head_dim_even),
+    ("kv_lora_rank", _mla_latent),
+    ("qk_rope_head_dim", _mla_rope),
+    ("num_experts_per_tok", _experts_per_token),
+)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_model_dimensions(values: Mapping[str, Any], *, source: str) -> None:
+    """Raise a ConfigError naming the field when ``values`` (ModelSpec fields) cannot be built."""
+    for name, lowest in [(n, 1) for n in _POSITIVE_INT_FIELDS] + [(n, 0) for n in _NON_NEGATIVE_INT_FIELDS]:
+        value = values[name]
+        if not _is_int(value) or value < lowest:
+            raise ConfigError(f"{source}: {name} must be an integer >= {lowest}, got {value!r}", key=name)
+    if values["attention"] not in ATTENTION_KINDS:
+        raise ConfigError(
+            f"{source}: attention must be one of {', '.join(ATTENTION_KINDS)}, got {values['attention']!r}",
+            key="attention",
+        )
+    for key, rule in DIMENSION_RULES:
+        message = rule(values, source)
+        if message is not None:
+            raise ConfigError(message, key=key)
 
 
 _TINY = dict(
@@ -199,17 +311,12 @@ def spec_from_hf_config(raw: Mapping[str, Any], *, source: str = "model config")
     eps = _positive_number_field(raw, _EPS_KEYS, source, default=1e-6)
     experts = _optional_int_field(raw, _EXPERT_KEYS, source, default=0, minimum=0)
     experts_per_tok = _optional_int_field(raw, ("num_experts_per_tok",), source, default=0, minimum=0)
-    if experts and experts_per_tok > experts:
-        raise ConfigError(
-            f"{source}: num_experts_per_tok must be at most the number of experts ({experts}), got {experts_per_tok}",
-            key="num_experts_per_tok",
-        )
     kv_lora_rank = _optional_int_field(raw, ("kv_lora_rank",), source, default=0, minimum=0)
     qk_rope_head_dim = _optional_int_field(raw, ("qk_rope_head_dim",), source, default=0, minimum=0)
     max_positions = _optional_int_field(raw, ("max_position_embeddings",), source, default=4096, minimum=1)
     rope_theta = _positive_number_field(raw, ("rope_theta",), source, default=1_000_000.0)
     is_mla = bool(kv_lora_rank) or raw.get("attention") == "mla"
-    spec = ModelSpec(
+    values: dict[str, Any] = dict(
         name=str(raw.get("name") or raw.get("_name_or_path") or architecture),
         architecture=architecture,
         num_hidden_layers=layers,
@@ -232,7 +339,8 @@ def spec_from_hf_config(raw: Mapping[str, Any], *, source: str = "model config")
         max_position_embeddings=max_positions,
         rope_theta=rope_theta,
     )
-    return spec
+    check_model_dimensions(values, source=source)  # named after the file, before ModelSpec checks again
+    return ModelSpec(**values)
 
 
 def model_spec_from(model: Any) -> ModelSpec:
@@ -259,6 +367,10 @@ def model_spec_from(model: Any) -> ModelSpec:
                 ) from None
             except OSError as exc:
                 raise ConfigError(f"model config {path}: cannot read it ({exc.strerror})", key="model") from None
+            except UnicodeDecodeError:
+                raise ConfigError(
+                    f"model config {path}: not a text file (expected a UTF-8 JSON config.json)", key="model"
+                ) from None
             return spec_from_hf_config(raw, source=path)
         raise ConfigError(
             f"unknown model {text!r}: give a preset ({', '.join(PRESETS)}) or the path of a "

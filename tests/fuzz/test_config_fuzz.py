@@ -429,6 +429,9 @@ def contradiction(draw: st.DrawFn) -> tuple[str, dict[str, Any], dict[str, str],
     for key in draw(st.lists(st.sampled_from(["max_num_seqs", "max_num_batched_tokens", "soc", "num_layers",
                                               "data_parallel_size", "optimization_level"]), unique=True, max_size=3)):
         kwargs[key] = draw(ENGINE_VALUES[key])
+    if "max_num_seqs" in kwargs and "max_num_batched_tokens" in kwargs:
+        # background values must be valid on their own: vLLM refuses a token budget below max_num_seqs
+        kwargs["max_num_batched_tokens"] = max(kwargs["max_num_batched_tokens"], kwargs["max_num_seqs"])
     env: dict[str, str] = {}
     if name in CONTRADICTIONS:
         changes, keys = CONTRADICTIONS[name]
