@@ -1,7 +1,8 @@
 """`ascendgraph diagnose`: find graph-capture failures in a vLLM / vLLM Ascend log.
 
 Theory of operation. The log is read once, line by line (any size, any encoding: bytes
-that are not UTF-8 become U+FFFD). Each line loses its decorations — ANSI colours, vLLM's
+that are not UTF-8 become U+FFFD; an input whose first 64 KiB are mostly binary — control
+bytes, or bytes that are no text in any encoding — is refused as "not a text log"). Each line loses its decorations — ANSI colours, vLLM's
 ``(Worker_TP3 pid=123)`` process tags and its ``ERROR 04-20 21:27:00 [file.py:12]``
 prefix — and what is left is matched against `LINE_SIGNATURES`, a table of the texts
 that mark a capture failure (SEMANTICS §8 and the texts in `ascendgraph.errors`).
@@ -777,6 +778,8 @@ def diagnose_lines(
     plan, aiv, suggestion, notes = _plan(
         config, num_layers=num_layers, stream_limit=stream_limit, stream_failure=bool(stream_failures)
     )
+    if scanner.lines_read == 0:
+        notes = [EMPTY_LOG_NOTE]  # nothing else to say about no lines
     if scanner.dropped_incidents:
         notes.append(f"{scanner.dropped_incidents} further error sites were not analysed (more than {MAX_INCIDENTS})")
     return Diagnosis(
@@ -832,6 +835,62 @@ def _maybe_gunzip(stream: BinaryIO) -> BinaryIO:
 
 _READ_HINT = "pass a readable vLLM log file, or - to read standard input"
 
+SNIFF_BYTES = 64 * 1024  # how much of the (decompressed) log the text check looks at
+MAX_CONTROL_SHARE = 0.08  # control bytes (NUL included; tab, newlines, form feed and ESC excepted)
+MAX_UNDECODABLE_SHARE = 0.75  # bytes that are not UTF-8 (other encodings stay readable below this)
+_TEXT_CONTROLS = frozenset("\t\n\r\f\v\x1b")
+EMPTY_LOG_NOTE = "the log is empty (0 lines): nothing to diagnose"
+
+
+class _Rejoined(io.RawIOBase):
+    """The bytes already read for the text check, then the rest of the stream."""
+
+    def __init__(self, head: bytes, rest: BinaryIO) -> None:
+        super().__init__()
+        self._head = memoryview(head)
+        self._rest = rest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self._head:
+            count = min(len(buffer), len(self._head))
+            buffer[:count] = self._head[:count]
+            self._head = self._head[count:]
+            return count
+        data = self._rest.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+
+def binary_share(head: bytes) -> tuple[float, float]:
+    """(control share, undecodable share) of a sample; a leading run of NULs (a log truncated
+    in place, e.g. by logrotate's copytruncate) is left out."""
+    text = head.lstrip(b"\0").decode("utf-8", errors="replace")
+    if not text:
+        return 0.0, 0.0
+    controls = sum(1 for c in text if (c < " " and c not in _TEXT_CONTROLS) or c == "\x7f")
+    return controls / len(text), text.count("\ufffd") / len(text)
+
+
+def _check_text(source: str, head: bytes) -> None:
+    controls, undecodable = binary_share(head)
+    if controls > MAX_CONTROL_SHARE or undecodable > MAX_UNDECODABLE_SHARE:
+        raise UnreadableLog(
+            f"{source} does not look like a text log ({controls:.0%} control bytes, {undecodable:.0%} not UTF-8 "
+            f"in its first {len(head)} bytes); {_READ_HINT} (plain text or .gz)",
+            key="LOGFILE",
+        )
+
+
+def _text_stream(source: str, stream: BinaryIO) -> BinaryIO:
+    """The (gunzipped) stream, after checking that its start looks like text."""
+    stream = _maybe_gunzip(stream)
+    head = stream.read(SNIFF_BYTES)
+    _check_text(source, head)
+    return io.BufferedReader(_Rejoined(head, stream))  # type: ignore[return-value]
+
 
 def diagnose_file(
     path: str,
@@ -840,16 +899,19 @@ def diagnose_file(
     stream_limit: int = DEFAULT_MAX_STREAMS,
     stdin: Optional[BinaryIO] = None,
 ) -> Diagnosis:
-    """Diagnose a log file (plain or gzip), or standard input for ``-``. Unreadable -> UnreadableLog."""
+    """Diagnose a log file (plain or gzip), or standard input for ``-``.
+
+    Unreadable, or not text (its first 64 KiB, after gunzip, hold more than 8 % control
+    bytes or more than 75 % bytes that are not UTF-8) -> UnreadableLog."""
     source = "<stdin>" if path == "-" else path
     try:
         if path == "-":
             raw = stdin if stdin is not None else sys.stdin.buffer
             handle: BinaryIO = raw if hasattr(raw, "peek") else io.BufferedReader(raw)  # type: ignore[arg-type]
-            return diagnose_lines(iter_log_lines(_maybe_gunzip(handle)), source=source,
+            return diagnose_lines(iter_log_lines(_text_stream(source, handle)), source=source,
                                   num_layers=num_layers, stream_limit=stream_limit)
         with open(path, "rb") as handle:
-            return diagnose_lines(iter_log_lines(_maybe_gunzip(handle)), source=source,
+            return diagnose_lines(iter_log_lines(_text_stream(source, handle)), source=source,
                                   num_layers=num_layers, stream_limit=stream_limit)
     except (OSError, EOFError, zlib.error) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
@@ -919,6 +981,8 @@ def format_diagnosis(diagnosis: Diagnosis) -> str:
     """The human report: each failure with its line, class and guidance; then config, plan, suggestion."""
     count = len(diagnosis.failures)
     noun = "capture failure" if count == 1 else "capture failures"
+    if diagnosis.lines_read == 0:
+        return f"{diagnosis.source}: {EMPTY_LOG_NOTE}"
     lines = [f"{diagnosis.source}: {count or 'no'} {noun} in {diagnosis.lines_read} lines"]
     for index, failure in enumerate(diagnosis.failures, 1):
         error = f" ({failure.error_class})" if failure.error_class else ""

@@ -35,6 +35,7 @@ import importlib.util
 import logging
 import os
 import statistics
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
@@ -75,6 +76,8 @@ __all__ = [
     "Prediction",
     "PlanResult",
     "read_workload_file",
+    "check_workload_fits",
+    "check_plot_path",
     "generated_workload",
     "default_budget",
     "stream_failure",
@@ -118,10 +121,11 @@ class Workload:
         }
 
 
-def read_workload_file(path: str) -> list[int]:
+def read_workload_file(path: str, *, max_tokens: Optional[int] = None) -> list[int]:
     """One batch size in tokens per line; blank lines and ``#`` comments are skipped.
 
-    A bad line is a ConfigError naming the file, the line number and the text.
+    A bad line is a ConfigError naming the file, the line number and the text; so is a
+    batch size above ``max_tokens`` (the config's max_num_batched_tokens: no batch is larger).
     """
     try:
         with open(path, encoding="utf-8") as handle:
@@ -143,10 +147,27 @@ def read_workload_file(path: str) -> list[int]:
             raise ConfigError(
                 f"{path}:{number}: expected a batch size in tokens (an integer >= 1), got {text!r}", key="workload"
             )
+        if max_tokens is not None and value > max_tokens:
+            raise ConfigError(f"{path}:{number}: {_above_max_text(value, max_tokens)}", key="workload")
         sizes.append(value)
     if not sizes:
         raise ConfigError(f"{path}: no batch sizes found (expected one batch size in tokens per line)", key="workload")
     return sizes
+
+
+def _above_max_text(value: int, max_tokens: int) -> str:
+    return (
+        f"batch size {value} is above max_num_batched_tokens ({max_tokens}), and no batch holds more tokens; "
+        f"remove it or raise --max-num-batched-tokens"
+    )
+
+
+def check_workload_fits(workload: "Workload", max_tokens: int) -> None:
+    """Every batch of ``workload`` must fit max_num_batched_tokens (ConfigError naming the first that does not)."""
+    for index, value in enumerate(workload.batch_sizes, 1):
+        if value > max_tokens:
+            raise ConfigError(f"workload {workload.description}, batch {index}: {_above_max_text(value, max_tokens)}",
+                              key="workload")
 
 
 def _counts_for_mode(mode: GraphMode) -> str:
@@ -184,8 +205,8 @@ def generated_workload(config: GraphConfig, mode: GraphMode, *, requests: int, s
     )
 
 
-def file_workload(path: str) -> Workload:
-    sizes = read_workload_file(path)
+def file_workload(path: str, *, max_tokens: Optional[int] = None) -> Workload:
+    sizes = read_workload_file(path, max_tokens=max_tokens)
     return Workload(source="file", description=f"{path}", batch_sizes=sizes, counted=list(sizes),
                     details={"path": path, "counted": "all batches"})
 
@@ -346,6 +367,8 @@ def make_plan(
         raise ConfigError(f"measure must be one of {', '.join(MEASURE_METHODS)}, got {measure!r}", key="measure")
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
         raise ConfigError(f"the budget must be a number of capture sizes >= 1, got {budget!r}", key="budget")
+    if workload is not None:
+        check_workload_fits(workload, config.max_num_batched_tokens)
     resolution = resolve(config, stream_limit=stream_limit, hccl_op_expansion_mode=hccl_op_expansion_mode)
     if workload is None:
         workload = generated_workload(config, resolution.mode, requests=requests, seed=seed)
@@ -646,15 +669,51 @@ def plot_padding_waste(result: PlanResult, path: str) -> None:
     axis.set_title(f"{result.resolution.config.model.name}: padding waste per batch size, {result.budget} capture sizes")
     axis.legend(loc="upper right")
     figure.tight_layout()
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp.png")
     try:
-        figure.savefig(tmp, dpi=110)
-        os.replace(tmp, path)
+        _save_atomically(figure, path)
     finally:
         plt.close(figure)
+
+
+def _save_atomically(figure: Any, path: str) -> None:
+    """Write the PNG to a temporary file next to ``path``, then rename: a failure leaves no partial file."""
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        handle, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp.png", dir=directory)
+    except OSError as exc:
+        raise ConfigError(f"--plot {path}: cannot write in {directory}: {exc.strerror or exc}", key="plot") from None
+    os.close(handle)
+    try:
+        figure.savefig(tmp, dpi=110, format="png")
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise ConfigError(f"--plot {path}: cannot write it: {exc.strerror or exc}", key="plot") from None
+    finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def check_plot_path(path: str) -> str:
+    """The ``--plot`` target, checked before any work: a file path whose folder exists and is writable."""
+    example = "e.g. --plot waste.png"
+    if not path.strip():
+        raise ConfigError(f"--plot needs the path of a PNG file to write, got {path!r} ({example})", key="plot")
+    if os.path.isdir(path):
+        raise ConfigError(
+            f"--plot {path}: is a folder; give a file path in it, e.g. --plot {os.path.join(path, 'waste.png')}",
+            key="plot",
+        )
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.exists(directory):
+        raise ConfigError(f"--plot {path}: folder {directory} does not exist; create it or pick another path",
+                          key="plot")
+    if not os.path.isdir(directory):
+        raise ConfigError(f"--plot {path}: {directory} is a file, not a folder; pick another path ({example})",
+                          key="plot")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise ConfigError(f"--plot {path}: folder {directory} is not writable; pick another path ({example})",
+                          key="plot")
+    return path
 
 
 # --------------------------------------------------------------------------- run --sizes-from-plan
@@ -756,12 +815,14 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def plan_command(args: argparse.Namespace) -> int:
-    if args.plot and not matplotlib_available():
-        raise CliUsageError(f"ascendgraph plan: error: {PLOT_MISSING}")
+    if args.plot is not None:
+        if not matplotlib_available():
+            raise CliUsageError(f"ascendgraph plan: error: {PLOT_MISSING}")
+        check_plot_path(args.plot)
     config = config_from_args(args)
     workload: Optional[Workload] = None
     if args.workload is not None:
-        workload = file_workload(args.workload)
+        workload = file_workload(args.workload, max_tokens=config.max_num_batched_tokens)
     if args.measure != "off":
         log.info("measuring capture cost on the simulator (meta tensors)...")
     result = make_plan(
@@ -776,7 +837,7 @@ def plan_command(args: argparse.Namespace) -> int:
         sample=args.sample_sizes,
         sim_profile=args.sim_profile,
     )
-    if args.plot:
+    if args.plot is not None:
         if result.even is None:
             result.warnings.append("--plot: graphs are off, nothing to draw")
         else:

@@ -360,11 +360,13 @@ def _check_config(path: Path, table: Any) -> dict[str, Any]:
         if key in _JSON_FLAGS:
             if not isinstance(value, (str, dict)):
                 raise ScenarioError(path, where, f"expected a table or a JSON string (the {flag} flag), got {value!r}")
+            _check_json_flag(path, where, flag, value)
         elif key == "model":
             if not isinstance(value, (str, dict)):
                 raise ScenarioError(path, where, f"expected a preset name, a config.json path or a table, got {value!r}")
             if isinstance(value, str) and not os.path.isabs(value) and (path.parent / value).exists():
                 value = str(path.parent / value)
+            _check_model(path, where, value)
         elif action.nargs == 0:  # store_true flags
             if not isinstance(value, bool):
                 raise ScenarioError(path, where, f"expected true or false (the {flag} switch), got {value!r}")
@@ -384,6 +386,26 @@ def _check_config(path: Path, table: Any) -> dict[str, Any]:
             )
         checked[key] = value
     return checked
+
+
+def _check_json_flag(path: Path, where: str, flag: str, value: Union[str, dict[str, Any]]) -> None:
+    """A JSON flag's string must parse to an object, as the CLI parses it (its message, one line)."""
+    from ascendgraph.config import parse_json_argument
+
+    try:
+        parse_json_argument(flag, value)
+    except ConfigError as exc:
+        raise ScenarioError(path, where, " ".join(str(exc).split())) from None
+
+
+def _check_model(path: Path, where: str, value: Union[str, dict[str, Any]]) -> None:
+    """The model must resolve as `--model` resolves it: a preset, a readable config.json, a table."""
+    from ascendgraph.models.presets import model_spec_from
+
+    try:
+        model_spec_from(value)
+    except ConfigError as exc:
+        raise ScenarioError(path, where, " ".join(str(exc).split())) from None
 
 
 def _action_args(path: Path, table: Any) -> tuple[str, dict[str, Any]]:
@@ -422,6 +444,8 @@ def load_scenario(path: Union[str, Path]) -> Scenario:
         raise ScenarioError(path, "(file)", f"cannot read it: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(path, "(file)", f"not valid TOML: {exc}") from None
+    except UnicodeDecodeError:
+        raise ScenarioError(path, "(file)", "not a text file (expected a UTF-8 TOML scenario file)") from None
     for key in data:
         if key not in TOP_KEYS:
             raise ScenarioError(path, key, f"unknown top-level key{_closest(key, TOP_KEYS)}; expected one of {', '.join(TOP_KEYS)}")

@@ -8,19 +8,23 @@ calibrated profile from a JSON file:
     {"name": "A2-lab", "base": "A2", "stream_limit": 1700, "hdk_version": "25.5.1",
      "cost": {"host_launch_us": 9.5, "bandwidth_gbps": 1500}}
 
-``base`` (optional) names a table entry whose values the file overrides.
+``base`` (optional) names a table entry, or another profile JSON file (a path as given,
+relative to the working folder), whose values the file overrides; a chain of files that
+loops back on itself is refused. Every value is checked at load (type and range; JSON
+``true`` is not a number), and a bad one is a ConfigError naming the file, the key, the
+value and what is expected.
 """
 
 from __future__ import annotations
 
-import os
-
 import dataclasses
 import json
+import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Mapping, Union
+from typing import Any, Callable, Mapping, Union
 
 from ascendgraph.device import DeviceProfile
 from ascendgraph.errors import ConfigError
@@ -97,15 +101,100 @@ _DEVICE_FIELDS = {f.name for f in dataclasses.fields(DeviceProfile)}
 _COST_FIELDS = {f.name for f in dataclasses.fields(CostParams)}
 
 
+# --------------------------------------------------------------------------- field checks
+# Each field's rule: (accepts, what a valid value is). A JSON (or TOML) value is checked
+# before it reaches a dataclass, so a wrong type fails at load, naming the file and the key,
+# not later inside the simulator's clock. Bools are not numbers here (JSON true is not 1).
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return _is_int(value) or (isinstance(value, float) and math.isfinite(value))
+
+
+_Rule = tuple[Callable[[Any], bool], str]
+
+_NON_EMPTY_STR: _Rule = (lambda v: isinstance(v, str) and bool(v.strip()), "a non-empty string")
+_STR: _Rule = (lambda v: isinstance(v, str), "a string")
+_BOOL: _Rule = (lambda v: isinstance(v, bool), "true or false")
+_POSITIVE_INT: _Rule = (lambda v: _is_int(v) and v >= 1, "an integer >= 1")
+_POSITIVE_NUMBER: _Rule = (lambda v: _is_number(v) and v > 0, "a finite number > 0")
+_NON_NEGATIVE_NUMBER: _Rule = (lambda v: _is_number(v) and v >= 0, "a finite number >= 0")
+
+_DEVICE_RULES: Mapping[str, _Rule] = MappingProxyType(
+    {
+        "name": _NON_EMPTY_STR,
+        "soc": _NON_EMPTY_STR,
+        "stream_limit": _POSITIVE_INT,
+        "hdk_version": _NON_EMPTY_STR,
+        "cann_version": _NON_EMPTY_STR,
+        "old_hdk": _BOOL,
+        "supports_npugraph_ex": _BOOL,
+        "supports_static_kernel": _BOOL,
+        "supports_super_kernel": _BOOL,
+        "supports_task_update": _BOOL,
+        "max_piecewise_sizes": (lambda v: v is None or (_is_int(v) and v >= 1), "an integer >= 1, or null for no limit"),
+        "memory_bytes": _POSITIVE_INT,
+        "description": _STR,
+    }
+)
+_COST_RULES: Mapping[str, _Rule] = MappingProxyType(
+    {
+        "host_launch_us": _NON_NEGATIVE_NUMBER,
+        "graph_launch_us": _NON_NEGATIVE_NUMBER,
+        "graph_launch_per_task_us": _NON_NEGATIVE_NUMBER,
+        "task_overhead_us": _NON_NEGATIVE_NUMBER,
+        "peak_tflops": _POSITIVE_NUMBER,
+        "bandwidth_gbps": _POSITIVE_NUMBER,
+        "capture_base_us": _NON_NEGATIVE_NUMBER,
+        "capture_per_task_us": _NON_NEGATIVE_NUMBER,
+        "ai_cores": _POSITIVE_INT,
+        "elements_per_block": _POSITIVE_INT,
+        "static_kernel_overhead_factor": _NON_NEGATIVE_NUMBER,
+        "super_kernel_sync_us": _NON_NEGATIVE_NUMBER,
+    }
+)
+assert set(_DEVICE_RULES) == _DEVICE_FIELDS and set(_COST_RULES) == _COST_FIELDS, "a profile field has no rule"
+
+_MAX_BASE_DEPTH = 16  # profile files naming profile files as base: deeper than this is a mistake
+
+
+def _show(value: Any) -> str:
+    """A value as the user wrote it (JSON spelling), shortened for a one-line message."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _check_fields(origin: str, values: Mapping[str, Any], rules: Mapping[str, _Rule], prefix: str = "") -> None:
+    for key, value in values.items():
+        accepts, expected = rules[key]
+        if not accepts(value):
+            raise ConfigError(f"{origin}: {prefix}{key} must be {expected}, got {_show(value)}", key=f"profile.{prefix}{key}")
+
+
 def get_profile(name: Union[str, SimProfile, DeviceProfile] = DEFAULT_PROFILE) -> SimProfile:
     """A profile by table name (case-insensitive), or wrap a DeviceProfile with default costs."""
+    return _get_profile(name, chain=())
+
+
+def _is_json_path(name: Any) -> bool:
+    return isinstance(name, os.PathLike) or (isinstance(name, str) and name.strip().lower().endswith(".json"))
+
+
+def _get_profile(name: Any, *, chain: tuple[Path, ...]) -> SimProfile:
     if isinstance(name, SimProfile):
         return name
     if isinstance(name, DeviceProfile):
         base = PROFILES.get(name.name)
         return SimProfile(name, base.cost if base else CostParams())
-    if isinstance(name, os.PathLike) or (isinstance(name, str) and name.strip().lower().endswith(".json")):
-        return load_profile(name)
+    if _is_json_path(name):
+        return _load_profile(Path(name), chain=chain)
     if not isinstance(name, str):
         raise ConfigError(f"profile must be a name or a DeviceProfile, got {name!r}", key="profile")
     for key, profile in PROFILES.items():
@@ -118,37 +207,89 @@ def get_profile(name: Union[str, SimProfile, DeviceProfile] = DEFAULT_PROFILE) -
 
 
 def profile_from_dict(data: Mapping[str, Any], *, origin: str = "profile") -> SimProfile:
-    """Build a profile from a mapping (the JSON form described in the module docstring)."""
+    """Build a profile from a mapping (the JSON form described in the module docstring).
+
+    Every value is checked (type and range) before use; a bad one is a ConfigError naming
+    ``origin``, the key, the value and what is expected.
+    """
+    return _profile_from_dict(data, origin=origin, chain=())
+
+
+def _base_profile(origin: str, base_name: Any, chain: tuple[Path, ...]) -> SimProfile:
+    if not isinstance(base_name, str) or not base_name.strip():
+        raise ConfigError(
+            f"{origin}: base must be a profile name ({', '.join(PROFILES)}) or a profile JSON file, "
+            f"got {_show(base_name)}",
+            key="profile.base",
+        )
+    return _get_profile(base_name, chain=chain)
+
+
+def _profile_from_dict(data: Any, *, origin: str, chain: tuple[Path, ...]) -> SimProfile:
     if not isinstance(data, Mapping):
         raise ConfigError(f"{origin}: expected a JSON object, got {type(data).__name__}", key="profile")
     values = dict(data)
     base_name = values.pop("base", None)
-    base = get_profile(base_name) if base_name is not None else None
-    cost_values = values.pop("cost", {}) or {}
-    unknown = sorted(set(values) - _DEVICE_FIELDS) + [f"cost.{k}" for k in sorted(set(cost_values) - _COST_FIELDS)]
+    cost_values = values.pop("cost", {})
+    if not isinstance(cost_values, Mapping):
+        raise ConfigError(
+            f"{origin}: cost must be an object of cost overrides such as {{\"host_launch_us\": 9.5}}, "
+            f"got {_show(cost_values)}",
+            key="profile.cost",
+        )
+    cost_values = dict(cost_values)
+    unknown = sorted(map(str, set(values) - _DEVICE_FIELDS)) + [
+        f"cost.{k}" for k in sorted(map(str, set(cost_values) - _COST_FIELDS))
+    ]
     if unknown:
         raise ConfigError(
             f"{origin}: unknown keys {', '.join(unknown)}; device keys: {', '.join(sorted(_DEVICE_FIELDS))}; "
             f"cost keys: {', '.join(sorted(_COST_FIELDS))}",
             key="profile",
         )
-    if base is None and ("name" not in values or "soc" not in values):
+    _check_fields(origin, values, _DEVICE_RULES)
+    _check_fields(origin, cost_values, _COST_RULES, prefix="cost.")
+    if base_name is None and ("name" not in values or "soc" not in values):
         raise ConfigError(f"{origin}: a profile without 'base' needs 'name' and 'soc'", key="profile")
-    try:
-        device = dataclasses.replace(base.device, **values) if base else DeviceProfile(**values)
-        cost = dataclasses.replace(base.cost if base else CostParams(), **cost_values)
-    except TypeError as exc:
-        raise ConfigError(f"{origin}: {exc}", key="profile") from None
+    base = _base_profile(origin, base_name, chain) if base_name is not None else None
+    device = dataclasses.replace(base.device, **values) if base else DeviceProfile(**values)
+    cost = dataclasses.replace(base.cost if base else CostParams(), **cost_values)
     return SimProfile(device, cost)
 
 
 def load_profile(path: Union[str, Path]) -> SimProfile:
     """Read a profile (e.g. a calibration result) from a JSON file."""
-    source = Path(path)
+    return _load_profile(Path(path), chain=())
+
+
+def _load_profile(source: Path, *, chain: tuple[Path, ...]) -> SimProfile:
+    identity = _identity(source)
+    if identity in chain:
+        cycle = " -> ".join(str(p) for p in (*chain[chain.index(identity):], identity))
+        raise ConfigError(
+            f"profile file {source}: its base chain loops ({cycle}); make one of them name a table profile "
+            f"({', '.join(PROFILES)}) as base",
+            key="profile.base",
+        )
+    if len(chain) >= _MAX_BASE_DEPTH:
+        raise ConfigError(
+            f"profile file {source}: more than {_MAX_BASE_DEPTH} profile files chained through 'base'",
+            key="profile.base",
+        )
     try:
         data = json.loads(source.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"cannot read profile file {source}: {exc.strerror or exc}", key="profile") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"profile file {source}: not a text file (expected a UTF-8 JSON object)", key="profile") from None
     except json.JSONDecodeError as exc:
         raise ConfigError(f"profile file {source} is not valid JSON: {exc}", key="profile") from None
-    return profile_from_dict(data, origin=str(source))
+    return _profile_from_dict(data, origin=f"profile file {source}", chain=(*chain, identity))
+
+
+def _identity(source: Path) -> Path:
+    """The file a path names, for cycle detection (symlinks and ``..`` resolved when possible)."""
+    try:
+        return source.resolve()
+    except (OSError, RuntimeError):
+        return source.absolute()

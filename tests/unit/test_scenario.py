@@ -111,7 +111,11 @@ def test_a_config_table_is_read_with_the_cli_flag_converters(tmp_path):
 
 def test_a_relative_model_path_is_resolved_next_to_the_scenario_file(tmp_path):
     (tmp_path / "model").mkdir()
-    (tmp_path / "model" / "config.json").write_text("{}")
+    (tmp_path / "model" / "config.json").write_text(
+        '{"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "hidden_size": 512, '
+        '"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 128, '
+        '"intermediate_size": 1024, "vocab_size": 2048}'
+    )  # a valid config.json: the model is resolved at load, as --model would be
     scenario = load_scenario(write(tmp_path, "description='x'\n[config]\nmodel='model'\n[expect]\noutcome='ok'\n"))
     assert scenario.config["model"] == str(tmp_path / "model")
 
