@@ -33,6 +33,7 @@ from ascendgraph.errors import LAUNCH_BLOCKING_MESSAGE, TASK_QUEUE_2_DURING_CAPT
 from ascendgraph.modes import GraphMode
 from ascendgraph.sizes import (
     DEFAULT_MAX_STREAMS,
+    HCCL_EXPANSION_MODES,
     ascend_default_max_capture_size,
     compute_capture_sizes,
     plan_stream_budget,
@@ -61,7 +62,6 @@ BROKEN_EXIT = 1
 
 # HDK 25.5.1 is the first stack without the `Alloc sq cq fail` capture failure (SEMANTICS §8).
 MIN_HDK = (25, 5, 1)
-HCCL_EXPANSION_MODES = ("AI_CPU", "AIV", "HOST", "HOST_TS")
 DEFAULT_CACHE_DIR = "~/.cache/ascendgraph"
 DEFAULT_ASCEND_ROOTS = ("/usr/local/Ascend", "~/Ascend")
 WRAP = 110
