@@ -31,11 +31,12 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import os
 import sys
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional, Protocol, Sequence, Union
+from typing import Any, Callable, Iterator, Mapping, Optional, Protocol, Sequence, Union
 
 import torch
 
@@ -82,6 +83,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_REQUESTS = 16
 ON_CAPTURE_ERROR = ("raise", "eager")
+# Upper bounds (the CLI's `ascendgraph.cli.LIMITS` say the same; a test keeps them equal).
+MAX_REQUESTS = 1_000_000
+MAX_SEED = 2**63 - 1
 _ATOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 _MAX_IDLE_STEPS = 10_000
 
@@ -123,16 +127,45 @@ class EngineOptions:
     dp_peer_tokens: Optional[Callable[[ScheduledBatch], Sequence[int]]] = None
 
     def __post_init__(self) -> None:
-        if self.on_capture_error not in ON_CAPTURE_ERROR:
-            raise ConfigError(
-                f"on_capture_error must be one of {', '.join(ON_CAPTURE_ERROR)}, got {self.on_capture_error!r}",
-                key="on_capture_error",
-            )
-        if isinstance(self.requests, bool) or not isinstance(self.requests, int) or self.requests < 1:
-            raise ConfigError(f"requests must be an integer >= 1, got {self.requests!r}", key="requests")
-        if self.atol is not None and not (self.atol >= 0 and math.isfinite(self.atol)):
-            raise ConfigError(f"atol must be a finite number >= 0, got {self.atol!r}", key="atol")
-        parse_dtype(self.dtype)
+        validate_engine_options(self)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_int(name: str, value: Any, low: int, high: int, *, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if not _is_int(value) or not low <= value <= high:
+        upper = "2**63 - 1" if high == 2**63 - 1 else str(high)
+        raise ConfigError(f"{name} must be an integer from {low} to {upper}, got {value!r}", key=name)
+
+
+def validate_engine_options(options: EngineOptions) -> None:
+    """Every EngineOptions value has the right type and range (ConfigError naming it)."""
+    device = options.device  # a backend name (checked by get_device) or a Device object
+    if not isinstance(device, str) and not callable(getattr(device, "new_stream", None)):
+        raise ConfigError(f"device must be a backend name (sim, npu, auto) or a Device object, got {device!r}",
+                          key="device")
+    if options.on_capture_error not in ON_CAPTURE_ERROR:
+        raise ConfigError(
+            f"on_capture_error must be one of {', '.join(ON_CAPTURE_ERROR)}, got {options.on_capture_error!r}",
+            key="on_capture_error",
+        )
+    _check_int("requests", options.requests, 1, MAX_REQUESTS)
+    _check_int("seed", options.seed, 0, MAX_SEED)
+    _check_int("stream_limit", options.stream_limit, 1, 2**63 - 1, optional=True)  # planning uses 2**30
+    atol = options.atol
+    if atol is not None and (isinstance(atol, bool) or not isinstance(atol, (int, float))
+                             or not (atol >= 0 and math.isfinite(atol))):
+        raise ConfigError(f"atol must be a finite number >= 0, got {atol!r}", key="atol")
+    if options.profile_dir is not None and not (isinstance(options.profile_dir, (str, os.PathLike))
+                                                and str(options.profile_dir).strip()):
+        raise ConfigError(f"profile_dir must be a directory path, got {options.profile_dir!r}", key="profile_dir")
+    if options.env is not None and not isinstance(options.env, Mapping):
+        raise ConfigError(f"env must be a mapping of variable names to values, got {options.env!r}", key="env")
+    parse_dtype(options.dtype)
 
 
 @dataclass(frozen=True)

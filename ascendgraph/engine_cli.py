@@ -17,13 +17,18 @@ import traceback
 from typing import Any, Callable, Optional
 
 from ascendgraph.cli import (
+    LIMITS,
     Command,
     add_config_arguments,
+    bounded_int,
     config_from_args,
     emit_json,
     emit_text,
+    env_from_args,
+    non_empty_text,
     positive_int,
     register_command,
+    seed_int,
 )
 from ascendgraph.errors import ConfigError
 
@@ -51,10 +56,12 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser)
     run_group = parser.add_argument_group("run")
     run_group.add_argument("--device", choices=("sim", "npu", "auto"), default="auto",
-                           help="device backend: the CPU simulator, a real NPU, or auto (npu when usable, else sim)")
-    run_group.add_argument("--requests", type=positive_int, default=DEFAULT_REQUESTS, metavar="N",
-                           help=f"number of generated requests (default {DEFAULT_REQUESTS})")
-    run_group.add_argument("--seed", type=int, default=0, help="seed of weights, prompts and fault draws (default 0)")
+                           help="device backend: the CPU simulator, a real NPU, or auto (npu when usable, else sim; "
+                                "default %(default)s)")
+    run_group.add_argument("--requests", type=bounded_int("requests"), default=DEFAULT_REQUESTS, metavar="N",
+                           help=f"number of generated requests (default %(default)s, at most {LIMITS['requests'][1]})")
+    run_group.add_argument("--seed", type=seed_int, default=0, metavar="N",
+                           help="seed of weights, prompts and fault draws (default 0; 0 <= N < 2**63)")
     run_group.add_argument("--on-capture-error", choices=ON_CAPTURE_ERROR, default="raise",
                            help="raise: a failed capture fails the run (exit 1); eager: log it, release the graphs "
                                 "and serve eagerly")
@@ -86,7 +93,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     extras.add_argument("--quantization", choices=("w8a8", "w8a8_dynamic"), default=None,
                         help="W8A8-like model variant: int8 weights, activations quantised after each norm "
                              "statically (w8a8) or per token (w8a8_dynamic); default: not quantised")
-    extras.add_argument("--profile-dir", default=None, metavar="DIR",
+    extras.add_argument("--profile-dir", type=non_empty_text("a directory, e.g. ./ascendgraph_profile"),
+                        default=None, metavar="DIR",
                         help="profile capture and serving: op_statistic.csv, kernel_details.csv and "
                              "trace_view.json under DIR/<host>_<pid>_<time>_ascend_pt/ASCEND_PROFILER_OUTPUT/")
 
@@ -96,13 +104,15 @@ def run_command(args: argparse.Namespace, on_report: Optional[Callable[[Any], No
     from ascendgraph.engine import run  # torch is imported only when a run starts
 
     config = config_from_args(args)
+    env = env_from_args(args)
     if getattr(args, "budget", None) is not None and not getattr(args, "sizes_from_plan", False):
         raise ConfigError("--budget needs --sizes-from-plan (it limits the sizes the plan selects)", key="budget")
     if getattr(args, "sizes_from_plan", False):
         from ascendgraph.plan import sizes_from_plan
 
         selected = sizes_from_plan(config, requests=args.requests, seed=args.seed, budget=args.budget,
-                                   stream_limit=args.stream_limit, hccl_op_expansion_mode=args.hccl_op_expansion_mode)
+                                   stream_limit=args.stream_limit, hccl_op_expansion_mode=args.hccl_op_expansion_mode,
+                                   env=env)
         emit_text(selected.describe())
         config = selected.config
     quiet = bool(getattr(args, "quiet", False))
@@ -124,6 +134,7 @@ def run_command(args: argparse.Namespace, on_report: Optional[Callable[[Any], No
         atol=args.atol,
         quantization=getattr(args, "quantization", None),
         profile_dir=getattr(args, "profile_dir", None),
+        env=env,
         debug=debug,
         progress=(not quiet) and sys.stderr.isatty(),
         # The simulator issues many small ops: one intra-op thread is faster (and much faster

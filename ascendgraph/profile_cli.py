@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from ascendgraph.cli import Command, emit_text, register_command
 from ascendgraph.engine_cli import add_run_arguments, run_command
@@ -42,9 +43,41 @@ def _profile_file(report_json: dict[str, Any]) -> Path | None:
     return path if path is not None and path.is_file() else None
 
 
+def _holds_no_file(directory: Path) -> bool:
+    return all(not files for _, _, files in os.walk(directory))
+
+
+def remove_if_empty(directory: Path) -> bool:
+    """Remove ``directory`` (and its empty sub-folders) when it holds no file; True when removed."""
+    if not directory.is_dir() or not _holds_no_file(directory):
+        return False
+    for root, _, _ in sorted(os.walk(directory), key=lambda entry: len(entry[0]), reverse=True):
+        os.rmdir(root)
+    return True
+
+
+def _new_directory(path: Optional[str]) -> Optional[Path]:
+    """The outermost folder a run writing to ``path`` would create (None when ``path`` exists)."""
+    if not path:
+        return None
+    directory = Path(path).absolute()
+    if directory.exists():
+        return None
+    while not directory.parent.exists() and directory.parent != directory:
+        directory = directory.parent
+    return directory
+
+
 def profile_command(args: argparse.Namespace) -> int:
     captured: dict[str, Any] = {}
-    code = run_command(args, on_report=lambda report: captured.update(report.to_json()))
+    created = _new_directory(getattr(args, "profile_dir", None))
+    code = 1
+    try:
+        code = run_command(args, on_report=lambda report: captured.update(report.to_json()))
+    finally:
+        # A failed run must not leave an empty profile folder behind (only one it created).
+        if code != 0 and created is not None:
+            remove_if_empty(created)
     op_statistic = _profile_file(captured)
     if op_statistic is not None:
         rows = top_op_types(op_statistic)

@@ -8,8 +8,11 @@ the closest real flag. vLLM's spellings are honoured: ``--flag value``, ``--flag
 ``-O3`` / ``-O 3`` / ``--optimization-level 3``, and dotted keys into the JSON configs
 (``-cc.cudagraph_mode=FULL``, ``--compilation-config.cudagraph_capture_sizes "[1,2]"``,
 ``-O.mode=3``, ``--additional-config.xlite_graph_config '{"enabled": true}'``).
-Environment assignments before ``vllm`` (``HCCL_OP_EXPANSION_MODE=AIV vllm serve ...``)
-are honoured for the variables ascendgraph reads as flags.
+Environment assignments before ``vllm`` (``ASCEND_LAUNCH_BLOCKING=1 vllm serve ...``) are
+the environment of that configuration: the command resolves (and runs) with the process
+environment plus these (`PastedCommand.env`); HCCL_OP_EXPANSION_MODE also becomes its flag.
+The model argument selects a preset by name or architecture, else a local config.json;
+anything else that is clearly a path must exist, and a Hugging Face id falls back to tiny.
 """
 
 from __future__ import annotations
@@ -17,9 +20,11 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
+from ascendgraph.config import parse_json_argument
 from ascendgraph.errors import ConfigError
 from ascendgraph.models.backends import ATTENTION_BACKENDS
 from ascendgraph.models.presets import PRESETS, preset_for_architecture
@@ -76,14 +81,21 @@ class PastedCommand:
     ignored: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     model: Optional[str] = None
+    env: dict[str, str] = field(default_factory=dict)  # assignments before `vllm serve`
+
+
+def looks_like_path(model: str) -> bool:
+    """A model argument that can only mean a local file or folder (not a Hugging Face id)."""
+    return model.startswith(("/", "./", "../", "~")) or model in (".", "..") or model.endswith(".json")
 
 
 def resolve_model_argument(model: str) -> tuple[str, Optional[str]]:
     """A `--model` value for a vLLM model argument, and a note when falling back to tiny.
 
     Order: a preset named like the model (``Qwen/Qwen3-0.6B`` -> ``qwen3-0.6b``); a preset
-    whose architecture is the argument; a local ``config.json`` (file or folder); else
-    ``tiny`` with a warning.
+    whose architecture is the argument; a local ``config.json`` (file or folder); a value
+    that is clearly a path (``/``, ``./``, ``../``, ``~``, ``*.json``) but names no
+    config.json is a ConfigError; else (a Hugging Face id) ``tiny`` with a warning.
     """
     base = model.rstrip("/").rsplit("/", 1)[-1].lower()
     if base in PRESETS:
@@ -91,14 +103,44 @@ def resolve_model_argument(model: str) -> tuple[str, Optional[str]]:
     by_architecture = preset_for_architecture(model)
     if by_architecture:
         return by_architecture, None
-    candidate = os.path.join(model, "config.json") if os.path.isdir(model) else model
+    local = os.path.expanduser(model)
+    candidate = os.path.join(local, "config.json") if os.path.isdir(local) else local
     if os.path.isfile(candidate):
-        return model, None
+        return local, None
+    if looks_like_path(model):
+        what = "has no config.json" if os.path.isdir(local) else "does not exist"
+        raise ConfigError(
+            f"model path {model!r} {what}; pass an existing config.json (file or folder), a preset "
+            f"({', '.join(PRESETS)}) or a Hugging Face id", key="model",
+        )
     return "tiny", (
         f"model {model!r} is not a preset ({', '.join(PRESETS)}), an architecture name or a local "
         "config.json: using the tiny preset (Qwen3ForCausalLM); pass the model's config.json folder to "
         "use its dimensions"
     )
+
+
+_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+
+
+def _looks_like_flag(token: str) -> bool:
+    """A token that is a flag, not a value (``-1`` and ``-0.5`` are values)."""
+    return token.startswith("-") and len(token) > 1 and not _NUMBER.match(token)
+
+
+def _value_after(flag: str, rest: Sequence[str], index: int, what: str = "a value") -> str:
+    """The value of ``flag`` at ``rest[index]``; a missing one (or the next flag) is an error."""
+    if index >= len(rest) or _looks_like_flag(rest[index]):
+        following = f" (got the flag {rest[index]!r} instead)" if index < len(rest) else ""
+        raise ConfigError(f"vllm serve flag {flag} needs {what}{following}", key=flag)
+    return rest[index]
+
+
+def _json_object(flag: str, value: str) -> dict[str, Any]:
+    """A JSON-object flag's value; bad JSON gets the same hint as the flag given directly."""
+    if not value.strip():
+        raise ConfigError(f"{flag} is empty; pass a JSON object such as '{{}}'", key=flag)
+    return parse_json_argument(flag, value)
 
 
 def _json_value(text: str) -> Any:
@@ -138,13 +180,24 @@ def _split_env(tokens: list[str]) -> tuple[dict[str, str], list[str]]:
     return env, tokens[index:]
 
 
+def _unknown_flag(flag: str, own_flag: Callable[[str], bool]) -> ConfigError:
+    if own_flag(flag):
+        return ConfigError(f"{flag} is an ascendgraph flag, not a vllm serve flag: put it before --", key=flag)
+    return ConfigError(f"unknown vllm serve flag {flag!r} (not a vLLM {VLLM_VERSION} option){_closest(flag)}", key=flag)
+
+
 def translate_vllm_command(
-    tokens: Sequence[str], *, accepts: Callable[[str], bool] = lambda flag: True
+    tokens: Sequence[str],
+    *,
+    accepts: Callable[[str], bool] = lambda flag: True,
+    own_flag: Callable[[str], bool] = lambda flag: False,
 ) -> PastedCommand:
     """Translate a ``vllm serve ...`` token list into ascendgraph flags.
 
     ``accepts(flag)`` says whether the target command takes an ascendgraph flag (e.g.
     ``--seed`` exists for ``run`` but not for ``explain``); flags it refuses are ignored.
+    ``own_flag(flag)``: whether a flag that is not vLLM's is one of the target command's
+    own (then the error says to put it before ``--``).
     """
     env, rest = _split_env(list(tokens))
     if rest[:2] != ["vllm", "serve"]:
@@ -153,7 +206,7 @@ def translate_vllm_command(
             f"expected a `vllm serve MODEL ...` command line after --, got {shown!r}", key="--"
         )
     rest = rest[2:]
-    result = PastedCommand(argv=[])
+    result = PastedCommand(argv=[], env=dict(env))
     json_configs: dict[str, dict[str, Any]] = {}
     dotted_configs: dict[str, dict[str, Any]] = {}
     lora_enabled = False
@@ -162,9 +215,6 @@ def translate_vllm_command(
     for name, value in env.items():
         if name in ENV_FLAGS:
             result.argv += [ENV_FLAGS[name], value]
-        else:
-            result.notes.append(f"environment assignment {name}={value} in the pasted line is not applied; "
-                                "export it in your shell if it matters")
 
     def add(flag: str, *values: str) -> None:
         if accepts(flag):
@@ -189,9 +239,7 @@ def translate_vllm_command(
             add("-O", level)
             continue
         if flag == "-O" and not has_inline:
-            if index >= len(rest):
-                raise ConfigError("-O needs a level (0-3)", key="-O")
-            add("-O", rest[index])
+            add("-O", _value_after("-O", rest, index, "a level (0-3)"))
             index += 1
             continue
         base, dot, dotted = flag.partition(".")
@@ -200,25 +248,19 @@ def translate_vllm_command(
                 raise ConfigError(f"dotted option {flag!r}: only {', '.join(sorted(JSON_FLAGS))} take dotted keys",
                                   key=flag)
             if not has_inline:
-                if index >= len(rest):
-                    raise ConfigError(f"{flag} needs a value", key=flag)
-                inline = rest[index]
+                inline = _value_after(flag, rest, index)
                 index += 1
             _set_dotted(dotted_configs.setdefault(JSON_FLAGS[base], {}), dotted, _json_value(inline), flag)
             continue
         if flag not in VLLM_FLAGS:
-            raise ConfigError(
-                f"unknown vllm serve flag {flag!r} (not a vLLM {VLLM_VERSION} option){_closest(flag)}", key=flag
-            )
+            raise _unknown_flag(flag, own_flag)
         takes_value = flag in VLLM_FLAGS_WITH_VALUE
         value: Optional[str] = None
         if takes_value:
             if has_inline:
                 value = inline
             else:
-                if index >= len(rest):
-                    raise ConfigError(f"vllm serve flag {flag} needs a value", key=flag)
-                value = rest[index]
+                value = _value_after(flag, rest, index)
                 index += 1
         elif has_inline:
             raise ConfigError(f"vllm serve flag {flag} takes no value, got {token!r}", key=flag)
@@ -226,11 +268,7 @@ def translate_vllm_command(
         if flag == "--model":
             result.model = value
         elif flag in JSON_FLAGS and flag != "-O":
-            target = JSON_FLAGS[flag]
-            parsed = _json_value(value or "")
-            if not isinstance(parsed, dict):
-                raise ConfigError(f"{flag} must be a JSON object, got {value!r}", key=flag)
-            json_configs.setdefault(target, {}).update(parsed)
+            json_configs.setdefault(JSON_FLAGS[flag], {}).update(_json_object(flag, value or ""))
         elif flag == "--dtype":
             dtype = _DTYPES.get((value or "").lower())
             if dtype is None:

@@ -7,7 +7,7 @@ Read off vLLM 0.32.0's own argument parser (`make_arg_parser`) in the parity env
 
 from __future__ import annotations
 
-__all__ = ["VLLM_VERSION", "VLLM_FLAGS_WITH_VALUE", "VLLM_SWITCHES", "VLLM_FLAGS"]
+__all__ = ["VLLM_VERSION", "VLLM_FLAGS_WITH_VALUE", "VLLM_SWITCHES", "VLLM_FLAGS", "VLLM_SPECULATIVE_CONFIG_KEYS"]
 
 VLLM_VERSION = "0.32.0"
 
@@ -137,3 +137,18 @@ VLLM_SWITCHES: frozenset[str] = frozenset({
 })
 
 VLLM_FLAGS: frozenset[str] = VLLM_FLAGS_WITH_VALUE | VLLM_SWITCHES
+
+# The init fields of vLLM 0.32.0's `vllm.config.SpeculativeConfig` (the keys --speculative-config
+# takes), read off the dataclass in the parity environment. Tells a real key ascendgraph does
+# not model (ignored, with a warning) from a typo (an error).
+VLLM_SPECULATIVE_CONFIG_KEYS: frozenset[str] = frozenset({
+    "attention_backend", "code_revision", "disable_eagle_block_drop", "disable_padded_drafter_batch",
+    "draft_load_config", "draft_model_config", "draft_parallel_config", "draft_sample_method",
+    "draft_tensor_parallel_size", "dspark_draft_topk", "enable_adaptive_verification", "enforce_eager",
+    "index_share_for_mtp_iteration", "kv_cache_dtype", "max_model_len", "method", "model", "moe_backend",
+    "num_speculative_tokens", "num_speculative_tokens_per_batch_size", "parallel_drafting", "prompt_lookup_max",
+    "prompt_lookup_min", "quantization", "rejection_sample_method", "revision", "suffix_decoding_max_cached_requests",
+    "suffix_decoding_max_spec_factor", "suffix_decoding_max_tree_depth", "suffix_decoding_min_token_prob",
+    "synthetic_acceptance_length", "synthetic_acceptance_rates", "target_model_config", "target_parallel_config",
+    "tensor_parallel_size", "use_heterogeneous_vocab", "use_local_argmax_reduction",
+})
