@@ -600,7 +600,7 @@ def _parse(parser: argparse.ArgumentParser, tokens: list[str]) -> _Parsed:
 
 # Commands that resolve with `env_from_args` themselves; for the others a pasted line's
 # environment is checked by `_check_pasted_env` before they run.
-ENV_AWARE_COMMANDS = ("explain", "run")
+ENV_AWARE_COMMANDS = ("explain", "run", "plan")
 
 
 def _check_pasted_env(args: argparse.Namespace, command: "Command") -> None:

@@ -37,7 +37,7 @@ import os
 import statistics
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from ascendgraph.cli import (
     Command,
@@ -46,6 +46,7 @@ from ascendgraph.cli import (
     config_from_args,
     emit_json,
     emit_text,
+    env_from_args,
     hccl_mode_from_args,
     positive_int,
     register_command,
@@ -360,16 +361,19 @@ def make_plan(
     measure: str = "sample",
     sample: int = DEFAULT_SAMPLE_SIZES,
     sim_profile: Optional[str] = None,
+    env: Optional[Mapping[str, str]] = None,
 ) -> PlanResult:
     """The whole plan as a value (the CLI renders it). ``workload`` None: generated from
-    ``requests`` / ``seed``."""
+    ``requests`` / ``seed``. ``env``: the environment to resolve with (default: this process's;
+    a pasted ``VAR=value vllm serve ...`` line adds its assignments)."""
     if measure not in MEASURE_METHODS:
         raise ConfigError(f"measure must be one of {', '.join(MEASURE_METHODS)}, got {measure!r}", key="measure")
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
         raise ConfigError(f"the budget must be a number of capture sizes >= 1, got {budget!r}", key="budget")
     if workload is not None:
         check_workload_fits(workload, config.max_num_batched_tokens)
-    resolution = resolve(config, stream_limit=stream_limit, hccl_op_expansion_mode=hccl_op_expansion_mode)
+    resolution = resolve(config, env=env, stream_limit=stream_limit,
+                         hccl_op_expansion_mode=hccl_op_expansion_mode)
     if workload is None:
         workload = generated_workload(config, resolution.mode, requests=requests, seed=seed)
     plan = resolution.stream_plan
@@ -411,7 +415,7 @@ def make_plan(
     if measure != "off":
         try:
             measurement = measure_capture(resolution, method=measure, sample=sample, profile=sim_profile,
-                                          hccl_op_expansion_mode=hccl_op_expansion_mode, seed=seed)
+                                          hccl_op_expansion_mode=hccl_op_expansion_mode, seed=seed, env=env)
         except ConfigError:
             raise  # bad input (e.g. an unknown --sim-profile): exit 2
         except Exception as exc:  # an OOM or a capture error is a finding of the plan: exit 1
@@ -836,6 +840,7 @@ def plan_command(args: argparse.Namespace) -> int:
         measure=args.measure,
         sample=args.sample_sizes,
         sim_profile=args.sim_profile,
+        env=env_from_args(args),
     )
     if args.plot is not None:
         if result.even is None:

@@ -27,7 +27,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from ascendgraph.dispatch import GraphDispatcher
 from ascendgraph.errors import ConfigError
@@ -186,9 +186,11 @@ def measure_capture(
     profile: Optional[str] = None,
     hccl_op_expansion_mode: Optional[str] = None,
     seed: int = 0,
+    env: Optional[Mapping[str, str]] = None,
 ) -> Measurement:
     """Capture (a sample of) the resolution's sizes on a meta-tensor simulator and record
-    the cost of every key. Stream limits are lifted: this measures memory and time."""
+    the cost of every key. Stream limits are lifted: this measures memory and time.
+    ``env``: the environment the resolution was made with (default: this process's)."""
     if method not in ("sample", "all"):
         raise ConfigError(f"measure must be one of sample, all, got {method!r}", key="measure")
     started = time.perf_counter()
@@ -206,6 +208,7 @@ def measure_capture(
         seed=seed,
         stream_limit=_MEASURE_STREAM_LIMIT,
         hccl_op_expansion_mode=hccl_op_expansion_mode,
+        env=dict(env) if env is not None else None,
         progress=False,
         check_eager=False,
         num_threads=None if os.environ.get("OMP_NUM_THREADS") else 1,

@@ -158,3 +158,15 @@ def test_empty_json_flags_are_bad_input(capsys, argv, flag):
 @pytest.mark.parametrize("command", ["run", "profile"])
 def test_an_empty_profile_dir_is_bad_input(capsys, command):
     assert "argument --profile-dir: empty; pass a directory" in _error(capsys, [command, "--profile-dir", ""])
+
+
+def test_plan_resolves_with_the_given_environment_not_only_the_process_one(monkeypatch):
+    from ascendgraph.config import GraphConfig
+    from ascendgraph.plan import make_plan
+
+    monkeypatch.delenv("HCCL_OP_EXPANSION_MODE", raising=False)
+    config = GraphConfig.from_vllm_args(model="tiny", num_layers=2)
+    plain = make_plan(config, measure="off", requests=2)
+    pasted = make_plan(config, measure="off", requests=2, env={"HCCL_OP_EXPANSION_MODE": "bogus"})
+    assert not any("HCCL_OP_EXPANSION_MODE='bogus'" in w for w in plain.warnings)
+    assert any("HCCL_OP_EXPANSION_MODE='bogus'" in w for w in pasted.warnings)
