@@ -617,18 +617,31 @@ def _check_pasted_env(args: argparse.Namespace, command: "Command") -> None:
             hccl_op_expansion_mode=hccl_mode_from_args(args))
 
 
-def _run_command(command: "Command", args: argparse.Namespace) -> int:
+def _wants_json(tokens: Sequence[str]) -> bool:
+    """``--json`` among ascendgraph's own arguments (not inside a pasted ``vllm serve`` line)."""
+    own = tokens[: tokens.index("--")] if "--" in tokens else tokens
+    return "--json" in own
+
+
+def _bad_input(message: str, error_type: str, wants_json: bool) -> int:
+    """Exit 2: the one-line error on stderr and, under ``--json``, an error document on stdout
+    so a machine reading stdout always gets one document."""
+    emit_text(message)
+    if wants_json:
+        emit_json({"schema_version": 1, "exit_code": BAD_INPUT, "error": {"type": error_type, "message": message}})
+    return BAD_INPUT
+
+
+def _run_command(command: "Command", args: argparse.Namespace, wants_json: bool = False) -> int:
     try:
         _check_pasted_env(args, command)
         with cli_warnings():
             return command.run(args)
     except CliUsageError as exc:
-        emit_text(str(exc))
-        return BAD_INPUT
+        return _bad_input(str(exc), "UsageError", wants_json)
     except (ConfigError, GraphModeError, DeviceUnavailable) as exc:
         first_line = str(exc).strip()
-        emit_text(f"{PROG} {command.name}: error: {first_line}")
-        return BAD_INPUT
+        return _bad_input(f"{PROG} {command.name}: error: {first_line}", type(exc).__name__, wants_json)
     except KeyboardInterrupt:
         emit_text(f"{PROG} {command.name}: interrupted")
         return 130
@@ -637,11 +650,11 @@ def _run_command(command: "Command", args: argparse.Namespace) -> int:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     tokens = list(sys.argv[1:] if argv is None else argv)
+    wants_json = _wants_json(tokens)
     try:
         parsed = _parse(parser, tokens)
     except CliUsageError as exc:
-        emit_text(str(exc))
-        return BAD_INPUT
+        return _bad_input(str(exc), "UsageError", wants_json)
     args = parsed.args
     if getattr(args, "_command", None) is None:
         parser.print_help(sys.stderr)
@@ -654,7 +667,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     pasted_env = getattr(args, "pasted_env", None)
     if pasted_env:
         log.info("environment of the pasted line: %s", " ".join(f"{k}={v}" for k, v in pasted_env.items()))
-    return _run_command(args._command, args)
+    return _run_command(args._command, args, wants_json)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -111,3 +111,28 @@ def test_remove_if_empty(tmp_path, holds_file):
         (tmp_path / "a" / "b" / "f").write_text("x")
     assert profile_cli.remove_if_empty(tmp_path / "a") is not holds_file
     assert (tmp_path / "a").exists() is holds_file
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", "--json", "-O", "4"],
+    ["explain", "--json", "--max-num-seqs", "0"],
+    ["diagnose", "--json", "/nonexistent/vllm.log"],
+    ["plan", "--json", "--jsn"],
+])
+def test_bad_input_under_json_still_prints_one_error_document(capsys, argv):
+    import json as _json
+
+    from ascendgraph.cli import main as _main
+
+    assert _main(argv) == 2
+    out, err = capsys.readouterr()
+    document = _json.loads(out)
+    assert document["exit_code"] == 2 and document["error"]["message"] in err
+    assert document["error"]["type"]
+
+
+def test_json_inside_a_pasted_line_does_not_count(capsys):
+    from ascendgraph.cli import main as _main
+
+    assert _main(["explain", "--", "vllm", "serve", "m", "--json"]) == 2
+    assert capsys.readouterr().out == ""
