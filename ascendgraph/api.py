@@ -60,6 +60,11 @@ def _check_resolve_options(
     if env is not None and not isinstance(env, Mapping):
         raise ConfigError(f"env must be a mapping of environment variables (e.g. dict(os.environ)), got {env!r}",
                           key="env")
+    if env is not None:
+        for name, value in env.items():
+            if not isinstance(name, str) or not isinstance(value, str):
+                raise ConfigError(f"env: environment variables are strings, got {name!r}={value!r} "
+                                  f"(write {name}={str(value)!r})", key="env")
     if stream_limit is not None and (isinstance(stream_limit, bool) or not isinstance(stream_limit, int)
                                      or stream_limit < 1):
         raise ConfigError(f"stream_limit must be an integer >= 1, got {stream_limit!r}", key="stream_limit")

@@ -249,6 +249,9 @@ def parse_json_argument(flag: str, value: Union[str, Mapping[str, Any], None]) -
     if value is None:
         return {}
     if isinstance(value, Mapping):
+        bad = [key for key in value if not isinstance(key, str)]
+        if bad:
+            raise ConfigError(f"{flag}: keys must be strings (as in JSON), got {bad[0]!r}", key=flag)
         return dict(value)
     if not isinstance(value, str):
         raise ConfigError(f"{flag} must be a JSON object (string or dict), got {type(value).__name__}", key=flag)

@@ -58,3 +58,16 @@ def test_engine_options_validate_on_their_own():
     with pytest.raises(ConfigError, match="atol must be a finite number"):
         EngineOptions(atol=[1])
     assert EngineOptions(seed=2**63 - 1, atol=0).seed == 2**63 - 1
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    ({"env": {"ASCEND_LAUNCH_BLOCKING": 1}}, "environment variables are strings"),
+    ({"compilation_config": {1: 2}}, "keys must be strings"),
+    ({"additional_config": {("a",): 1}}, "keys must be strings"),
+])
+def test_explain_refuses_non_string_env_values_and_config_keys(kwargs, fragment):
+    import ascendgraph
+    from ascendgraph.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=fragment):
+        ascendgraph.explain(**kwargs)
