@@ -939,7 +939,9 @@ class Engine:
             if parts:
                 notes.append("; ".join(parts))
             plan = self.resolution.stream_plan
-            if plan is not None and not plan.fits:
+            if plan is not None and not plan.fits and plan.max_num_sizes == 0:
+                notes.append(plan.warnings[-1] if plan.warnings else "not even one capture size fits the stream budget")
+            elif plan is not None and not plan.fits:
                 notes.append(
                     f"the stream plan fits at most {plan.max_num_sizes} of the {len(plan.requested_sizes)} capture sizes "
                     f"({plan.streams_per_size} streams per size, budget {plan.max_streams}); largest fitting "

@@ -768,6 +768,13 @@ def sizes_from_plan(
     plan = resolution.stream_plan
     if plan is None:
         return SizesFromPlan(config, [], [], 0, "none", 0.0, 0.0)
+    if plan.max_num_sizes == 0 and budget is None:
+        raise ConfigError(
+            f"--sizes-from-plan: not even one capture size fits the stream budget ({plan.streams_per_size} streams "
+            f"per size, {plan.max_streams} in all); raise --stream-limit, set HCCL_OP_EXPANSION_MODE=AIV, or run "
+            "without graphs (--enforce-eager)",
+            key="stream_limit",
+        )
     workload = generated_workload(config, resolution.mode, requests=requests, seed=seed)
     candidates = list(plan.requested_sizes)
     chosen_budget = default_budget(plan) if budget is None else min(budget, len(candidates))

@@ -369,7 +369,14 @@ def plan_stream_budget(
     available = budget - reserved - full_graph_reserve
     max_num_sizes = max(0, math.floor(available / streams_per_size))
 
-    if len(requested) > max_num_sizes:
+    if len(requested) > max_num_sizes == 0:
+        chosen = []  # nothing fits: suggesting the largest size alone would fail as well
+        warnings.append(
+            f"not even one capture size fits: one size needs {streams_per_size} streams but only "
+            f"{max(0, available)} of the budget {budget} are left after {reserved + full_graph_reserve} reserved; "
+            "set HCCL_OP_EXPANSION_MODE=AIV, use fewer layers or a FULL mode, or run without graphs (--enforce-eager)"
+        )
+    elif len(requested) > max_num_sizes:
         chosen = sample_sizes(requested, max_num_sizes)
         warnings.append(
             f"{len(requested)} capture sizes need {reserved + full_graph_reserve + len(requested) * streams_per_size} "

@@ -70,3 +70,14 @@ def test_the_engine_bounds_match_the_cli():
     from ascendgraph import engine
 
     assert engine.MAX_REQUESTS == LIMITS["requests"][1] and engine.MAX_SEED == LIMITS["seed"][1] == MAX_SEED
+
+
+def test_when_no_size_fits_nothing_is_offered_as_fitting(capsys):
+    from ascendgraph.cli import main as _main
+    from ascendgraph.sizes import plan_stream_budget
+
+    plan = plan_stream_budget(num_hidden_layers=2, capture_sizes=[1, 2, 4, 8], mode="PIECEWISE", max_streams=1)
+    assert plan.max_num_sizes == 0 and plan.sizes == []
+    assert "not even one capture size fits" in plan.warnings[-1]
+    assert _main(["run", "--num-layers", "2", "--requests", "2", "--stream-limit", "1", "--sizes-from-plan"]) == 2
+    assert "not even one capture size fits" in capsys.readouterr().err
