@@ -210,7 +210,7 @@ def translate_vllm_command(
     json_configs: dict[str, dict[str, Any]] = {}
     dotted_configs: dict[str, dict[str, Any]] = {}
     lora_enabled = False
-    max_loras_given = False
+    max_loras_given, max_loras_value = False, ""
 
     for name, value in env.items():
         if name in ENV_FLAGS:
@@ -282,9 +282,9 @@ def translate_vllm_command(
                 result.ignored.append(f"--attention-backend {value}")
         elif flag == "--enable-lora":
             lora_enabled = True
+        elif flag == "--max-loras":
+            max_loras_given, max_loras_value = True, value or ""
         elif flag in MODELLED_FLAGS:
-            if flag == "--max-loras":
-                max_loras_given = True
             target = MODELLED_FLAGS[flag]
             if flag in VLLM_SWITCHES:
                 add(target)
@@ -295,8 +295,14 @@ def translate_vllm_command(
         else:
             result.ignored.append(flag)
 
-    if lora_enabled and not max_loras_given:
-        add("--max-loras", "1")
+    # vLLM: --max-loras belongs to the LoRA config, which exists only with --enable-lora (max_loras >= 1).
+    if lora_enabled:
+        if max_loras_given and max_loras_value.strip() == "0":
+            raise ConfigError("--max-loras 0 with --enable-lora: vLLM requires max_loras >= 1; "
+                              "drop --enable-lora to serve without LoRA", key="--max-loras")
+        add("--max-loras", max_loras_value if max_loras_given else "1")
+    elif max_loras_given:
+        result.notes.append("--max-loras has no effect without --enable-lora (as in vLLM): LoRA stays off")
     for target in sorted(set(json_configs) | set(dotted_configs)):
         merged = dict(json_configs.get(target, {}))
         for key, item in dotted_configs.get(target, {}).items():

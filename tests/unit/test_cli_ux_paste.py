@@ -170,3 +170,15 @@ def test_plan_resolves_with_the_given_environment_not_only_the_process_one(monke
     pasted = make_plan(config, measure="off", requests=2, env={"HCCL_OP_EXPANSION_MODE": "bogus"})
     assert not any("HCCL_OP_EXPANSION_MODE='bogus'" in w for w in plain.warnings)
     assert any("HCCL_OP_EXPANSION_MODE='bogus'" in w for w in pasted.warnings)
+
+
+def test_max_loras_follows_vllm_only_with_enable_lora():
+    assert "--max-loras" not in translate_vllm_command(["vllm", "serve", "m", "--max-loras", "2"]).argv
+    assert any("no effect without --enable-lora" in n
+               for n in translate_vllm_command(["vllm", "serve", "m", "--max-loras", "2"]).notes)
+    argv = translate_vllm_command(["vllm", "serve", "m", "--max-loras", "3", "--enable-lora"]).argv
+    assert argv[argv.index("--max-loras") + 1] == "3"
+    argv = translate_vllm_command(["vllm", "serve", "m", "--enable-lora"]).argv
+    assert argv[argv.index("--max-loras") + 1] == "1"
+    with pytest.raises(ConfigError, match="requires max_loras >= 1"):
+        translate_vllm_command(["vllm", "serve", "m", "--enable-lora", "--max-loras", "0"])
