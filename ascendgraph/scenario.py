@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 
-from ascendgraph.errors import ConfigError
+from ascendgraph.errors import ConfigError, GraphModeError
 
 if TYPE_CHECKING:  # pragma: no cover
     from ascendgraph.device import Device, DeviceStats
@@ -1050,9 +1050,12 @@ def run_scenario(scenario: Scenario) -> ScenarioResult:
         result.mismatches += _check_engine_expectations(scenario, obs, outcome)
     else:
         result.mismatches += _check_device_expectations(scenario, obs)
-    if result.error is not None and expect.error_type and not _exception_matches(result.error, expect.error_type):
+    # A traceback helps with an unexpected crash, not with a refused configuration (its one
+    # line says what was wrong, as the CLI would).
+    refused = isinstance(result.error, (ConfigError, GraphModeError))
+    if result.error is not None and not refused and expect.error_type and not _exception_matches(result.error, expect.error_type):
         result.traceback = obs.traceback
-    elif result.error is not None and expect.outcome == "ok":
+    elif result.error is not None and not refused and expect.outcome == "ok":
         result.traceback = obs.traceback
 
     notes = dict(obs.invariant_notes)
