@@ -88,6 +88,7 @@ GRAPH_ENV_VARS: tuple[tuple[str, str], ...] = (
 )
 GRAPH_ENV_NAMES = tuple(name for name, _ in GRAPH_ENV_VARS)
 HDK_SUBJECT = "HDK driver"
+STREAM_SUBJECT = "stream budget"
 
 
 # --------------------------------------------------------------------------- facts
@@ -212,6 +213,8 @@ class DoctorFacts:
         """The value a rule's subject has: an environment variable, or the HDK version."""
         if subject == HDK_SUBJECT:
             return self.hdk.version if self.hdk else None
+        if subject == STREAM_SUBJECT:
+            return str(self.stream.reference.stream_limit)
         return self.env.get(subject)
 
     @property
@@ -293,6 +296,10 @@ def _hccl_not_aiv_costs_sizes(value: Optional[str], facts: DoctorFacts) -> bool:
     return check.current_mode != "AIV" and check.fit_ffts < check.num_sizes and check.fit_aiv > check.fit_ffts
 
 
+def _no_size_fits(value: Optional[str], facts: DoctorFacts) -> bool:
+    return facts.stream.num_sizes > 0 and facts.stream.fit_current == 0
+
+
 def _hccl_unknown(value: Optional[str], facts: DoctorFacts) -> bool:
     text = _stripped(value)
     return bool(text) and text.upper() not in HCCL_EXPANSION_MODES  # type: ignore[union-attr]
@@ -365,6 +372,13 @@ RULES: tuple[Rule, ...] = (
         "HCCL knows AI_CPU, AIV, HOST and HOST_TS; with {value!r} it falls back to its default expansion "
         "(not AIV)",
         "export HCCL_OP_EXPANSION_MODE=AIV",
+    ),
+    Rule(
+        "no_size_fits", STREAM_SUBJECT, Severity.BREAKS, _no_size_fits,
+        "with {value} streams not even one of the reference config's {num_sizes} capture sizes fits "
+        "({current_mode} expansion): every capture fails with 207008",
+        "raise the stream budget (--stream-limit is the stack's limit, normally 1800), export "
+        "HCCL_OP_EXPANSION_MODE=AIV, or plan fewer layers / a FULL mode with `ascendgraph plan`",
     ),
     Rule(
         "hccl_not_aiv", "HCCL_OP_EXPANSION_MODE", Severity.WEAKENS, _hccl_not_aiv_costs_sizes,

@@ -75,7 +75,7 @@ def test_every_graph_mode_variable_of_the_issue_is_listed():
 
 def test_every_rule_is_about_a_listed_variable_or_the_hdk_and_has_a_fix():
     for rule in RULES:
-        assert rule.subject in GRAPH_ENV_NAMES or rule.subject == HDK_SUBJECT, rule.name
+        assert rule.subject in GRAPH_ENV_NAMES or rule.subject in (HDK_SUBJECT, "stream budget"), rule.name
         assert rule.message and rule.fix, rule.name
     assert len({rule.name for rule in RULES}) == len(RULES)
 
@@ -333,3 +333,16 @@ def test_module_registers_the_doctor_command():
 
     assert doctor_module is not None
     assert any(c.name == "doctor" for c in COMMANDS)
+
+
+def test_a_stream_budget_that_fits_no_size_breaks_graph_mode(monkeypatch, capsys, tmp_path):
+    for name in GRAPH_ENV_NAMES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ASCENDGRAPH_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("HCCL_OP_EXPANSION_MODE", "AIV")
+    code = main(["doctor", "--json", "--stream-limit", "1"])
+    doc = json.loads(capsys.readouterr().out)
+    found = [f for f in doc["findings"] if f["rule"] == "no_size_fits"]
+    assert code == 1 and len(found) == 1 and "not even one" in found[0]["message"]
+    assert main(["doctor", "--json"]) in (0, 1)
+    assert not any(f["rule"] == "no_size_fits" for f in json.loads(capsys.readouterr().out)["findings"])
