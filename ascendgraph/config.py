@@ -205,6 +205,7 @@ class GraphConfig:
                 continue
             if key == "speculative_config":
                 _parse_speculative_config(value, values)
+                _check_one_token_count(value, engine_args.get("num_speculative_tokens"))
                 continue
             if key == "optimization_level":
                 values["optimization_level"] = _parse_level(value)
@@ -374,6 +375,19 @@ def _default_max_num_seqs(values: dict[str, Any]) -> None:
     tokens = values.get("max_num_batched_tokens")
     if values.get("max_num_seqs") is None and _is_int(tokens) and 1 <= tokens < DEFAULT_MAX_NUM_SEQS:
         values["max_num_seqs"] = tokens
+
+
+def _check_one_token_count(speculative_config: Any, num_speculative_tokens: Any) -> None:
+    """Both --speculative-config's num_speculative_tokens and num_speculative_tokens, differing:
+    say so instead of letting argument order pick one (the CLI refuses the same)."""
+    spec = parse_json_argument("--speculative-config", speculative_config)
+    inner = spec.get("num_speculative_tokens")
+    if num_speculative_tokens is not None and inner is not None and inner != num_speculative_tokens:
+        raise ConfigError(
+            f"num_speculative_tokens={num_speculative_tokens!r} conflicts with speculative_config's "
+            f"num_speculative_tokens={inner!r}: give the number once",
+            key="num_speculative_tokens",
+        )
 
 
 def _parse_speculative_config(value: Any, values: dict[str, Any]) -> None:

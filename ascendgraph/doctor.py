@@ -293,6 +293,8 @@ def _task_queue_invalid(value: Optional[str], facts: DoctorFacts) -> bool:
 def _hccl_not_aiv_costs_sizes(value: Optional[str], facts: DoctorFacts) -> bool:
     # Only worth a warning when the sizes do not all fit and AIV would fit more of them.
     check = facts.stream
+    if _hccl_unknown(value, facts):
+        return False  # hccl_unknown_mode already names this variable and its fix
     return check.current_mode != "AIV" and check.fit_ffts < check.num_sizes and check.fit_aiv > check.fit_ffts
 
 

@@ -71,3 +71,13 @@ def test_explain_refuses_non_string_env_values_and_config_keys(kwargs, fragment)
 
     with pytest.raises(ConfigError, match=fragment):
         ascendgraph.explain(**kwargs)
+
+
+def test_explain_refuses_two_different_speculative_token_counts_like_the_cli():
+    import ascendgraph
+    from ascendgraph.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="give the number once"):
+        ascendgraph.explain(speculative_config={"num_speculative_tokens": 2}, num_speculative_tokens=3)
+    same = ascendgraph.explain(speculative_config={"num_speculative_tokens": 2}, num_speculative_tokens=2)
+    assert same.config.num_speculative_tokens == 2

@@ -346,3 +346,14 @@ def test_a_stream_budget_that_fits_no_size_breaks_graph_mode(monkeypatch, capsys
     assert code == 1 and len(found) == 1 and "not even one" in found[0]["message"]
     assert main(["doctor", "--json"]) in (0, 1)
     assert not any(f["rule"] == "no_size_fits" for f in json.loads(capsys.readouterr().out)["findings"])
+
+
+def test_an_unknown_expansion_mode_is_one_finding_not_two(monkeypatch, capsys, tmp_path):
+    for name in GRAPH_ENV_NAMES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ASCENDGRAPH_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("HCCL_OP_EXPANSION_MODE", "bogus")
+    main(["doctor", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    about = [f["rule"] for f in doc["findings"] if f["subject"] == "HCCL_OP_EXPANSION_MODE"]
+    assert about == ["hccl_unknown_mode"]
