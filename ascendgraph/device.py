@@ -32,6 +32,8 @@ __all__ = [
     "DeviceBackend",
     "ENTRY_POINT_GROUP",
     "available_backends",
+    "check_device_options",
+    "resolve_device_name",
     "backend_availability",
     "get_device",
 ]
@@ -220,6 +222,9 @@ class DeviceBackend:
     create: Callable[..., Device]
     availability: Callable[[], tuple[bool, str]]
     description: str = ""
+    # Validates creation options (e.g. the simulator's profile and fault plan) without creating
+    # a device: raises ConfigError naming the bad option. None: nothing to check up front.
+    check_options: Optional[Callable[..., None]] = None
 
 
 # Used only when the distribution's metadata is missing (running from a bare checkout).
@@ -277,6 +282,14 @@ def resolve_device_name(name: str = "auto") -> str:
         usable, _ = backend_availability("npu") if "npu" in _entry_points() else (False, "")
         key = "npu" if usable else "sim"
     return key
+
+
+def check_device_options(name: str, **options: Any) -> None:
+    """Validate a backend's creation options without creating a device (and without the core
+    importing the backend): a ConfigError names the bad option, as creating the device would."""
+    backend = _backend(resolve_device_name(name))
+    if backend.check_options is not None:
+        backend.check_options(**options)
 
 
 def get_device(name: str = "auto", **options: Any) -> Device:

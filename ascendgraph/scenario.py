@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 
 from ascendgraph.errors import ConfigError, GraphModeError
+from ascendgraph.device import check_device_options
 
 if TYPE_CHECKING:  # pragma: no cover
     from ascendgraph.device import Device, DeviceStats
@@ -540,19 +541,15 @@ def load_scenario(path: Union[str, Path]) -> Scenario:
 
 
 def _check_fault_plan(path: Path, spec: str) -> None:
-    from sim.faults import FaultPlan
-
     try:
-        FaultPlan.parse(spec)
+        check_device_options("sim", faults=spec)
     except ConfigError as exc:
         raise ScenarioError(path, "[device] faults", str(exc)) from None
 
 
 def _check_profile_table(path: Path, table: Mapping[str, Any]) -> None:
-    from sim.profiles import profile_from_dict
-
     try:
-        profile_from_dict(table, origin="profile table")
+        check_device_options("sim", profile=dict(table))
     except ConfigError as exc:
         raise ScenarioError(path, "[device] profile", str(exc)) from None
 
@@ -664,7 +661,9 @@ def _warm_imports() -> None:
     import torch._functorch.aot_autograd  # noqa: F401
 
     import ascendgraph.engine  # noqa: F401
-    import sim  # noqa: F401
+    from ascendgraph.device import backend_availability
+
+    backend_availability("sim")  # loads the simulator backend through its entry point
 
 
 # --------------------------------------------------------------------------- results
@@ -836,11 +835,7 @@ def _sim_device(scenario: Scenario, *, soc: str, stream_limit: Optional[int]) ->
     from ascendgraph.device import get_device
 
     spec = scenario.device
-    profile: Any = spec.profile if spec.profile is not None else soc
-    if isinstance(profile, dict):
-        from sim.profiles import profile_from_dict
-
-        profile = profile_from_dict(profile, origin=f"{scenario.path} [device] profile")
+    profile: Any = spec.profile if spec.profile is not None else soc  # a name, a JSON path or a table
     options: dict[str, Any] = {"profile": profile, "seed": scenario.run.seed, "env": dict(spec.env)}
     if stream_limit is not None:
         options["stream_limit"] = stream_limit

@@ -29,9 +29,18 @@ def _create(**options: object) -> SimDevice:
     return SimDevice(**options)  # type: ignore[arg-type]
 
 
+def _check_options(*, profile: object = None, faults: object = None, **_other: object) -> None:
+    """What `SimDevice` would refuse in its profile and fault plan, without building a device."""
+    if profile is not None:
+        get_profile(profile)  # type: ignore[arg-type]
+    if isinstance(faults, str):
+        FaultPlan.parse(faults)
+
+
 BACKEND = DeviceBackend(
     name="sim",
     create=_create,
+    check_options=_check_options,
     availability=lambda: (True, "CPU simulator"),
     description="CPU simulator of torch_npu graph capture/replay (ascendgraph issue 3)",
 )

@@ -195,6 +195,8 @@ def _get_profile(name: Any, *, chain: tuple[Path, ...]) -> SimProfile:
         return SimProfile(name, base.cost if base else CostParams())
     if _is_json_path(name):
         return _load_profile(Path(name), chain=chain)
+    if isinstance(name, Mapping):  # a profile written inline (a scenario's [device] profile table)
+        return profile_from_dict(name, origin="profile table")
     if not isinstance(name, str):
         raise ConfigError(f"profile must be a name or a DeviceProfile, got {name!r}", key="profile")
     for key, profile in PROFILES.items():
