@@ -30,6 +30,7 @@ from torch import Tensor
 from torch._ops import OpOverload, OpOverloadPacket
 
 __all__ = [
+    "argument_tensors",
     "NAMESPACE",
     "OP_NAMES",
     "rms_norm",
@@ -65,6 +66,18 @@ OP_NAMES = (
     "reshape_and_cache",
     "paged_attention",
 )
+
+
+def argument_tensors(values: Sequence[Any]) -> list[Tensor]:
+    """The tensors among an op's arguments or outputs, one list level deep (``Tensor[]``
+    arguments). The cost model and static-kernel signatures both use it, so they agree."""
+    found: list[Tensor] = []
+    for value in values:
+        if isinstance(value, Tensor):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            found.extend(v for v in value if isinstance(v, Tensor))
+    return found
 
 
 def _no_kernel(name: str, sample: Tensor) -> NotImplementedError:

@@ -36,6 +36,8 @@ from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import torch
 
+from ascendgraph.ops import argument_tensors
+
 __all__ = [
     "CostParams",
     "TaskInfo",
@@ -98,16 +100,6 @@ def _block_dim(outputs: list[torch.Tensor], params: CostParams) -> int:
     return int(min(max(1, blocks), max(1, params.ai_cores)))
 
 
-def _tensors(values: Sequence[Any]) -> list[torch.Tensor]:
-    found: list[torch.Tensor] = []
-    for value in values:
-        if isinstance(value, torch.Tensor):
-            found.append(value)
-        elif isinstance(value, (list, tuple)):
-            found.extend(v for v in value if isinstance(v, torch.Tensor))
-    return found
-
-
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
@@ -145,8 +137,8 @@ def describe_task(func: Any, args: Sequence[Any], kwargs: dict[str, Any], output
     """Shapes, dtypes, FLOPs, bytes and roofline duration of one op call."""
     name = str(func)
     op_type = name.split(".")[1] if name.count(".") >= 2 else name
-    inputs = _tensors(list(args) + list(kwargs.values()))
-    outs = _tensors(outputs)
+    inputs = argument_tensors(list(args) + list(kwargs.values()))
+    outs = argument_tensors(outputs)
     if op_type == "paged_attention":
         flops, moved = _attention_cost(args)
     elif op_type == "reshape_and_cache":

@@ -43,6 +43,8 @@ import torch
 from torch import fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ascendgraph.ops import argument_tensors
+
 if TYPE_CHECKING:  # pragma: no cover
     from ascendgraph.engine import Engine
     from ascendgraph.resolve import Resolution
@@ -142,17 +144,6 @@ def cache_root(env: Optional[Mapping[str, str]] = None) -> Path:
 # --------------------------------------------------------------------------- signatures
 
 
-def _tensors(values: Sequence[Any]) -> list[torch.Tensor]:
-    # Same flattening as the device's cost model (one level of lists), so signatures agree.
-    found: list[torch.Tensor] = []
-    for value in values:
-        if isinstance(value, torch.Tensor):
-            found.append(value)
-        elif isinstance(value, (list, tuple)):
-            found.extend(v for v in value if isinstance(v, torch.Tensor))
-    return found
-
-
 def is_static_candidate(op: str) -> bool:
     return not any(op.startswith(prefix) for prefix in NOT_STATIC)
 
@@ -170,7 +161,7 @@ class _LaunchCollector(TorchDispatchMode):
         out = func(*args, **kwargs)
         name = str(func)
         if not func.is_view and is_static_candidate(name):
-            inputs = _tensors(list(args) + list(kwargs.values()))
+            inputs = argument_tensors(list(args) + list(kwargs.values()))
             if inputs:
                 signature = KernelSignature(
                     name,
