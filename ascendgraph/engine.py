@@ -426,6 +426,18 @@ class Engine:
             graph_params=None if reference else self.graph_params,
         )
 
+    def _write_batch(self, batch: ScheduledBatch, *, padded_tokens: int, padded_rows: int) -> None:
+        """The persistent buffers for a scheduled batch: its requests' tokens, positions, slots, blocks."""
+        requests = batch.requests
+        self._write_inputs(
+            [t for r in requests for t in r.token_ids],
+            [r.start_position + i for r in requests for i in range(r.num_tokens)],
+            [s for r in requests for s in r.slot_ids],
+            [r.block_ids for r in requests],
+            padded_tokens=padded_tokens,
+            padded_rows=padded_rows,
+        )
+
     def _write_inputs(
         self,
         token_ids: Sequence[int],
@@ -646,14 +658,7 @@ class Engine:
         runtime = self.xlite_runtime
         assert runtime is not None, "the xlite runner exists only with XliteGraph on"
         tokens = batch.num_tokens
-        self._write_inputs(
-            [t for r in batch.requests for t in r.token_ids],
-            [r.start_position + i for r in batch.requests for i in range(r.num_tokens)],
-            [s for r in batch.requests for s in r.slot_ids],
-            [r.block_ids for r in batch.requests],
-            padded_tokens=tokens,
-            padded_rows=batch.num_reqs,
-        )
+        self._write_batch(batch, padded_tokens=tokens, padded_rows=batch.num_reqs)
         descriptor = BatchDescriptor(tokens, num_reqs=batch.num_reqs, uniform=batch.uniform_decode)
         metadata = self._batch_metadata(batch, descriptor, tokens)
         context = self._context(GraphMode.NONE, descriptor, metadata)
@@ -715,14 +720,7 @@ class Engine:
         mode, descriptor = self.dispatcher.dispatch(tokens, uniform_decode=batch.uniform_decode)
         padded = descriptor.num_tokens if mode is not GraphMode.NONE else tokens
         rows = max(batch.num_reqs, descriptor.num_reqs or 0)
-        self._write_inputs(
-            [t for r in batch.requests for t in r.token_ids],
-            [r.start_position + i for r in batch.requests for i in range(r.num_tokens)],
-            [s for r in batch.requests for s in r.slot_ids],
-            [r.block_ids for r in batch.requests],
-            padded_tokens=padded,
-            padded_rows=rows,
-        )
+        self._write_batch(batch, padded_tokens=padded, padded_rows=rows)
         metadata = self._batch_metadata(batch, descriptor, padded)
         with self._measured() as measure:
             hidden = self._forward(mode, descriptor, metadata, padded)
