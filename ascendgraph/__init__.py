@@ -42,7 +42,7 @@ __version__ = "0.1.0"
 def __getattr__(name: str):
     # The report module imports nothing heavy, but keep the package import minimal.
     if name == "Report":
-        from ascendgraph.report import Report
+        from ascendgraph.runtime.report import Report
 
         return Report
     raise AttributeError(f"module 'ascendgraph' has no attribute {name!r}")

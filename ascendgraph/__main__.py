@@ -2,6 +2,6 @@
 
 import sys
 
-from ascendgraph.cli import main
+from ascendgraph.cli.app import main
 
 sys.exit(main())

@@ -20,7 +20,7 @@ from ascendgraph.modes import GraphMode
 from ascendgraph.resolve import Resolution
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ascendgraph.report import Report
+    from ascendgraph.runtime.report import Report
 
 __all__ = ["as_config", "explain", "run"]
 
@@ -126,12 +126,12 @@ def run(
 
     A failed run does not raise: ``report.error`` says what failed and the report's exit
     code is 1. Bad configurations raise ConfigError / GraphModeError / DeviceUnavailable.
-    ``options`` are `ascendgraph.engine.EngineOptions` fields (``on_capture_error``,
+    ``options`` are `ascendgraph.runtime.engine.EngineOptions` fields (``on_capture_error``,
     ``stream_limit``, ``faults``, ``dtype``, ``atol``, ...).
     """
     from dataclasses import fields
 
-    from ascendgraph import engine
+    from ascendgraph.runtime import engine
 
     valid = {f.name for f in fields(engine.EngineOptions)} - {"device", "requests", "seed"}
     for name in options:

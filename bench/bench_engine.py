@@ -28,8 +28,8 @@ from typing import Any, Optional
 import torch
 
 from ascendgraph.config import GraphConfig
-from ascendgraph.engine import Engine, EngineOptions, StepRecord, run
-from ascendgraph.workload import WorkloadSpec
+from ascendgraph.runtime.engine import Engine, EngineOptions, StepRecord, run
+from ascendgraph.runtime.workload import WorkloadSpec
 
 MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 

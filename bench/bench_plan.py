@@ -1,6 +1,6 @@
 """Padding waste of workload-aware capture sizes vs even sampling, at equal budget.
 
-Three generated workloads (`ascendgraph.workload.WorkloadSpec`), batched by the engine's
+Three generated workloads (`ascendgraph.runtime.workload.WorkloadSpec`), batched by the engine's
 scheduler for a chunked-prefill serving configuration (max_num_seqs 128,
 max_num_batched_tokens 512, capture sizes up to 512: 51 candidates):
 
@@ -29,7 +29,7 @@ from typing import Any, Optional
 from ascendgraph.config import GraphConfig
 from ascendgraph.resolve import resolve
 from ascendgraph.sizes import padding_waste, sample_sizes, select_sizes
-from ascendgraph.workload import WorkloadSpec, generate_workload, simulate_batches
+from ascendgraph.runtime.workload import WorkloadSpec, generate_workload, simulate_batches
 
 DEFAULT_BUDGET = 8
 DEFAULT_REQUESTS = 96

@@ -46,7 +46,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ascendgraph.ops import argument_tensors
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ascendgraph.engine import Engine
+    from ascendgraph.runtime.engine import Engine
     from ascendgraph.resolve import Resolution
 
 __all__ = [

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any, Optional
 from ascendgraph.modes import GraphMode
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ascendgraph.capture import GraphEntry, GraphWrapper
-    from ascendgraph.engine import Engine
+    from ascendgraph.runtime.capture import GraphEntry, GraphWrapper
+    from ascendgraph.runtime.engine import Engine
 
 __all__ = ["SUPER_KERNEL_LOG", "SUPER_KERNEL_OPTIONS", "SuperKernelStage", "attach_super_kernel"]
 

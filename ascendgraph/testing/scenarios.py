@@ -1,4 +1,4 @@
-"""pytest collection of fault scenarios (`ascendgraph.scenario`): one test item per file.
+"""pytest collection of fault scenarios (`ascendgraph.tools.scenario`): one test item per file.
 
 Every ``*.toml`` file inside a folder named ``scenarios`` (below the rootdir, e.g.
 ``tests/scenarios/``) becomes one item named after the file:
@@ -19,7 +19,7 @@ from typing import Any, Optional, Union
 
 import pytest
 
-from ascendgraph.scenario import Scenario, ScenarioError, ScenarioResult, load_scenario, run_scenario
+from ascendgraph.tools.scenario import Scenario, ScenarioError, ScenarioResult, load_scenario, run_scenario
 
 __all__ = ["ScenarioFile", "ScenarioItem", "is_scenario_file", "SCENARIO_FOLDER"]
 

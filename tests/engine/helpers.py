@@ -6,10 +6,10 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from ascendgraph.config import GraphConfig
-from ascendgraph.engine import Engine, EngineOptions, StepRecord
+from ascendgraph.runtime.engine import Engine, EngineOptions, StepRecord
 from ascendgraph.modes import GraphMode
-from ascendgraph.report import Report
-from ascendgraph.workload import WorkloadSpec
+from ascendgraph.runtime.report import Report
+from ascendgraph.runtime.workload import WorkloadSpec
 
 LAYERS = 2
 SIZES = (1, 2, 4)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ascendgraph.cli import main
+from ascendgraph.cli.app import main
 
 SMALL = ["run", "--device", "sim", "--num-layers", "1", "--max-num-seqs", "4", "--max-num-batched-tokens", "8",
          "--requests", "3", "-cc", '{"cudagraph_capture_sizes": [1, 2, 4]}']
@@ -107,11 +107,13 @@ def test_the_console_script_runs_in_a_subprocess_with_json_on_stdout():
 def test_the_cli_defaults_match_the_engine_and_the_parser_does_not_import_torch():
     import subprocess as sp
 
-    from ascendgraph import engine, engine_cli
+    from ascendgraph.runtime import engine
+
+    from ascendgraph.cli import run as engine_cli
 
     assert engine_cli.DEFAULT_REQUESTS == engine.DEFAULT_REQUESTS
     assert engine_cli.ON_CAPTURE_ERROR == engine.ON_CAPTURE_ERROR
-    probe = "import sys, ascendgraph.cli as c; c.build_parser(); print('torch' in sys.modules)"
+    probe = "import sys, ascendgraph.cli.app as c; c.build_parser(); print('torch' in sys.modules)"
     assert sp.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip() == "False"
 
 

@@ -99,7 +99,7 @@ def test_device_auto_without_an_npu_gets_the_simulator_options_of_the_run():
     before and after an eager fallback releases the stream plan."""
     from ascendgraph.config import GraphConfig
     from ascendgraph.device import resolve_device_name
-    from ascendgraph.engine import Engine, EngineOptions
+    from ascendgraph.runtime.engine import Engine, EngineOptions
 
     assert resolve_device_name("auto") == "sim"
     config = GraphConfig(**{**PIECEWISE.__dict__, "soc": "A3"})

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from ascendgraph.cli import main
+from ascendgraph.cli.app import main
 from ascendgraph.compile.static_kernel import CACHE_DIR_ENV
 from ascendgraph.config import GraphConfig
-from ascendgraph.engine import run
-from ascendgraph.workload import WorkloadSpec
+from ascendgraph.runtime.engine import run
+from ascendgraph.runtime.workload import WorkloadSpec
 
 LAYERS = 2
 WORKLOAD = WorkloadSpec(num_requests=3, seed=0, prompt_words=(3, 5), output_tokens=(3, 4))

@@ -26,13 +26,13 @@ import pytest
 import torch
 
 import sim
-from ascendgraph.cli import main
+from ascendgraph.cli.app import main
 from ascendgraph.config import GraphConfig
 from ascendgraph.dispatch import GraphDispatcher
-from ascendgraph.engine import Engine, EngineOptions
+from ascendgraph.runtime.engine import Engine, EngineOptions
 from ascendgraph.errors import CaptureError, StreamResourceExhausted
 from ascendgraph.modes import GraphMode
-from ascendgraph.plan import graphs_for, make_plan, measure_capture, sizes_from_plan
+from ascendgraph.tools.plan import graphs_for, make_plan, measure_capture, sizes_from_plan
 from ascendgraph.resolve import resolve
 from ascendgraph.sizes import StreamPlan
 

@@ -6,7 +6,7 @@ import pytest
 
 from ascendgraph.modes import GraphMode
 from ascendgraph.resolve import resolve
-from ascendgraph.workload import WorkloadSpec
+from ascendgraph.runtime.workload import WorkloadSpec
 from tests.engine.helpers import run_engine, small_config
 
 WORKLOAD = WorkloadSpec(num_requests=4, seed=1, prompt_words=(3, 8), output_tokens=(4, 8), burst_size=2, burst_gap=3)

@@ -13,11 +13,11 @@ from typing import Sequence
 import pytest
 from helpers import WORKLOAD, run_engine, small_config
 
-from ascendgraph.cli import main
-from ascendgraph.engine import Engine, EngineOptions, StepRecord
+from ascendgraph.cli.app import main
+from ascendgraph.runtime.engine import Engine, EngineOptions, StepRecord
 from ascendgraph.errors import ConfigError
 from ascendgraph.modes import GraphMode
-from ascendgraph.workload import ScheduledBatch
+from ascendgraph.runtime.workload import ScheduledBatch
 from ascendgraph.xlite import (
     XLITE_FULL_MODE_DISABLES_ACLGRAPH,
     XLITE_PIPELINE_PARALLEL_ERROR,

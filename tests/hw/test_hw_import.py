@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 import hw
-from ascendgraph import cli
+from ascendgraph.cli import app as cli
 from ascendgraph.device import backend_availability, get_device
 from ascendgraph.errors import ConfigError, DeviceUnavailable
 from hw import api

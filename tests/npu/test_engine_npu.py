@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from ascendgraph import cli
+from ascendgraph.cli import app as cli
 
 pytestmark = pytest.mark.npu
 

@@ -41,7 +41,7 @@ def test_explain_refuses_something_else():
 def test_importing_ascendgraph_does_not_import_the_engine():
     import subprocess
 
-    code = "import ascendgraph, sys; print('ascendgraph.engine' in sys.modules, 'torch' in sys.modules)"
+    code = "import ascendgraph, sys; print('ascendgraph.runtime.engine' in sys.modules, 'torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.split() == ["False", "False"], done.stderr
 

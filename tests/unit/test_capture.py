@@ -7,11 +7,11 @@ import gc
 import pytest
 import torch
 
-from ascendgraph.capture import CaptureNotAllowed, CaptureState, GraphOptions, GraphWrapper
+from ascendgraph.runtime.capture import CaptureNotAllowed, CaptureState, GraphOptions, GraphWrapper
 from ascendgraph.device import get_device
 from ascendgraph.dispatch import BatchDescriptor
 from ascendgraph.errors import ADDRESS_MISMATCH, GraphHang, StreamResourceExhausted
-from ascendgraph.forward_context import ForwardContext, set_forward_context
+from ascendgraph.runtime.forward_context import ForwardContext, set_forward_context
 from ascendgraph.modes import GraphMode
 
 KEY = BatchDescriptor(4)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from ascendgraph.cli import main
+from ascendgraph.cli.app import main
 
 EXPLAIN_KEYS = {"schema_version", "requested_mode", "effective_mode", "decisions", "compilation_mode", "capture_sizes",
                 "max_capture_size", "npugraph_ex", "static_kernel", "super_kernel", "stream_plan", "warnings"}

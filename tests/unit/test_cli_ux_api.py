@@ -53,7 +53,7 @@ def test_explain_still_takes_mode_names_and_modes_for_other_ranks():
 
 
 def test_engine_options_validate_on_their_own():
-    from ascendgraph.engine import EngineOptions
+    from ascendgraph.runtime.engine import EngineOptions
 
     with pytest.raises(ConfigError, match="atol must be a finite number"):
         EngineOptions(atol=[1])

@@ -11,7 +11,7 @@ from typing import Iterator
 import pytest
 
 import ascendgraph
-from ascendgraph.cli import build_parser, main
+from ascendgraph.cli.app import build_parser, main
 
 
 def _error(capsys, argv: list[str]) -> str:

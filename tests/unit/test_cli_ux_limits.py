@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ascendgraph.cli import LIMITS, MAX_SEED, main
+from ascendgraph.cli.app import LIMITS, MAX_SEED, main
 
 HUGE = "99999999999999999999"
 
@@ -29,7 +29,7 @@ def test_a_negative_seed_is_bad_input(capsys, command):
 
 
 def test_the_largest_seed_is_accepted_by_the_parser():
-    from ascendgraph.cli import seed_int
+    from ascendgraph.cli.app import seed_int
 
     assert seed_int(str(MAX_SEED)) == 2**63 - 1
 
@@ -67,13 +67,13 @@ def test_the_explain_stream_plan_never_shows_float_rounding(capsys):
 
 
 def test_the_engine_bounds_match_the_cli():
-    from ascendgraph import engine
+    from ascendgraph.runtime import engine
 
     assert engine.MAX_REQUESTS == LIMITS["requests"][1] and engine.MAX_SEED == LIMITS["seed"][1] == MAX_SEED
 
 
 def test_when_no_size_fits_nothing_is_offered_as_fitting(capsys):
-    from ascendgraph.cli import main as _main
+    from ascendgraph.cli.app import main as _main
     from ascendgraph.sizes import plan_stream_budget
 
     plan = plan_stream_budget(num_hidden_layers=2, capture_sizes=[1, 2, 4, 8], mode="PIECEWISE", max_streams=1)

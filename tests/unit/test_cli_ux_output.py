@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from ascendgraph import cli, profile_cli
-from ascendgraph.cli import format_warning, main
+from ascendgraph.cli import app as cli
+
+from ascendgraph.cli import profile as profile_cli
+from ascendgraph.cli.app import format_warning, main
 from ascendgraph.compile.static_kernel import STATIC_KERNEL_BUILD_WARNING
 
 
@@ -122,7 +124,7 @@ def test_remove_if_empty(tmp_path, holds_file):
 def test_bad_input_under_json_still_prints_one_error_document(capsys, argv):
     import json as _json
 
-    from ascendgraph.cli import main as _main
+    from ascendgraph.cli.app import main as _main
 
     assert _main(argv) == 2
     out, err = capsys.readouterr()
@@ -132,7 +134,7 @@ def test_bad_input_under_json_still_prints_one_error_document(capsys, argv):
 
 
 def test_json_inside_a_pasted_line_does_not_count(capsys):
-    from ascendgraph.cli import main as _main
+    from ascendgraph.cli.app import main as _main
 
     assert _main(["explain", "--", "vllm", "serve", "m", "--json"]) == 2
     assert capsys.readouterr().out == ""

@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from ascendgraph.cli import main
+from ascendgraph.cli.app import main
 from ascendgraph.errors import ConfigError
-from ascendgraph.vllm_cli import resolve_model_argument, translate_vllm_command
+from ascendgraph.cli.vllm_serve import resolve_model_argument, translate_vllm_command
 
 
 def _error(capsys, argv: list[str]) -> str:
@@ -162,7 +162,7 @@ def test_an_empty_profile_dir_is_bad_input(capsys, command):
 
 def test_plan_resolves_with_the_given_environment_not_only_the_process_one(monkeypatch):
     from ascendgraph.config import GraphConfig
-    from ascendgraph.plan import make_plan
+    from ascendgraph.tools.plan import make_plan
 
     monkeypatch.delenv("HCCL_OP_EXPANSION_MODE", raising=False)
     config = GraphConfig.from_vllm_args(model="tiny", num_layers=2)

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from ascendgraph import diagnose as diagnose_module
-from ascendgraph.cli import main
-from ascendgraph.diagnose import (
+from ascendgraph.tools import diagnose as diagnose_module
+from ascendgraph.cli.app import main
+from ascendgraph.tools.diagnose import (
     FAILURE_CLASSES,
     LogConfig,
     diagnose_file,

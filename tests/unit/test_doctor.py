@@ -9,9 +9,9 @@ from typing import Optional
 
 import pytest
 
-from ascendgraph import doctor as doctor_module
-from ascendgraph.cli import main
-from ascendgraph.doctor import (
+from ascendgraph.tools import doctor as doctor_module
+from ascendgraph.cli.app import main
+from ascendgraph.tools.doctor import (
     GRAPH_ENV_NAMES,
     HDK_SUBJECT,
     RULES,
@@ -329,7 +329,7 @@ def test_doctor_runs_as_a_real_process_without_a_traceback(tmp_path):
 
 
 def test_module_registers_the_doctor_command():
-    from ascendgraph.cli import COMMANDS
+    from ascendgraph.cli.app import COMMANDS
 
     assert doctor_module is not None
     assert any(c.name == "doctor" for c in COMMANDS)

@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from ascendgraph import ops
-from ascendgraph.capture import CaptureState, GraphWrapper
+from ascendgraph.runtime.capture import CaptureState, GraphWrapper
 from ascendgraph.dispatch import BatchDescriptor
 from ascendgraph.errors import GRAPH_PARAMS_ALREADY_SET, GraphHang
-from ascendgraph.forward_context import AttentionMetadata, ForwardContext, set_forward_context
+from ascendgraph.runtime.forward_context import AttentionMetadata, ForwardContext, set_forward_context
 from ascendgraph.models.attention import AttentionCall
 from ascendgraph.modes import GraphMode
-from ascendgraph.params import GraphParams, GraphParamsNotSet, padded_attention_lengths
+from ascendgraph.runtime.params import GraphParams, GraphParamsNotSet, padded_attention_lengths
 
 SCALE = 0.35
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from ascendgraph.config import GraphConfig
-from ascendgraph.engine import Engine, EngineOptions
+from ascendgraph.runtime.engine import Engine, EngineOptions
 from ascendgraph.errors import ConfigError
-from ascendgraph.profiler import (
+from ascendgraph.runtime.profiler import (
     KERNEL_DETAILS_COLUMNS,
     OP_STATISTIC_COLUMNS,
     KernelCounter,
@@ -19,7 +19,7 @@ from ascendgraph.profiler import (
     profile_run,
     write_profile,
 )
-from ascendgraph.workload import WorkloadSpec
+from ascendgraph.runtime.workload import WorkloadSpec
 from sim.device import KernelRecord, TraceSpan
 
 
@@ -110,7 +110,7 @@ def test_a_failure_while_writing_leaves_no_partial_profile(tmp_path, monkeypatch
     def broken(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("ascendgraph.profiler.json.dumps", broken)
+    monkeypatch.setattr("ascendgraph.runtime.profiler.json.dumps", broken)
     with pytest.raises(OSError):
         write_profile(tmp_path, RECORDS)
     assert list(tmp_path.iterdir()) == []

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ascendgraph.cli import main
-from ascendgraph.diagnose import EMPTY_LOG_NOTE, UnreadableLog, binary_share, diagnose_file, format_diagnosis
+from ascendgraph.cli.app import main
+from ascendgraph.tools.diagnose import EMPTY_LOG_NOTE, UnreadableLog, binary_share, diagnose_file, format_diagnosis
 from ascendgraph.errors import TEXT_EL0009
 
 LOGS = Path(__file__).resolve().parents[1] / "data" / "logs"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ascendgraph.cli import main
+from ascendgraph.cli.app import main
 from ascendgraph.errors import ConfigError
 from ascendgraph.models.presets import model_spec_from
 

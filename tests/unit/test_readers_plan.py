@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-import ascendgraph.plan as plan_module
-from ascendgraph.cli import main
+import ascendgraph.tools.plan as plan_module
+from ascendgraph.cli.app import main
 from ascendgraph.config import GraphConfig
 from ascendgraph.errors import ConfigError
-from ascendgraph.plan import Workload, check_plot_path, make_plan, read_workload_file
+from ascendgraph.tools.plan import Workload, check_plot_path, make_plan, read_workload_file
 
 OFF = ["--measure", "off"]
 

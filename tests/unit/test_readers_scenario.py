@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 import ascendgraph.testing.scenarios  # noqa: F401  (imported before any in-process inner session)
-from ascendgraph.cli import main
-from ascendgraph.scenario import ScenarioError, load_scenario
+from ascendgraph.cli.app import main
+from ascendgraph.tools.scenario import ScenarioError, load_scenario
 
 pytest_plugins = ["pytester"]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ascendgraph.cli import main
+from ascendgraph.cli.app import main
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

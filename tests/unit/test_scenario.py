@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ascendgraph.scenario import (
+from ascendgraph.tools.scenario import (
     DEVICE_ACTIONS,
     ProcessState,
     ScenarioError,
@@ -172,7 +172,7 @@ def test_a_replay_that_returns_wrong_values_is_an_error_not_a_pass(tmp_path, mon
     path = device_scenario(tmp_path, "wrapper_replay", "outcome = 'ok'", new_address=False)
     assert run_scenario(load_scenario(path)).passed
     # A wrapper bug that hands back the wrong tensor must surface as NumericalMismatch.
-    monkeypatch.setattr("ascendgraph.capture.GraphWrapper._replay", lambda self, entry, args: torch.zeros(4))
+    monkeypatch.setattr("ascendgraph.runtime.capture.GraphWrapper._replay", lambda self, entry, args: torch.zeros(4))
     result = run_scenario(load_scenario(path))
     assert result.outcome == "error" and type(result.error).__name__ == "NumericalMismatch", result.explain()
     assert not result.passed
@@ -201,10 +201,10 @@ def test_process_state_names_what_changed(monkeypatch):
 
 
 def test_the_runner_agrees_with_engine_run(tmp_path):
-    from ascendgraph.cli import config_from_args
-    from ascendgraph.engine import run
-    from ascendgraph.scenario import _namespace
-    from ascendgraph.workload import WorkloadSpec
+    from ascendgraph.cli.app import config_from_args
+    from ascendgraph.runtime.engine import run
+    from ascendgraph.tools.scenario import _namespace
+    from ascendgraph.runtime.workload import WorkloadSpec
 
     scenario = load_scenario(write(tmp_path, "description = 'x'\n" + ENGINE_CONFIG + "[expect]\noutcome = 'ok'\ngraphs_captured = 3\n"))
     result = run_scenario(scenario)
@@ -222,16 +222,16 @@ def test_the_runner_agrees_with_engine_run(tmp_path):
 
 
 def test_leaks_of_graphs_and_process_state_are_caught(tmp_path, monkeypatch):
-    import ascendgraph.engine
+    import ascendgraph.runtime.engine
 
-    original_capture = ascendgraph.engine.Engine.capture
+    original_capture = ascendgraph.runtime.engine.Engine.capture
 
     def capture_and_leak(self):
         original_capture(self)
         os.environ["ASCENDGRAPH_SCENARIO_LEAK"] = "1"
 
-    monkeypatch.setattr(ascendgraph.engine.Engine, "capture", capture_and_leak)
-    monkeypatch.setattr(ascendgraph.engine.Engine, "close", lambda self: None)  # graphs never released
+    monkeypatch.setattr(ascendgraph.runtime.engine.Engine, "capture", capture_and_leak)
+    monkeypatch.setattr(ascendgraph.runtime.engine.Engine, "close", lambda self: None)  # graphs never released
     threads = torch.get_num_threads()
     scenario = load_scenario(write(tmp_path, "description = 'x'\n" + ENGINE_CONFIG + "[expect]\noutcome = 'ok'\n"))
     try:
@@ -251,7 +251,7 @@ def test_leaks_of_graphs_and_process_state_are_caught(tmp_path, monkeypatch):
 def test_a_request_completed_through_a_wrong_step_is_reported_as_silently_wrong(tmp_path, monkeypatch):
     # The engine fails the requests of a step that differs from eager; an engine that marked
     # them completed instead must be caught by the requests invariant.
-    from ascendgraph.workload import RequestStatus, Scheduler
+    from ascendgraph.runtime.workload import RequestStatus, Scheduler
 
     def complete_instead_of_failing(self, request_ids, reason):
         for request_id in request_ids:

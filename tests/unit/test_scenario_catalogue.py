@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ascendgraph.scenario import DEVICE_ACTIONS, OUTCOMES, catalogue_table, discover_scenarios, load_scenario
+from ascendgraph.tools.scenario import DEVICE_ACTIONS, OUTCOMES, catalogue_table, discover_scenarios, load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLDER = ROOT / "tests" / "scenarios"

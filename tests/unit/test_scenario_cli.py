@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ascendgraph.cli import main
+from ascendgraph.cli.app import main
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "tests" / "scenarios"
 REFUSED = str(SCENARIOS / "replay_before_capture.toml")

@@ -21,8 +21,8 @@ from ascendgraph.compile.static_kernel import (
     static_sizes,
 )
 from ascendgraph.config import GraphConfig
-from ascendgraph.engine import Engine, EngineOptions
-from ascendgraph.workload import WorkloadSpec
+from ascendgraph.runtime.engine import Engine, EngineOptions
+from ascendgraph.runtime.workload import WorkloadSpec
 
 ag = torch.ops.ascendgraph
 FLAGS = {"npugraph_ex": True, "static_kernel": True, "super_kernel": False}

@@ -11,9 +11,9 @@ import sim  # noqa: F401
 from ascendgraph.compile.static_kernel import CACHE_DIR_ENV
 from ascendgraph.compile.super_kernel import SUPER_KERNEL_LOG, SUPER_KERNEL_OPTIONS
 from ascendgraph.config import GraphConfig
-from ascendgraph.engine import Engine, EngineOptions
+from ascendgraph.runtime.engine import Engine, EngineOptions
 from ascendgraph.errors import CaptureConstraintError
-from ascendgraph.workload import WorkloadSpec
+from ascendgraph.runtime.workload import WorkloadSpec
 from sim.cost import task_signature
 from sim.device import SimDevice
 

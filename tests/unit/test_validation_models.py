@@ -72,7 +72,7 @@ def test_a_directly_made_spec_is_checked_too():
 
 
 def test_explain_plan_and_run_refuse_an_uneven_head_ratio_with_exit_2(tmp_path, capsys):
-    from ascendgraph.cli import main
+    from ascendgraph.cli.app import main
 
     path = _write(tmp_path, {**_QWEN3, "num_key_value_heads": 3})
     for command in (["explain"], ["plan"], ["run", "--requests", "1"]):
@@ -129,7 +129,7 @@ def test_a_kv_cache_larger_than_host_memory_is_refused(monkeypatch):
 
 
 def test_run_refuses_a_huge_model_with_exit_2_and_one_line(tmp_path, capsys, monkeypatch):
-    from ascendgraph.cli import main
+    from ascendgraph.cli.app import main
 
     monkeypatch.setattr(build, "available_host_memory", lambda: 64 << 30)
     assert main(["run", "--model", _write(tmp_path, _HUGE), "--requests", "1"]) == 2

@@ -37,7 +37,7 @@ def test_sizes_that_fit_and_eager_mode_get_no_such_warning():
 
 
 def test_explain_shows_the_warning(capsys):
-    from ascendgraph.cli import main
+    from ascendgraph.cli.app import main
 
     assert main(["explain", "--compilation-config", '{"cudagraph_capture_sizes":[100000]}']) == 0
     _, err = capsys.readouterr()
@@ -73,7 +73,7 @@ def test_defaulting_max_num_seqs_leaves_the_capture_sizes_alone():
 
 
 def test_explain_refuses_the_budget_with_exit_2(capsys):
-    from ascendgraph.cli import main
+    from ascendgraph.cli.app import main
 
     assert main(["explain", "--max-num-seqs", "512", "--max-num-batched-tokens", "64"]) == 2
     _, err = capsys.readouterr()
@@ -114,7 +114,7 @@ def test_a_bad_environment_expansion_mode_warns_and_plans_as_ffts():
 
 
 def test_explain_refuses_a_bad_expansion_flag_with_exit_2(capsys):
-    from ascendgraph.cli import main
+    from ascendgraph.cli.app import main
 
     assert main(["explain", "--hccl-op-expansion-mode", "bogus"]) == 2
     out, err = capsys.readouterr()

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from ascendgraph.cli import main
+from ascendgraph.cli.app import main
 from ascendgraph.errors import ConfigError
-from ascendgraph.vllm_cli import resolve_model_argument, translate_vllm_command
-from ascendgraph.vllm_flags import VLLM_FLAGS, VLLM_SWITCHES
+from ascendgraph.cli.vllm_serve import resolve_model_argument, translate_vllm_command
+from ascendgraph.cli.vllm_flags import VLLM_FLAGS, VLLM_SWITCHES
 
 
 def explain_json(capsys, *pasted: str, before: tuple[str, ...] = ()) -> dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ascendgraph.errors import ConfigError
-from ascendgraph.workload import (
+from ascendgraph.runtime.workload import (
     Request,
     RequestStatus,
     Scheduler,

@@ -1,6 +1,6 @@
 """`ascendgraph scenario`: run fault-scenario files and list the catalogue.
 
-Registers the ``scenario`` command in `ascendgraph.cli` (imported by the CLI when present):
+Registers the ``scenario`` command in `ascendgraph.cli.app` (imported by the CLI when present):
 
     ascendgraph scenario run PATH... [--json] [-k TEXT]   run files or folders of *.toml
     ascendgraph scenario list PATH... [--json | --markdown]   check them and show the catalogue
@@ -19,10 +19,10 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
-from ascendgraph.cli import Command, CliUsageError, emit_json, emit_text, register_command
+from ascendgraph.cli.app import Command, CliUsageError, emit_json, emit_text, register_command
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ascendgraph.scenario import Scenario, ScenarioResult
+    from ascendgraph.tools.scenario import Scenario, ScenarioResult
 
 __all__ = ["add_scenario_arguments", "scenario_command", "format_row", "summary_counts"]
 
@@ -51,7 +51,7 @@ def add_scenario_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _load(paths: Sequence[str], select: Any = None) -> list["Scenario"]:
-    from ascendgraph.scenario import discover_scenarios, load_scenario
+    from ascendgraph.tools.scenario import discover_scenarios, load_scenario
 
     scenarios = [load_scenario(path) for path in discover_scenarios(paths)]
     if select:
@@ -79,7 +79,7 @@ def format_row(values: Sequence[str], widths: Sequence[int]) -> str:
 
 
 def summary_counts(results: Sequence["ScenarioResult"]) -> dict[str, Any]:
-    from ascendgraph.scenario import OUTCOMES
+    from ascendgraph.tools.scenario import OUTCOMES
 
     return {
         "scenarios": len(results),
@@ -91,7 +91,7 @@ def summary_counts(results: Sequence["ScenarioResult"]) -> dict[str, Any]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ascendgraph.scenario import run_scenario
+    from ascendgraph.tools.scenario import run_scenario
 
     scenarios = _load(args.paths, args.select)
     width = max(len("scenario"), *(len(s.name) for s in scenarios))
@@ -127,7 +127,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from ascendgraph.scenario import catalogue_table
+    from ascendgraph.tools.scenario import catalogue_table
 
     scenarios = _load(args.paths)
     if args.markdown:

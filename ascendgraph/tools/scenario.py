@@ -51,7 +51,7 @@ from ascendgraph.device import check_device_options
 
 if TYPE_CHECKING:  # pragma: no cover
     from ascendgraph.device import Device, DeviceStats
-    from ascendgraph.report import Report
+    from ascendgraph.runtime.report import Report
 
 __all__ = [
     "SCENARIO_KINDS",
@@ -331,7 +331,7 @@ def _config_flags() -> dict[str, Any]:
     """dest -> argparse action of the configuration flags `ascendgraph run` accepts."""
     import argparse
 
-    from ascendgraph.cli import add_config_arguments
+    from ascendgraph.cli.app import add_config_arguments
 
     parser = argparse.ArgumentParser(add_help=False)
     add_config_arguments(parser)
@@ -595,7 +595,7 @@ def _wrapper_ops() -> frozenset[str]:
 
 
 def _forward_context_set() -> bool:
-    from ascendgraph.forward_context import current_forward_context
+    from ascendgraph.runtime.forward_context import current_forward_context
 
     return current_forward_context() is not None
 
@@ -660,7 +660,7 @@ def _warm_imports() -> None:
     import torch._dynamo  # noqa: F401
     import torch._functorch.aot_autograd  # noqa: F401
 
-    import ascendgraph.engine  # noqa: F401
+    import ascendgraph.runtime.engine  # noqa: F401
     from ascendgraph.device import backend_availability
 
     backend_availability("sim")  # loads the simulator backend through its entry point
@@ -793,7 +793,7 @@ class _RequestAudit:
         self.records.append(record)
 
     def violations(self, engine: Any, report: "Report") -> list[str]:
-        from ascendgraph.workload import RequestStatus
+        from ascendgraph.runtime.workload import RequestStatus
 
         problems = []
         states = engine.scheduler.states
@@ -821,7 +821,7 @@ class _RequestAudit:
 def _namespace(scenario: Scenario) -> Any:
     import argparse
 
-    from ascendgraph.cli import add_config_arguments
+    from ascendgraph.cli.app import add_config_arguments
 
     parser = argparse.ArgumentParser(add_help=False)
     add_config_arguments(parser)
@@ -847,10 +847,10 @@ def _sim_device(scenario: Scenario, *, soc: str, stream_limit: Optional[int]) ->
 
 
 def _run_engine(scenario: Scenario) -> _Observation:
-    """The same sequence as `ascendgraph.engine.run`, with the hooks the invariants need."""
-    from ascendgraph.cli import config_from_args
-    from ascendgraph.engine import Engine, EngineOptions
-    from ascendgraph.workload import WorkloadSpec
+    """The same sequence as `ascendgraph.runtime.engine.run`, with the hooks the invariants need."""
+    from ascendgraph.cli.app import config_from_args
+    from ascendgraph.runtime.engine import Engine, EngineOptions
+    from ascendgraph.runtime.workload import WorkloadSpec
 
     obs = _Observation()
     run, spec = scenario.run, scenario.device
@@ -1212,9 +1212,9 @@ def _action_wrapper_replay(ctx: _ActionContext, args: Mapping[str, Any]) -> None
     (``new_address``) or the same one refilled."""
     import torch
 
-    from ascendgraph.capture import GraphOptions, GraphWrapper
+    from ascendgraph.runtime.capture import GraphOptions, GraphWrapper
     from ascendgraph.dispatch import BatchDescriptor
-    from ascendgraph.forward_context import ForwardContext, set_forward_context
+    from ascendgraph.runtime.forward_context import ForwardContext, set_forward_context
     from ascendgraph.modes import GraphMode
 
     device = ctx.device

@@ -1022,7 +1022,7 @@ def format_diagnosis(diagnosis: Diagnosis) -> str:
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ascendgraph.cli import positive_int
+    from ascendgraph.cli.app import positive_int
 
     parser.add_argument("logfile", metavar="LOGFILE|-",
                         help="a vLLM / vLLM Ascend log (plain or .gz), or - to read standard input")
@@ -1034,7 +1034,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ascendgraph.cli import emit_json, emit_text
+    from ascendgraph.cli.app import emit_json, emit_text
 
     diagnosis = diagnose_file(args.logfile, num_layers=args.num_layers, stream_limit=args.stream_limit)
     if args.json:
@@ -1045,7 +1045,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _register() -> None:
-    from ascendgraph.cli import Command, register_command
+    from ascendgraph.cli.app import Command, register_command
 
     register_command(
         Command(

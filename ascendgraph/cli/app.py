@@ -24,7 +24,7 @@ from ascendgraph.config import SOCS, GraphConfig, parse_json_argument
 from ascendgraph.errors import ConfigError, DeviceUnavailable, GraphModeError
 from ascendgraph.models.backends import ATTENTION_BACKENDS
 from ascendgraph.models.presets import PRESETS
-from ascendgraph.vllm_flags import VLLM_FLAGS, VLLM_SPECULATIVE_CONFIG_KEYS
+from ascendgraph.cli.vllm_flags import VLLM_FLAGS, VLLM_SPECULATIVE_CONFIG_KEYS
 
 __all__ = ["main", "build_parser", "add_config_arguments", "config_from_args", "COMMANDS", "Command",
            "register_command", "positive_int", "non_negative_int", "bounded_int", "seed_int", "non_empty_text",
@@ -100,7 +100,7 @@ def _command_name(parser: argparse.ArgumentParser) -> str:
 def flag_hint(parser: argparse.ArgumentParser, flag: str, root: Optional[argparse.ArgumentParser] = None) -> str:
     """Why ``flag`` is not a flag of ``parser`` and what to type instead ('' when no idea).
     ``root``: the top-level parser, whose own flags go before the command."""
-    from ascendgraph.vllm_cli import MODELLED_FLAGS, PASTE_COMMANDS
+    from ascendgraph.cli.vllm_serve import MODELLED_FLAGS, PASTE_COMMANDS
 
     options = parser._option_string_actions
     if root is not None and root is not parser and flag in root._option_string_actions:
@@ -443,12 +443,12 @@ def register_command(command: Command) -> None:
 
 # Modules that own a command register it on import (`register_command`); missing ones are skipped.
 COMMAND_MODULES = (
-    "ascendgraph.engine_cli",      # run
-    "ascendgraph.plan",            # plan
-    "ascendgraph.scenario_cli",    # scenario
-    "ascendgraph.profile_cli",     # profile
-    "ascendgraph.doctor",          # doctor
-    "ascendgraph.diagnose",        # diagnose
+    "ascendgraph.cli.run",      # run
+    "ascendgraph.tools.plan",            # plan
+    "ascendgraph.cli.scenario",    # scenario
+    "ascendgraph.cli.profile",     # profile
+    "ascendgraph.tools.doctor",          # doctor
+    "ascendgraph.tools.diagnose",        # diagnose
 )
 
 
@@ -559,7 +559,7 @@ class _Parsed:
 
 def _parse_with_pasted_line(parser: argparse.ArgumentParser, head: list[str], pasted: list[str]) -> _Parsed:
     """Parse ``head`` plus the translation of a pasted ``vllm serve`` line (after ``--``)."""
-    from ascendgraph.vllm_cli import PASTE_COMMANDS, translate_vllm_command
+    from ascendgraph.cli.vllm_serve import PASTE_COMMANDS, translate_vllm_command
 
     args = parser.parse_args(head)
     command = getattr(args, "command", None)
@@ -672,7 +672,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 if __name__ == "__main__":  # pragma: no cover
     # Run through the imported module so commands registered by other modules land in the
-    # same COMMANDS table (this file is `__main__` here, not `ascendgraph.cli`).
-    from ascendgraph.cli import main as _main
+    # same COMMANDS table (this file is `__main__` here, not `ascendgraph.cli.app`).
+    from ascendgraph.cli.app import main as _main
 
     sys.exit(_main())

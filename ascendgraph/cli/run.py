@@ -1,10 +1,10 @@
 """`ascendgraph run`: the main job — resolve, compile, capture, serve a workload, report.
 
-Registers the ``run`` command in `ascendgraph.cli` (imported by the CLI when present).
+Registers the ``run`` command in `ascendgraph.cli.app` (imported by the CLI when present).
 Human text (progress bar, logs, the report) goes to stderr; ``--json`` prints the report
 document alone on stdout. Exit codes: 0 every request completed and matched eager;
 1 the run failed (a request failed, a capture failed without ``--on-capture-error
-eager``, a hang); 2 bad input (handled by `ascendgraph.cli.main`).
+eager``, a hang); 2 bad input (handled by `ascendgraph.cli.app.main`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 import traceback
 from typing import Any, Callable, Optional
 
-from ascendgraph.cli import (
+from ascendgraph.cli.app import (
     LIMITS,
     Command,
     add_config_arguments,
@@ -36,7 +36,7 @@ __all__ = ["add_run_arguments", "run_command", "DEFAULT_REQUESTS", "ON_CAPTURE_E
 
 log = logging.getLogger("ascendgraph")
 
-# Kept here (not imported from ascendgraph.engine) so building the CLI parser does not import
+# Kept here (not imported from ascendgraph.runtime.engine) so building the CLI parser does not import
 # torch; tests check they equal the engine's.
 DEFAULT_REQUESTS = 16
 ON_CAPTURE_ERROR = ("raise", "eager")
@@ -74,7 +74,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     run_group.add_argument("--atol", type=_non_negative_float, default=None,
                            help="tolerance of the check against eager (default 1e-4 float32, 2e-2 bfloat16)")
     run_group.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
-    # Workload-aware capture sizes (ascendgraph.plan.sizes_from_plan; docs/plan.md).
+    # Workload-aware capture sizes (ascendgraph.tools.plan.sizes_from_plan; docs/plan.md).
     run_group.add_argument("--sizes-from-plan", action="store_true",
                            help="capture the sizes `ascendgraph plan` selects for this run's workload (--requests, "
                                 "--seed): at most --budget sizes minimising expected padding, the largest kept")
@@ -101,14 +101,14 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_command(args: argparse.Namespace, on_report: Optional[Callable[[Any], None]] = None) -> int:
     """The ``run`` command; ``on_report`` (used by ``ascendgraph profile``) sees the Report."""
-    from ascendgraph.engine import run  # torch is imported only when a run starts
+    from ascendgraph.runtime.engine import run  # torch is imported only when a run starts
 
     config = config_from_args(args)
     env = env_from_args(args)
     if getattr(args, "budget", None) is not None and not getattr(args, "sizes_from_plan", False):
         raise ConfigError("--budget needs --sizes-from-plan (it limits the sizes the plan selects)", key="budget")
     if getattr(args, "sizes_from_plan", False):
-        from ascendgraph.plan import sizes_from_plan
+        from ascendgraph.tools.plan import sizes_from_plan
 
         selected = sizes_from_plan(config, requests=args.requests, seed=args.seed, budget=args.budget,
                                    stream_limit=args.stream_limit, hccl_op_expansion_mode=args.hccl_op_expansion_mode,

@@ -18,7 +18,7 @@ Theory of operation.
    after the replay is launched, the device synchronised (a hang surfaces here), and the
    result checked against the eager reference; a step beyond tolerance fails its
    requests with NumericalMismatch.
-6. **Report** (`ascendgraph.report.Report`).
+6. **Report** (`ascendgraph.runtime.report.Report`).
 
 Per-batch path: `Engine.route(batch)` names the runner and `Engine.runners[name](batch)`
 returns a `RunResult` ("native": ACL graphs or eager as dispatched); `Engine.observers`
@@ -40,7 +40,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Protocol, Sequenc
 
 import torch
 
-from ascendgraph.capture import CaptureState
+from ascendgraph.runtime.capture import CaptureState
 from ascendgraph.compile.backend import AscendGraphBackend, CompiledModel
 from ascendgraph.compile.pass_manager import PassManager
 from ascendgraph.compile.passes import fused_ops
@@ -56,15 +56,15 @@ from ascendgraph.errors import (
     GraphHang,
     NumericalMismatch,
 )
-from ascendgraph.forward_context import AttentionMetadata, ForwardContext, KVCache, set_forward_context
+from ascendgraph.runtime.forward_context import AttentionMetadata, ForwardContext, KVCache, set_forward_context
 from ascendgraph.models.build import DecoderModel, build_model, parse_dtype
 from ascendgraph.modes import GraphMode
-from ascendgraph.params import GraphParams
-from ascendgraph.profiler import KernelCounter, profile_run
-from ascendgraph.report import RUNTIME_MODE_KEYS, Report
+from ascendgraph.runtime.params import GraphParams
+from ascendgraph.runtime.profiler import KernelCounter, profile_run
+from ascendgraph.runtime.report import RUNTIME_MODE_KEYS, Report
 from ascendgraph.resolve import Decision, Resolution, resolve
 from ascendgraph.sizes import DEFAULT_MAX_STREAMS
-from ascendgraph.workload import Request, ScheduledBatch, Scheduler, WorkloadSpec, generate_workload
+from ascendgraph.runtime.workload import Request, ScheduledBatch, Scheduler, WorkloadSpec, generate_workload
 from ascendgraph.xlite import NATIVE, XLITE, XliteProfileRun, XliteRoute, XliteRouter, XliteRuntime, XliteRuntimeSpec
 
 __all__ = [
@@ -83,7 +83,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_REQUESTS = 16
 ON_CAPTURE_ERROR = ("raise", "eager")
-# Upper bounds (the CLI's `ascendgraph.cli.LIMITS` say the same; a test keeps them equal).
+# Upper bounds (the CLI's `ascendgraph.cli.app.LIMITS` say the same; a test keeps them equal).
 MAX_REQUESTS = 1_000_000
 MAX_SEED = 2**63 - 1
 _ATOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}

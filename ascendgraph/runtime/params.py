@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 from ascendgraph.dispatch import BatchDescriptor
 from ascendgraph.errors import GRAPH_PARAMS_ALREADY_SET
-from ascendgraph.forward_context import AttentionMetadata
+from ascendgraph.runtime.forward_context import AttentionMetadata
 
 if TYPE_CHECKING:  # pragma: no cover
     from ascendgraph.device import Device, ExternalEvent, Stream, TaskGroupHandle

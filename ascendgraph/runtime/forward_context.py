@@ -25,7 +25,7 @@ from ascendgraph.modes import GraphMode
 
 if TYPE_CHECKING:  # pragma: no cover
     from ascendgraph.device import Device
-    from ascendgraph.params import GraphParams
+    from ascendgraph.runtime.params import GraphParams
 
 __all__ = [
     "AttentionMetadata",
@@ -121,7 +121,7 @@ def get_forward_context() -> ForwardContext:
     if context is None:
         raise NoForwardContext(
             "no forward context is set: run the model inside "
-            "ascendgraph.forward_context.set_forward_context(ForwardContext(...)) "
+            "ascendgraph.runtime.forward_context.set_forward_context(ForwardContext(...)) "
             "(the engine does this for every step)"
         )
     return context

@@ -28,7 +28,7 @@ from ascendgraph.config import parse_json_argument
 from ascendgraph.errors import ConfigError
 from ascendgraph.models.backends import ATTENTION_BACKENDS
 from ascendgraph.models.presets import PRESETS, preset_for_architecture
-from ascendgraph.vllm_flags import VLLM_FLAGS, VLLM_FLAGS_WITH_VALUE, VLLM_SWITCHES, VLLM_VERSION
+from ascendgraph.cli.vllm_flags import VLLM_FLAGS, VLLM_FLAGS_WITH_VALUE, VLLM_SWITCHES, VLLM_VERSION
 
 __all__ = ["PASTE_COMMANDS", "PastedCommand", "translate_vllm_command", "resolve_model_argument"]
 

@@ -765,7 +765,7 @@ def format_report(report: DoctorReport) -> str:
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ascendgraph.cli import positive_int
+    from ascendgraph.cli.app import positive_int
 
     parser.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     defaults = ReferenceConfig()
@@ -785,7 +785,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ascendgraph.cli import emit_json, emit_text
+    from ascendgraph.cli.app import emit_json, emit_text
 
     reference = ReferenceConfig(
         num_hidden_layers=args.num_layers,
@@ -803,7 +803,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _register() -> None:
-    from ascendgraph.cli import Command, register_command
+    from ascendgraph.cli.app import Command, register_command
 
     register_command(
         Command(

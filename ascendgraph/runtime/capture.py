@@ -44,12 +44,12 @@ import torch
 
 from ascendgraph.dispatch import BatchDescriptor
 from ascendgraph.errors import ADDRESS_MISMATCH, CaptureContext, rewrite_capture_error
-from ascendgraph.forward_context import current_forward_context
+from ascendgraph.runtime.forward_context import current_forward_context
 from ascendgraph.modes import GraphMode
 
 if TYPE_CHECKING:  # pragma: no cover
     from ascendgraph.device import Device, Graph, PoolHandle
-    from ascendgraph.params import GraphParams
+    from ascendgraph.runtime.params import GraphParams
 
 __all__ = [
     "GraphOptions",

@@ -1,4 +1,4 @@
-"""The run report: what `ascendgraph run` (and `ascendgraph.engine.run`) returns and prints.
+"""The run report: what `ascendgraph run` (and `ascendgraph.runtime.engine.run`) returns and prints.
 
 `Report` holds the figures of one run; `to_json()` is the ``--json`` document (the field
 names of the engine issue, plus ``schema_version`` and a few descriptive keys), and
@@ -197,7 +197,7 @@ def _extension_lines(key: str, value: Any, extensions: dict[str, Any]) -> list[s
     return [f"  {key:<10} {value}"]
 
 
-# npugraph_ex issue: passes, kernel stages and profiles (ascendgraph.engine._npugraph_ex_extensions).
+# npugraph_ex issue: passes, kernel stages and profiles (ascendgraph.runtime.engine._npugraph_ex_extensions).
 _NPUGRAPH_EX_KEYS = ("fused_ops", "kernels_per_step", "static_kernel", "super_kernel", "profile")
 
 

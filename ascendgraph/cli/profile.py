@@ -4,7 +4,7 @@ It is ``ascendgraph run --profile-dir DIR`` with profile-friendly defaults (4 re
 DIR ``./ascendgraph_profile``) followed by the busiest kernel types of the written
 op_statistic.csv — so the seed's checks (``grep static_kernel op_statistic.csv``; compare
 kernel_details.csv with and without super kernel) take one command each. Registers itself
-in `ascendgraph.cli`; torch is imported only when the run starts. Exit codes as ``run``.
+in `ascendgraph.cli.app`; torch is imported only when the run starts. Exit codes as ``run``.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-from ascendgraph.cli import Command, emit_text, register_command
-from ascendgraph.engine_cli import add_run_arguments, run_command
+from ascendgraph.cli.app import Command, emit_text, register_command
+from ascendgraph.cli.run import add_run_arguments, run_command
 
 __all__ = ["DEFAULT_PROFILE_DIR", "DEFAULT_PROFILE_REQUESTS", "profile_command", "top_op_types"]
 

@@ -17,7 +17,7 @@ it sums the keys the selection's dispatcher would capture, interpolating per-key
 costs its largest graph). When every key was measured nothing is interpolated.
 
 torch is imported only inside `measure_capture` (through the engine), so importing this
-module — and `ascendgraph.plan` — stays light.
+module — and `ascendgraph.tools.plan` — stays light.
 """
 
 from __future__ import annotations
@@ -196,7 +196,7 @@ def measure_capture(
     started = time.perf_counter()
     # torch (through the engine) is imported here only: the rest of the module does without it.
     from ascendgraph.device import get_device
-    from ascendgraph.engine import Engine, EngineOptions
+    from ascendgraph.runtime.engine import Engine, EngineOptions
 
     sizes = sample_for_measure(resolution, method, sample)
     config = resolution.config.replace(cudagraph_capture_sizes=tuple(sizes), max_cudagraph_capture_size=None)
@@ -214,7 +214,7 @@ def measure_capture(
         num_threads=None if os.environ.get("OMP_NUM_THREADS") else 1,
     )
     # The measurement engine repeats the resolution's warnings and logs its capture: keep it quiet.
-    engine_log = logging.getLogger("ascendgraph.engine")
+    engine_log = logging.getLogger("ascendgraph.runtime.engine")
     previous_level = engine_log.level
     engine_log.setLevel(logging.ERROR)
     engine = None

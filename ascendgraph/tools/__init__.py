@@ -1,0 +1,1 @@
+"""User tools built on the rules and the runtime: plan, doctor, diagnose, fault scenarios."""
