@@ -30,6 +30,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ascendgraph.errors import HOST_SYNC_DURING_CAPTURE, TASK_UPDATE_MISMATCH, CaptureConstraintError
+from sim import kernels
 from sim.cost import CostModel, TaskInfo, super_kernel_task
 from sim.recorder import (
     ALIAS,
@@ -256,6 +257,7 @@ class Capture:
         return made[0]
 
     def _record(self, info: OpInfo, args: tuple, kwargs: dict) -> Any:
+        kernels.on_capture(self.device.contracts, self.graph.name, info.func, args, kwargs)
         made = materialize(info, args, kwargs, self._allocate)
         if made is None:
             return self._record_executed(info, args, kwargs)
@@ -316,6 +318,7 @@ class Update:
             return func(*args, **kwargs) if made is None else made[0]
         if info.kind not in (OP, RNG):
             raise reject(info.kind, func, self.group.graph.name)
+        kernels.on_update(self.device.contracts, func, args, kwargs)
         self.calls.append((func, args, dict(kwargs)))
         made = materialize(info, args, kwargs, self._allocate)
         if made is None:

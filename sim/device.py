@@ -51,6 +51,7 @@ from sim.budget import StreamLedger
 from sim.capture import Capture, Update
 from sim.capturing import CaptureMixin
 from sim.cost import CostModel
+from sim import kernels
 from sim.faults import Action, FaultPlan, Term, fault_error
 from sim.graph import ReplayRun
 from sim.pools import SimPool, SimPoolHandle
@@ -73,6 +74,10 @@ OPTIONS = {
     "poison_capture_outputs": "fill fresh capture outputs with NaN until the first replay (default True)",
     "stream_error": "'207008' (default) or 'el0009': which CANN line a stream exhaustion carries",
     "record_kernels": "keep a KernelRecord per executed task from the start (default False)",
+    "allow_float32_attention": "declared leniency (D2): accept float32 where the kernels take only "
+    "float16/bfloat16 (an NPU would refuse it; default False)",
+    "lazy_kernel_init": "model the workspace allocation of a kernel's first launch per shape, refused "
+    "inside a capture (so captures need warm-ups; default True)",
     "meta_tensors": "tensors live on the meta device: captures still count streams, pool bytes and "
     "virtual time, but no memory is held and nothing computes (planning only; default False)",
 }
@@ -109,6 +114,12 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
         self.seed = int(options.get("seed", 0))
         self.allow_rng_in_capture = bool(options.get("allow_rng_in_capture", False))
         self.poison_capture_outputs = bool(options.get("poison_capture_outputs", True))
+        self.allow_float32_attention = bool(options.get("allow_float32_attention", False))
+        self.contracts = kernels.ContractPolicy.from_options(
+            allow_float32_attention=self.allow_float32_attention,
+            lazy_kernel_init=bool(options.get("lazy_kernel_init", True)),
+        )
+        kernels.activate(self.contracts)  # eager kernels are process-wide: the newest device's policy
         self.stream_error = str(options.get("stream_error", "207008")).lower()
         if self.stream_error not in STREAM_ERROR_VARIANTS:
             raise ConfigError(
@@ -151,6 +162,12 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
         self._sessions = 0  # open profiling() sessions
         self._profiling = bool(options.get("record_kernels", False))
         self._replay_marks: dict[int, tuple[float, Optional[float], str]] = {}  # id(run) -> (start, wait start, event)
+
+    def allow_float32_attention_now(self) -> None:
+        """Turn on the declared float32 leniency (D2) on a device made without it."""
+        self.allow_float32_attention = True
+        self.contracts.lenient = self.contracts.lenient | kernels.FLOAT32_LENIENT_RULES
+        kernels.activate(self.contracts)
 
     # ------------------------------------------------------------------ basics
     @property

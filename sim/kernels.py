@@ -7,21 +7,53 @@ no bit of the result. Attention is vectorised over the requests that share a que
 length (one group for a pure decode batch), so a batch costs a handful of torch calls
 rather than a Python loop over tokens.
 
+Kernel contracts. Each registered kernel first checks its call against
+`ascendgraph.kernel_contracts` through hw's mapping (`ascendgraph.kernel_calls`), as an
+NPU would refuse it: when issued eagerly (here, in the kernel), when recorded by a capture
+and when re-issued by a task update (`on_capture` / `on_update`, called by ``sim.capture``),
+never per replay (a replay runs under `replaying()`). A violation raises
+KernelContractError. The rules a device relaxes (``allow_float32_attention``: the
+half-precision dtype rules, D2) come from the device's `ContractPolicy`; eager kernels use
+the policy of the most recently created SimDevice (the kernels are process-wide, as
+torch.library is), or the strict default.
+
+Lazy initialisation (D8). The first launch of a kernel for a new shape allocates its
+workspace (aclnn tiling and workspace). Eager launches mark (kernel, shape, dtype) as
+initialised on the device's policy; a capture that records a kernel for a signature never
+launched before refuses it with CaptureConstraintError: a capture without warm-up fails.
+
 `register_cpu_kernels()` is idempotent; importing the ``sim`` package calls it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 from torch import Tensor
 
 from ascendgraph import ops
 from ascendgraph import reference as _reference
+from ascendgraph.errors import CaptureConstraintError
+from ascendgraph.kernel_calls import CHECKED_OPS, check_op
+from ascendgraph.kernel_contracts import FLOAT32_LENIENT_RULES, RULES
 
 __all__ = [
     "register_cpu_kernels",
+    "ContractPolicy",
+    "LAZY_INIT_DURING_CAPTURE",
+    "FLOAT32_LENIENT_RULES",
+    "activate",
+    "current_policy",
+    "contract_policy",
+    "unchecked",
+    "replaying",
+    "on_capture",
+    "on_update",
     "rms_norm_ref",
     "add_rms_norm_ref",
     "dynamic_quant_ref",
@@ -186,6 +218,139 @@ def paged_attention_ref(
         _attend_group(query, key_cache, value_cache, block_table, members, starts, q_len, lens, scale, out)
 
 
+# --------------------------------------------------------------------------- contracts and lazy init
+
+LAZY_INIT_DURING_CAPTURE = (
+    "lazy initialisation during capture of {graph}: the first launch of ascendgraph::{op} for {signature} "
+    "allocates its workspace (an Ascend kernel sets up its tiling and workspace on the first call of a "
+    "shape), which is refused inside a graph capture. Run the model eagerly at this size before capturing "
+    "(a warm-up; the engine runs cudagraph_num_of_warmups of them per size, at least 1)"
+)
+
+
+@dataclass
+class ContractPolicy:
+    """What one device enforces: the rules it relaxes and the kernel shapes it has initialised."""
+
+    lenient: frozenset[str] = frozenset()
+    lazy_init: bool = True
+    initialised: set[tuple[Any, ...]] = field(default_factory=set)
+
+    @classmethod
+    def from_options(cls, *, allow_float32_attention: bool = False, lazy_kernel_init: bool = True) -> "ContractPolicy":
+        return cls(FLOAT32_LENIENT_RULES if allow_float32_attention else frozenset(), bool(lazy_kernel_init))
+
+
+_STRICT = ContractPolicy(lazy_init=False)
+_ACTIVE: list[ContractPolicy] = [_STRICT]
+_OVERRIDE: contextvars.ContextVar[Optional[ContractPolicy]] = contextvars.ContextVar("sim_contract_policy", default=None)
+_REPLAYING: contextvars.ContextVar[bool] = contextvars.ContextVar("sim_replaying", default=False)
+
+
+def activate(policy: ContractPolicy) -> None:
+    """Make ``policy`` the one eager kernels use (SimDevice does it when created)."""
+    _ACTIVE[0] = policy
+
+
+def current_policy() -> ContractPolicy:
+    override = _OVERRIDE.get()
+    return override if override is not None else _ACTIVE[0]
+
+
+@contextlib.contextmanager
+def contract_policy(policy: ContractPolicy) -> Iterator[ContractPolicy]:
+    """Use ``policy`` for the eager kernels of the block (tests of float32 kernel numerics)."""
+    token = _OVERRIDE.set(policy)
+    try:
+        yield policy
+    finally:
+        _OVERRIDE.reset(token)
+
+
+@contextlib.contextmanager
+def unchecked() -> Iterator[ContractPolicy]:
+    """No contract for the eager kernels of the block: tests of the reference formulas on
+    shapes and dtypes no NPU kernel takes."""
+    with contract_policy(ContractPolicy(frozenset(rule.name for rule in RULES), lazy_init=False)) as policy:
+        yield policy
+
+
+@contextlib.contextmanager
+def replaying() -> Iterator[None]:
+    """Kernels run by a graph replay: the contracts were checked at capture / update."""
+    token = _REPLAYING.set(True)
+    try:
+        yield
+    finally:
+        _REPLAYING.reset(token)
+
+
+def _signature(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    first = next((a for a in args if isinstance(a, Tensor)), None)
+    return () if first is None else (tuple(first.shape), first.dtype)
+
+
+def _describe(signature: tuple[Any, ...]) -> str:
+    if not signature:
+        return "its arguments"
+    shape, dtype = signature
+    return f"shape {tuple(shape)} {str(dtype).replace('torch.', '')}"
+
+
+def _op_name(func: Any) -> Optional[str]:
+    schema = getattr(func, "_schema", None)
+    if schema is None or not schema.name.startswith(f"{ops.NAMESPACE}::"):
+        return None
+    name = schema.name.split("::", 1)[1]
+    return name if name in CHECKED_OPS else None
+
+
+def _arguments(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    if not kwargs:
+        return tuple(args)
+    names = [a.name for a in func._schema.arguments]
+    values = list(args) + [kwargs[n] for n in names[len(args):] if n in kwargs]
+    return tuple(values)
+
+
+def on_capture(policy: ContractPolicy, graph: str, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """A capture records ``func``: check its contract and refuse a lazy initialisation."""
+    name = _op_name(func)
+    if name is None:
+        return
+    values = _arguments(func, args, kwargs)
+    check_op(name, values, in_graph=True, lenient=policy.lenient)
+    if policy.lazy_init:
+        signature = (name, *_signature(values))
+        if signature not in policy.initialised:
+            raise CaptureConstraintError(
+                LAZY_INIT_DURING_CAPTURE.format(graph=graph, op=name, signature=_describe(signature[1:]))
+            )
+
+
+def on_update(policy: ContractPolicy, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """A task update re-issues ``func``: check its contract (the graph's workspace exists)."""
+    name = _op_name(func)
+    if name is not None:
+        check_op(name, _arguments(func, args, kwargs), in_graph=True, lenient=policy.lenient)
+
+
+def _checked(name: str, kernel: Callable[..., Any]) -> Callable[..., Any]:
+    if name not in CHECKED_OPS:
+        return kernel
+
+    def run(*args: Any) -> Any:
+        if not _REPLAYING.get():
+            policy = current_policy()
+            check_op(name, args, in_graph=False, lenient=policy.lenient)
+            if policy.lazy_init:
+                policy.initialised.add((name, *_signature(args)))
+        return kernel(*args)
+
+    run.__name__ = f"checked_{name}"
+    return run
+
+
 # --------------------------------------------------------------------------- registration
 
 _KERNELS = {
@@ -206,4 +371,4 @@ _KERNELS = {
 def register_cpu_kernels() -> None:
     """Register the reference kernels for the CPU dispatch key (idempotent)."""
     for name, kernel in _KERNELS.items():
-        getattr(ops, name).register_kernel("cpu")(kernel)
+        getattr(ops, name).register_kernel("cpu")(_checked(name, kernel))

@@ -13,6 +13,7 @@ from typing import Any, Optional
 import torch
 
 from ascendgraph.errors import EXTERNAL_EVENT_NOT_RESET
+from sim import kernels
 from sim.capture import COPY_MANY, COPY_ONE, modes_off
 from sim.faults import Action
 from sim.graph import ReplayRun, SimGraph
@@ -129,7 +130,7 @@ class ReplayMixin:
         # Replays inside this device's own capture are recorded (a child graph); any other
         # mode (an eager tracker, another device's capture) must not see graph tasks.
         quiet = modes_off() if self._capture is None else _NO_CONTEXT
-        with quiet, torch._C._AutoDispatchBelowADInplaceOrView():
+        with quiet, torch._C._AutoDispatchBelowADInplaceOrView(), kernels.replaying():
             while index < count:
                 segment = segments[index]
                 for call, args, kwargs, mode, target in segment.entries:

@@ -70,7 +70,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     run_group.add_argument("--sim-profile", default=None, metavar="NAME|FILE.json",
                            help="simulator profile: a name (A2, A3, 310P, A5, A2-old-hdk) or a calibration JSON "
                                 "file; default: the --soc profile")
-    run_group.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    run_group.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")
     run_group.add_argument("--atol", type=_non_negative_float, default=None,
                            help="tolerance of the check against eager (default 1e-4 float32, 2e-2 bfloat16)")
     run_group.add_argument("--json", action="store_true", help="print the report as JSON on stdout")

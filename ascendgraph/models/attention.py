@@ -132,7 +132,7 @@ class AttentionImpl:
             query=query,
             key_cache=kv_cache.key,
             value_cache=kv_cache.value,
-            block_table=metadata.block_table,
+            block_table=metadata.block_table_for(len(metadata.query_start_loc)),
             actual_seq_lengths=list(metadata.query_start_loc),
             seq_lens=list(metadata.seq_lens),
             scale=scale,

@@ -87,6 +87,11 @@ ON_CAPTURE_ERROR = ("raise", "eager")
 MAX_REQUESTS = 1_000_000
 MAX_SEED = 2**63 - 1
 _ATOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
+FLOAT32_ATTENTION_WARNING = "float32 attention would be refused on an NPU"
+LENIENT_FLOAT32 = (
+    "float32 attention (sim device option allow_float32_attention): the fused attention, rope, KV cache "
+    "and quant kernels take float16/bfloat16 on an NPU"
+)
 _MAX_IDLE_STEPS = 10_000
 
 
@@ -109,7 +114,7 @@ class EngineOptions:
     hccl_op_expansion_mode: Optional[str] = None
     faults: Optional[str] = None
     sim_profile: Optional[str] = None  # sim only: a profile name or calibration JSON; default: config.soc
-    dtype: str = "float32"
+    dtype: str = "bfloat16"  # what torch_npu's fused attention takes; float32 is a declared sim leniency
     atol: Optional[float] = None
     check_eager: bool = True
     debug: bool = False  # check input addresses at every replay
@@ -256,6 +261,7 @@ class Engine:
         for warning in self.resolution.warnings:
             log.warning("%s", warning)
         self.decisions: list[Decision] = list(self.resolution.decisions)
+        self.lenient: list[str] = []  # declared leniencies of the device (report "lenient")
         self.device: Device = self._make_device()
         self.mode = self.resolution.mode
         self.dispatcher = self._make_dispatcher(self.mode)
@@ -355,6 +361,12 @@ class Engine:
                 if set_plan is None:
                     raise ConfigError("--faults needs the sim device (fault injection is simulated)", key="faults")
                 set_plan(self.options.faults)
+            if self.dtype is torch.float32:
+                allow = getattr(device, "allow_float32_attention_now", None)
+                if allow is not None:  # the simulator: declare the leniency on the caller's device
+                    allow()
+                    log.warning("%s", FLOAT32_ATTENTION_WARNING)
+                    self.lenient.append(LENIENT_FLOAT32)
             return device
         name = device.strip().lower()
         sim_only = self.options.faults is not None or self.options.sim_profile is not None
@@ -366,7 +378,18 @@ class Engine:
             raise ConfigError(
                 "--faults and --sim-profile need --device sim (they configure the simulator)", key="device"
             )
+        float32 = self.dtype is torch.float32
+        if name == "npu" and float32:
+            raise ConfigError(
+                "--dtype float32 is refused on npu: torch_npu's fused attention takes float16/bfloat16; "
+                "use --dtype bfloat16 (float32 exists only as a declared leniency of --device sim)",
+                key="dtype",
+            )
         device_options: dict[str, Any] = {}
+        if name == "sim" and float32:
+            device_options["allow_float32_attention"] = True
+            log.warning("%s", FLOAT32_ATTENTION_WARNING)
+            self.lenient.append(LENIENT_FLOAT32)
         if name == "sim":
             device_options = {"seed": self.options.seed, "profile": self.options.sim_profile or self.config.soc}
             if self.options.stream_limit is not None:
@@ -403,7 +426,7 @@ class Engine:
         config = self.config
         device = self.device.torch_device
         max_tokens = max(config.max_num_batched_tokens, self.resolution.max_capture_size, 1)
-        rows = max(config.max_num_seqs, 1)
+        rows = max(config.max_num_seqs, 1) + 1  # a spare zero row: the FULL-graph dummy request
         width = max(1, math.ceil(self.spec.max_position_embeddings / config.block_size))
         return _Inputs(
             input_ids=torch.zeros(max_tokens, dtype=torch.long, device=device),
@@ -685,7 +708,7 @@ class Engine:
     def _batch_metadata(
         self, batch: ScheduledBatch, descriptor: BatchDescriptor, padded_tokens: int
     ) -> AttentionMetadata:
-        rows = max(batch.num_reqs, descriptor.num_reqs or 0)
+        rows = self._table_rows(batch, descriptor)
         return AttentionMetadata(
             num_reqs=batch.num_reqs,
             num_actual_tokens=batch.num_tokens,
@@ -697,6 +720,11 @@ class Engine:
             uniform_decode=descriptor.uniform,
             query_len=self.query_len,
         )
+
+    def _table_rows(self, batch: ScheduledBatch, descriptor: BatchDescriptor) -> int:
+        """Block-table rows a batch's metadata exposes: its requests and the graph's padded ones,
+        plus one zero row for the dummy request of FULL padding (`fia_padded_lengths`)."""
+        return min(max(batch.num_reqs, descriptor.num_reqs or 0) + 1, self.inputs.block_table.shape[0])
 
     @contextmanager
     def _measured(self) -> Iterator[_Measure]:
@@ -719,7 +747,7 @@ class Engine:
         tokens = batch.num_tokens
         mode, descriptor = self.dispatcher.dispatch(tokens, uniform_decode=batch.uniform_decode)
         padded = descriptor.num_tokens if mode is not GraphMode.NONE else tokens
-        rows = max(batch.num_reqs, descriptor.num_reqs or 0)
+        rows = self._table_rows(batch, descriptor)
         self._write_batch(batch, padded_tokens=padded, padded_rows=rows)
         metadata = self._batch_metadata(batch, descriptor, padded)
         with self._measured() as measure:
@@ -903,6 +931,8 @@ class Engine:
         )
         report.extensions.update(self._route_extensions())
         report.extensions.update(self._npugraph_ex_extensions())
+        if self.lenient:
+            report.extensions["lenient"] = "; ".join(self.lenient)
         return report
 
     def _npugraph_ex_extensions(self) -> dict[str, Any]:

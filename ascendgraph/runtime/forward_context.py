@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "AttentionMetadata",
+    "fia_padded_lengths",
     "KVCache",
     "ForwardContext",
     "set_forward_context",
@@ -61,8 +62,11 @@ class AttentionMetadata:
     ``query_start_loc`` holds the cumulative END offsets of each request's query tokens
     (FIA's ``actual_seq_lengths``), ``seq_lens`` each request's KV length after this step;
     both are host lists of the *real* requests. ``block_table`` ([rows >= num_reqs,
-    max_blocks]) and ``slot_mapping`` ([num_tokens], -1 for padding) are device tensors,
-    views of the engine's persistent buffers so a captured graph reads fresh values.
+    max_blocks]; the rows past the real requests are zero, at least one of them, for the
+    FULL-graph dummy request of `fia_padded_lengths`) and ``slot_mapping`` ([num_tokens], -1
+    for padding) are device tensors, views of the engine's persistent buffers so a captured
+    graph reads fresh values. Attention hands the kernel ``block_table_for(n)``: exactly one
+    row per request (the kernel contract ``block_table_rows``).
     """
 
     num_reqs: int
@@ -79,6 +83,54 @@ class AttentionMetadata:
     def query_lens(self) -> list[int]:
         starts = [0, *self.query_start_loc[:-1]]
         return [end - start for start, end in zip(starts, self.query_start_loc)]
+
+    def block_table_for(self, requests: int) -> torch.Tensor:
+        """The block table with exactly ``requests`` rows (the real ones, then zero rows)."""
+        if requests > self.block_table.shape[0]:
+            raise ValueError(
+                f"{requests} attention requests but the block table holds {self.block_table.shape[0]} rows; "
+                "the engine keeps one spare zero row for the FULL-graph dummy request"
+            )
+        return self.block_table[:requests]
+
+
+def fia_padded_lengths(
+    query_start_loc: list[int],
+    seq_lens: list[int],
+    *,
+    num_tokens: int,
+    uniform: bool,
+    num_reqs_padded: int,
+    query_len: int,
+) -> tuple[list[int], list[int]]:
+    """(actual_seq_lengths, actual_seq_lengths_kv) of a batch padded to ``num_tokens`` for FIA in TND.
+
+    The kernel needs the query's token count to equal the last end (kernel contract
+    ``tnd_tokens_equal_last_end``). Following vLLM Ascend (NPUModelRunner.
+    _pad_query_start_loc_for_fia, vllm_ascend/worker/model_runner_v1.py; PR #6403):
+
+    * uniform decode (``num_tokens == num_reqs_padded * query_len``): the batch keeps the
+      graph's request count; each padded request gets ``query_len`` tokens and KV length 0;
+    * mixed: the real requests, then ONE dummy request ending at ``num_tokens`` (KV length 0)
+      when padding tokens exist, so the request count is the real one, plus one.
+
+    Padded requests have KV length 0, which the kernels accept (vLLM Ascend pads
+    ``seq_lens`` with zeros the same way).
+    """
+    ends, lens = [int(v) for v in query_start_loc], [int(v) for v in seq_lens]
+    if len(ends) != len(lens):
+        raise ValueError(f"{len(ends)} query ends but {len(lens)} KV lengths")
+    last = ends[-1] if ends else 0
+    if last > num_tokens:
+        raise ValueError(f"the batch's query ends at {last}, past the {num_tokens} tokens it was padded to")
+    if uniform and num_tokens == num_reqs_padded * query_len:
+        if len(ends) > num_reqs_padded:
+            raise ValueError(f"{len(ends)} requests do not fit a uniform graph of {num_reqs_padded}")
+        padding = num_reqs_padded - len(ends)
+        return ends + [last + query_len * (i + 1) for i in range(padding)], lens + [0] * padding
+    if last < num_tokens:
+        return ends + [num_tokens], lens + [0]
+    return ends, lens
 
 
 @dataclass

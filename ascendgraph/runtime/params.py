@@ -16,11 +16,12 @@ the replay proceeds past its wait with fresh parameters. Forgetting the update l
 frozen lengths in place (wrong results, which the engine's check against eager catches);
 never recording the event leaves the replay waiting (a hang the device reports).
 
-Padding (`padded_attention_lengths`): a graph captured for N tokens and R requests always
-gets R-long lists. Uniform decode batches (q = 1 + k tokens per request): actual query
-ends [q, 2q, ..., (N // q) q], KV lengths padded with zeros to N // q. Mixed batches: the
-real cumulative ends, padded by repeating the last one (ends stay monotone, padding
-tokens belong to no request), KV lengths padded with zeros.
+Padding (`padded_attention_lengths`, vLLM Ascend's rule in
+`ascendgraph.runtime.forward_context.fia_padded_lengths`): the last query end always equals
+the graph's N tokens. Uniform decode batches (q = 1 + k tokens per request) keep the
+captured request count R: ends [q, 2q, ..., R q], KV lengths padded with zeros. Mixed
+batches: the real cumulative ends plus one dummy request ending at N (KV length 0). The
+block table handed to the kernel has one row per request of those lists.
 
 Parameters are owned by one engine (vLLM Ascend keeps one per process): `set_sizes` may
 be called once per engine; a second call is the documented error.
@@ -34,7 +35,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 from ascendgraph.dispatch import BatchDescriptor
 from ascendgraph.errors import GRAPH_PARAMS_ALREADY_SET
-from ascendgraph.runtime.forward_context import AttentionMetadata
+from ascendgraph.runtime.forward_context import AttentionMetadata, fia_padded_lengths
 
 if TYPE_CHECKING:  # pragma: no cover
     from ascendgraph.device import Device, ExternalEvent, Stream, TaskGroupHandle
@@ -72,8 +73,6 @@ def padded_attention_lengths(
             f"batch of {real} requests replays a graph captured for {captured_num_reqs} ({descriptor}); "
             "the dispatcher padded to a key that is too small"
         )
-    padding = captured_num_reqs - real
-    seq_lens = list(metadata.seq_lens) + [0] * padding
     if descriptor.uniform:
         m = query_len
         if descriptor.num_tokens // m != captured_num_reqs:
@@ -81,15 +80,18 @@ def padded_attention_lengths(
                 f"uniform graph {descriptor} holds {descriptor.num_tokens // m} requests of {m} tokens, "
                 f"but it was captured with {captured_num_reqs}"
             )
-        actual = [m * (i + 1) for i in range(captured_num_reqs)]
-        if list(metadata.query_start_loc) != actual[:real]:
+        if list(metadata.query_start_loc) != [m * (i + 1) for i in range(real)]:
             raise ValueError(
                 f"batch dispatched as uniform decode (q={m}) has query ends {metadata.query_start_loc}"
             )
-        return actual, seq_lens
-    ends = list(metadata.query_start_loc)
-    last = ends[-1] if ends else 0
-    return ends + [last] * padding, seq_lens
+    return fia_padded_lengths(
+        list(metadata.query_start_loc),
+        list(metadata.seq_lens),
+        num_tokens=descriptor.num_tokens,
+        uniform=descriptor.uniform,
+        num_reqs_padded=captured_num_reqs,
+        query_len=query_len,
+    )
 
 
 class GraphParams:
@@ -194,7 +196,7 @@ class GraphParams:
             for record in records:
                 if not skip_kernel:
                     device.task_update_begin(stream, record.handle)
-                    record.call.launch(actual, seq_lens, record.call.block_table)
+                    record.call.launch(actual, seq_lens, metadata.block_table_for(len(actual)))
                     device.task_update_end(stream)
                 if record_events:
                     record.event.record(stream)

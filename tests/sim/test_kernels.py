@@ -11,6 +11,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import sim  # noqa: F401  (registers the CPU kernels)
 from ascendgraph import ops
+from sim import kernels as sim_kernels
 
 A = torch.ops.ascendgraph
 DTYPES = [torch.float32, torch.bfloat16]
@@ -23,6 +24,16 @@ def gen(seed: int = 0) -> torch.Generator:
 
 def randn(*shape: int, dtype: torch.dtype = torch.float32, seed: int = 0) -> torch.Tensor:
     return torch.randn(*shape, generator=gen(seed)).to(dtype)
+
+
+
+
+@pytest.fixture(autouse=True)
+def _formulas_only():
+    """These tests check the reference formulas on any shape and dtype; the kernel
+    contracts have their own tests (tests/unit/test_kernel_contracts.py, test_sim_contracts.py)."""
+    with sim_kernels.unchecked():
+        yield
 
 
 # --------------------------------------------------------------------------- formulas
