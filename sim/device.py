@@ -163,6 +163,10 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
         self._profiling = bool(options.get("record_kernels", False))
         self._replay_marks: dict[int, tuple[float, Optional[float], str]] = {}  # id(run) -> (start, wait start, event)
 
+    def check_kernel_call(self, kernel: str, arguments: Mapping[str, Any]) -> None:
+        """Pre-check one torch_npu kernel call against the contract table (KernelContractError)."""
+        kernels.check_kernel_call(self.contracts, kernel, arguments)
+
     def allow_float32_attention_now(self) -> None:
         """Turn on the declared float32 leniency (D2) on a device made without it."""
         self.allow_float32_attention = True

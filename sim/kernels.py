@@ -38,9 +38,9 @@ from torch import Tensor
 
 from ascendgraph import ops
 from ascendgraph import reference as _reference
-from ascendgraph.errors import CaptureConstraintError
+from ascendgraph.errors import CaptureConstraintError, KernelContractError
 from ascendgraph.kernel_calls import CHECKED_OPS, check_op
-from ascendgraph.kernel_contracts import FLOAT32_LENIENT_RULES, RULES
+from ascendgraph.kernel_contracts import FLOAT32_LENIENT_RULES, RULES, message, violations
 
 __all__ = [
     "register_cpu_kernels",
@@ -54,6 +54,7 @@ __all__ = [
     "replaying",
     "on_capture",
     "on_update",
+    "check_kernel_call",
     "rms_norm_ref",
     "add_rms_norm_ref",
     "dynamic_quant_ref",
@@ -333,6 +334,17 @@ def on_update(policy: ContractPolicy, func: Any, args: tuple[Any, ...], kwargs: 
     name = _op_name(func)
     if name is not None:
         check_op(name, _arguments(func, args, kwargs), in_graph=True, lenient=policy.lenient)
+
+
+def check_kernel_call(policy: ContractPolicy, kernel: str, arguments: Any) -> None:
+    """The pre-check of one torch_npu-level call (the conformance section "kernel contracts")."""
+    broken = [rule for rule in violations(kernel, arguments) if rule.name not in policy.lenient]
+    if broken:
+        raise KernelContractError(
+            "\n".join(message(kernel, rule, arguments) for rule in broken),
+            kernel=kernel,
+            rules=tuple(rule.name for rule in broken),
+        )
 
 
 def _checked(name: str, kernel: Callable[..., Any]) -> Callable[..., Any]:

@@ -24,6 +24,16 @@ from ascendgraph.modes import AttentionGraphSupport, GraphMode
 BLOCK = 16
 
 
+@pytest.fixture(autouse=True)
+def _float32_declared_lenient():
+    """These models are float32 (exact comparisons): the simulator's declared float32 leniency (D2)."""
+    from sim import kernels as sim_kernels
+
+    with sim_kernels.contract_policy(sim_kernels.ContractPolicy.from_options(allow_float32_attention=True,
+                                                                            lazy_kernel_init=False)):
+        yield
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _kernels_and_one_thread():
     import sim  # noqa: F401

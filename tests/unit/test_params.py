@@ -17,14 +17,16 @@ from ascendgraph.runtime.params import GraphParams, GraphParamsNotSet, padded_at
 SCALE = 0.35
 
 
-def _metadata(ends, seq_lens, *, tokens, uniform=False, q=1) -> AttentionMetadata:
+def _metadata(ends, seq_lens, *, tokens, uniform=False, q=1, block_table=None) -> AttentionMetadata:
+    if block_table is None:  # one zero row per possible request (and the dummy one)
+        block_table = torch.zeros(tokens + 1, 1, dtype=torch.int32)
     return AttentionMetadata(
         num_reqs=len(ends),
         num_actual_tokens=ends[-1] if ends else 0,
         num_tokens=tokens,
         query_start_loc=list(ends),
         seq_lens=list(seq_lens),
-        block_table=torch.zeros(1, 1, dtype=torch.int32),
+        block_table=block_table,
         slot_mapping=torch.zeros(tokens, dtype=torch.long),
         uniform_decode=uniform,
         query_len=q,
@@ -42,14 +44,19 @@ def _metadata(ends, seq_lens, *, tokens, uniform=False, q=1) -> AttentionMetadat
         # spec decode, m = k + 1 = 2: N // m requests, ends [m, 2m, ...]
         ([2, 4], [5, 6], BatchDescriptor(8, 4, True), 2, 4, ([2, 4, 6, 8], [5, 6, 0, 0])),
         ([3], [4], BatchDescriptor(9, 3, True), 3, 3, ([3, 6, 9], [4, 0, 0])),
-        # mixed batch: the real ends, padded by repeating the last (padding tokens belong to no request)
-        ([3, 4, 6], [3, 10, 2], BatchDescriptor(8, 8, False), 1, 8, ([3, 4, 6, 6, 6, 6, 6, 6], [3, 10, 2, 0, 0, 0, 0, 0])),
-        ([5], [5], BatchDescriptor(8, 2, False), 1, 2, ([5, 5], [5, 0])),
+        # mixed batch (vLLM Ascend's _pad_query_start_loc_for_fia): the real ends plus ONE dummy
+        # request ending at the graph's token count, KV length 0 -- so the last end equals T
+        ([3, 4, 6], [3, 10, 2], BatchDescriptor(8, 8, False), 1, 8, ([3, 4, 6, 8], [3, 10, 2, 0])),
+        ([5], [5], BatchDescriptor(8, 2, False), 1, 2, ([5, 8], [5, 0])),
+        # no padding tokens: no dummy request
+        ([3, 8], [3, 9], BatchDescriptor(8, 2, False), 1, 2, ([3, 8], [3, 9])),
     ],
 )
 def test_padded_lengths_follow_the_captured_request_count(ends, seq_lens, key, q, captured, expected):
     metadata = _metadata(ends, seq_lens, tokens=key.num_tokens, uniform=key.uniform, q=q)
-    assert padded_attention_lengths(metadata, key, captured_num_reqs=captured, query_len=q) == expected
+    padded = padded_attention_lengths(metadata, key, captured_num_reqs=captured, query_len=q)
+    assert padded == expected
+    assert padded[0][-1] == key.num_tokens  # T == last end: the TND rule of the fused attention
 
 
 def test_more_requests_than_the_graph_holds_is_refused():
@@ -89,15 +96,18 @@ def test_capture_and_update_need_the_sizes_first(sim_device):
 
 
 class _Setup:
-    """One FULL graph around one attention launch: 4 tokens, up to 4 requests, 2 heads."""
+    """One FULL graph around one attention launch: 4 tokens, up to 4 requests, 2 heads.
+
+    Legal for the fused attention (bfloat16, head_dim 16, block size 16, one block-table
+    row per request)."""
 
     def __init__(self, device) -> None:
         generator = torch.Generator().manual_seed(0)
         self.device = device
-        self.key_cache = torch.randn(4, 4, 1, 8, generator=generator)
-        self.value_cache = torch.randn(4, 4, 1, 8, generator=generator)
+        self.key_cache = torch.randn(4, 16, 1, 16, generator=generator).bfloat16()
+        self.value_cache = torch.randn(4, 16, 1, 16, generator=generator).bfloat16()
         self.block_table = torch.tensor([[0, 1], [2, 3], [1, 0], [3, 2]], dtype=torch.int32)
-        self.query = torch.randn(4, 2, 8, generator=generator)
+        self.query = torch.randn(4, 2, 16, generator=generator).bfloat16()
         self.descriptor = BatchDescriptor(4, 4, True)
         self.params = GraphParams(device)
         self.params.set_sizes([4])
@@ -116,11 +126,12 @@ class _Setup:
         return ForwardContext(GraphMode.FULL, self.descriptor, None, {}, graph_params=self.params)
 
     def capture(self) -> None:
+        self.eager(*self.captured_lengths)  # the warm-up (a kernel's first launch is refused in a capture)
         with set_forward_context(self.context()):
             self.wrapper(self.query)
 
     def replay(self, seq_lens, **update) -> torch.Tensor:
-        metadata = _metadata([1, 2, 3, 4][: len(seq_lens)], seq_lens, tokens=4, uniform=True)
+        metadata = _metadata([1, 2, 3, 4][: len(seq_lens)], seq_lens, tokens=4, uniform=True, block_table=self.block_table)
         with set_forward_context(self.context()):
             (out,) = self.wrapper(self.query)
         self.params.update(self.descriptor, metadata, query_len=1, **update)

@@ -1,0 +1,72 @@
+"""Conformance section: faults (simulator)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ascendgraph.errors import DeviceLost, GraphHang, StreamResourceExhausted, rewrite_capture_error
+from ascendgraph.testing.conformance.registry import case, sim_only
+from ascendgraph.testing.conformance.helpers import (
+    tensor,
+    capture,
+    assert_clean,
+    TinyAttention,
+    capture_updatable_attention,
+    update_attention,
+)
+
+
+@case(sim_only("fault injection is a simulator facility"))
+def test_a_capture_begin_fault_fires_after_the_counted_passes(device):
+    device.set_fault_plan("capture_begin=2*off->raise(207008)")
+    x = torch.ones(1)
+    alive = [capture(device, lambda: x + 1) for _ in range(2)]
+    assert len(alive) == 2
+    before = device.stats()
+    with pytest.raises(RuntimeError) as exc:
+        capture(device, lambda: x + 1)
+    assert isinstance(rewrite_capture_error(exc.value), StreamResourceExhausted)
+    assert_clean(device, before)
+
+
+@case(sim_only("fault injection is a simulator facility"))
+def test_device_loss_fails_every_later_call(device):
+    x = torch.ones(1)
+    graph, _ = capture(device, lambda: x + 1)
+    device.set_fault_plan("replay=raise(device_lost)")
+    with pytest.raises(DeviceLost):
+        graph.replay()
+    with pytest.raises(DeviceLost):
+        device.synchronize()
+
+
+@case(sim_only("fault injection is a simulator facility"))
+def test_a_skipped_update_leaves_stale_results(device):
+    attention = TinyAttention(device)
+    graph, handle, event = capture_updatable_attention(device, attention, [3, 5])
+    device.set_fault_plan("task_update=skip_update")
+    graph.replay()
+    update_attention(device, attention, handle, event, [6, 9], device.new_stream())
+    device.synchronize()
+    torch.testing.assert_close(attention.out, attention.eager([3, 5]))
+
+
+@case(sim_only("fault injection is a simulator facility"))
+def test_an_oom_during_capture_leaves_nothing_behind(device):
+    device.set_fault_plan("malloc=1*off->raise(oom)")
+    x = tensor(device, 16, 16)
+    before = device.stats()
+    with pytest.raises(torch.OutOfMemoryError, match="NPU out of memory"):
+        capture(device, lambda: (x @ x) + 1)
+    assert_clean(device, before)
+
+
+@case(sim_only("fault injection is a simulator facility"))
+def test_a_hung_replay_is_reported_at_synchronize(device):
+    x = torch.ones(1)
+    graph, _ = capture(device, lambda: x + 1)
+    device.set_fault_plan("replay=hang")
+    graph.replay()
+    with pytest.raises(GraphHang, match=graph.name):
+        device.synchronize()
