@@ -331,7 +331,7 @@ def _config_flags() -> dict[str, Any]:
     """dest -> argparse action of the configuration flags `ascendgraph run` accepts."""
     import argparse
 
-    from ascendgraph.cli.app import add_config_arguments
+    from ascendgraph.cli.args import add_config_arguments
 
     parser = argparse.ArgumentParser(add_help=False)
     add_config_arguments(parser)
@@ -821,7 +821,7 @@ class _RequestAudit:
 def _namespace(scenario: Scenario) -> Any:
     import argparse
 
-    from ascendgraph.cli.app import add_config_arguments
+    from ascendgraph.cli.args import add_config_arguments
 
     parser = argparse.ArgumentParser(add_help=False)
     add_config_arguments(parser)
@@ -848,7 +848,7 @@ def _sim_device(scenario: Scenario, *, soc: str, stream_limit: Optional[int]) ->
 
 def _run_engine(scenario: Scenario) -> _Observation:
     """The same sequence as `ascendgraph.runtime.engine.run`, with the hooks the invariants need."""
-    from ascendgraph.cli.app import config_from_args
+    from ascendgraph.cli.args import config_from_args
     from ascendgraph.runtime.engine import Engine, EngineOptions
     from ascendgraph.runtime.workload import WorkloadSpec
 
