@@ -82,6 +82,8 @@ OPTIONS = {
     "poison_capture_outputs": "fill fresh capture outputs with NaN until the first replay (default True)",
     "stream_error": "'207008' (default) or 'el0009': which CANN line a stream exhaustion carries",
     "record_kernels": "keep a KernelRecord per executed task from the start (default False)",
+    "hccl_op_expansion_mode": "HCCL's collective expansion (AIV, or anything else: FFTS+) pricing captured "
+    "collectives in streams (default: HCCL_OP_EXPANSION_MODE of env)",
     "meta_tensors": "tensors live on the meta device: captures still count streams, pool bytes and "
     "virtual time, but no memory is held and nothing computes (planning only; default False)",
 }
@@ -215,7 +217,11 @@ class SimDevice:
                 f"stream_error must be one of {', '.join(STREAM_ERROR_VARIANTS)}, got {self.stream_error!r}",
                 key="stream_error",
             )
-        self._ledger = StreamLedger(stream_limit or self.profile.stream_limit)
+        self._ledger = StreamLedger(
+            stream_limit or self.profile.stream_limit,
+            reserved_streams=self.profile.reserved_streams,
+            expansion_mode=options.get("hccl_op_expansion_mode") or self._env.get("HCCL_OP_EXPANSION_MODE"),
+        )
         self._faults: Optional[FaultPlan] = None
         self.set_fault_plan(faults)
 
@@ -284,8 +290,27 @@ class SimDevice:
         return self._faults
 
     def set_stream_plan(self, plan: Any) -> None:
-        """Charge streams with this `ascendgraph.sizes.StreamPlan` (None: one per graph)."""
+        """The stack's stream limit is this `ascendgraph.sizes.StreamPlan`'s ``max_streams``
+        (None: the device's own). Only the limit: graphs are charged from what they hold
+        (`sim.budget`), never with the plan's per-graph figures."""
         self._ledger.set_plan(plan)
+
+    def set_hccl_op_expansion_mode(self, mode: Optional[str]) -> None:
+        """HCCL's expansion mode for the collectives captured from now on (AIV or FFTS+)."""
+        self._ledger.set_expansion_mode(mode)
+
+    def _capture_collective(self, capture: Capture, func: Any, group: str) -> None:
+        """A collective of ``group`` is being captured: its graph holds the group's streams."""
+        if self._ledger.add_collective(capture.charge, group):
+            return
+        if self.profile.old_hdk:
+            raise self._stream_exhausted(self._ledger.in_use)
+        tail = TEXT_EL0009 if self.stream_error == "el0009" else TEXT_STREAMS_INSUFFICIENT
+        raise RuntimeError(
+            f"HCCL {self._ledger.expansion} expansion of {func} (group {group!r}) captured in {capture.graph.name} "
+            f"needs {self._ledger.collective_cost(capture.charge, group)} more streams, "
+            f"{self._ledger.in_use} of {self._ledger.budget} are in use\n{tail}"
+        )
 
     def _fault(self, site: str, *, stream_id: int = 0, size_bytes: int = 0) -> Optional[Term]:
         """Consult the fault plan at ``site``; raise / delay here, return hang / skip terms."""
@@ -473,7 +498,7 @@ class SimDevice:
         if capture_error_mode not in CAPTURE_ERROR_MODES:
             raise CaptureConstraintError(UNKNOWN_CAPTURE_ERROR_MODE.format(mode=capture_error_mode))
         graph._transition("capture_begin")
-        self._ledger.cost(graph_kind)  # validates the kind
+        self._ledger.check_kind(graph_kind)
         stream = self._current()
         if stream is self._default:
             raise CaptureConstraintError(DEFAULT_STREAM_CAPTURE)
@@ -483,9 +508,9 @@ class SimDevice:
             raise CaptureConstraintError(TASK_QUEUE_2_DURING_CAPTURE)
         target = self._pool_for(pool)
         self._fault("capture_begin", stream_id=self._ledger.in_use)
-        if not self._ledger.fits(graph_kind):
+        charge = self._ledger.begin_graph(graph_kind)
+        if charge is None:
             raise self._stream_exhausted(self._ledger.in_use)
-        charge = self._ledger.charge(graph_kind)
         capture = Capture(
             self, graph, stream, charge=charge, pool=target,
             poison=self.poison_capture_outputs, allow_rng=self.allow_rng_in_capture,
@@ -965,6 +990,8 @@ class SimDevice:
                 "capturing": self._capture is not None,
                 "stream_plan": self._ledger.plan is not None,
                 "graph_streams": self._ledger.in_use - self._ledger.reserved,
+                "reserved_streams": self._ledger.reserved,
+                "hccl_expansion": self._ledger.expansion,
                 "user_streams": len(self._streams) - 1,
                 "pools": len(self._pools),
                 "capture_fallback_ops": self._fallback_ops,
