@@ -49,7 +49,8 @@ from sim.recorder import (
 
 if TYPE_CHECKING:  # pragma: no cover
     from sim.budget import StreamCharge
-    from sim.device import SimDevice, SimPool
+    from sim.device import SimDevice
+    from sim.pools import SimPool
     from sim.graph import SimGraph
     from sim.streams import SimExternalEvent, SimStream
 

@@ -30,7 +30,8 @@ from ascendgraph.errors import (
 if TYPE_CHECKING:  # pragma: no cover
     from sim.budget import StreamCharge
     from sim.capture import Capture, Program
-    from sim.device import SimDevice, SimPool, SimPoolHandle
+    from sim.device import SimDevice
+    from sim.pools import SimPool, SimPoolHandle
     from sim.streams import SimExternalEvent
 
 __all__ = ["IDLE", "CAPTURING", "CAPTURED", "TRANSITIONS", "REFUSALS", "SimGraph", "GraphHold", "ReplayRun"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import errno
 import json
 import logging
 import os
@@ -22,6 +23,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 from ascendgraph.config import SOCS, GraphConfig, parse_json_argument
 from ascendgraph.errors import ConfigError, DeviceUnavailable, GraphModeError
+from ascendgraph.readers import dump_json
 from ascendgraph.models.backends import ATTENTION_BACKENDS
 from ascendgraph.models.presets import PRESETS
 from ascendgraph.cli.vllm_flags import VLLM_FLAGS, VLLM_SPECULATIVE_CONFIG_KEYS
@@ -372,13 +374,24 @@ def env_from_args(args: argparse.Namespace) -> Optional[dict[str, str]]:
 
 
 def emit_json(document: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(document, indent=2, sort_keys=False) + "\n")
-    sys.stdout.flush()
+    text = dump_json(document) + "\n"
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        exc._ascendgraph_stdout = True  # type: ignore[attr-defined]  # `main` reports it as a stdout failure
+        raise
 
 
 def emit_text(text: str) -> None:
-    sys.stderr.write(text + "\n")
-    sys.stderr.flush()
+    """A line on stderr; best effort (a closed or full stderr must not turn into a traceback)."""
+    try:
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 # --------------------------------------------------------------------------- explain
@@ -537,14 +550,21 @@ def cli_warnings() -> Iterator[None]:
 
 
 def _dests(child: argparse.ArgumentParser, tokens: Sequence[str]) -> dict[str, str]:
-    """Option destinations named in a token list, with the spelling used."""
+    """Option destinations named in a token list, with the spelling used (and its value)."""
     found: dict[str, str] = {}
-    for token in tokens:
-        if token.startswith("-"):
-            name = token.split("=", 1)[0]
-            action = child._option_string_actions.get(name)
-            if action is not None:
-                found[action.dest] = name
+    for index, token in enumerate(tokens):
+        if not token.startswith("-"):
+            continue
+        name = token.split("=", 1)[0]
+        action = child._option_string_actions.get(name)
+        if action is None and not token.startswith("--") and len(token) > 2:
+            action = child._option_string_actions.get(token[:2])  # -O3: a short flag with its value attached
+            name = token
+        if action is not None:
+            shown = token
+            if name == token and action.nargs != 0 and index + 1 < len(tokens):
+                shown = f"{token} {tokens[index + 1]}"
+            found[action.dest] = shown
     return found
 
 
@@ -580,8 +600,8 @@ def _parse_with_pasted_line(parser: argparse.ArgumentParser, head: list[str], pa
     mine, theirs = _dests(child, head), _dests(child, translated.argv)
     for dest in sorted(set(mine) & set(theirs)):
         raise CliUsageError(
-            f"{PROG} {command}: error: {mine[dest]} is given both before -- and in the pasted vllm serve line; "
-            "give it once"
+            f"{PROG} {command}: error: {mine[dest]} is given both before -- and in the pasted vllm serve line "
+            f"({theirs[dest]}); give it once"
         )
     args = parser.parse_args(head + translated.argv)
     args.pasted_env = dict(translated.env)
@@ -648,6 +668,64 @@ def _run_command(command: "Command", args: argparse.Namespace, wants_json: bool 
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """The console script. Output plumbing is settled here, once, the way well-behaved command
+    line tools do it: a reader that closed the pipe (``| head``, ``| true``) ends the command
+    quietly; stdout that cannot be written (``> /dev/full``, ``>&-``) is a one-line error
+    (exit 1); Ctrl-C is exit 130. Never a traceback."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        emit_text(f"{PROG}: interrupted")
+        return INTERRUPTED
+    except BrokenPipeError:
+        _silence_stdout()
+        return PIPE_CLOSED
+    except OSError as exc:
+        if not _is_stdout_error(exc):
+            raise
+        _silence_stdout()
+        emit_text(f"{PROG}: error: cannot write to stdout: {exc.strerror or exc}")
+        return RUN_FAILED
+
+
+INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a process ended by Ctrl-C
+PIPE_CLOSED = 141  # 128 + SIGPIPE, what a shell reports when the reader went away
+
+
+class _ClosedStdout:
+    """Stands in for ``sys.stdout`` when file descriptor 1 is closed (``ascendgraph ... >&-``):
+    writing to it is the same OSError a write to a closed descriptor gives."""
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.EBADF, "stdout is closed")
+
+    def flush(self) -> None:
+        return None
+
+
+def _is_stdout_error(exc: OSError) -> bool:
+    if getattr(exc, "_ascendgraph_stdout", False):
+        return True
+    return exc.filename is None and exc.errno in (errno.ENOSPC, errno.EBADF)
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        if sys.stdout is not None and not isinstance(sys.stdout, _ClosedStdout):
+            try:
+                os.dup2(devnull, sys.stdout.fileno())
+            except (OSError, ValueError, AttributeError):
+                pass
+        sys.stdout = open(devnull, "w")
+    except OSError:
+        pass
+
+
+def _main(argv: Optional[Sequence[str]] = None) -> int:
+    if sys.stdout is None:
+        sys.stdout = _ClosedStdout()  # type: ignore[assignment]
     parser = build_parser()
     tokens = list(sys.argv[1:] if argv is None else argv)
     wants_json = _wants_json(tokens)

@@ -26,6 +26,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from ascendgraph.config import parse_json_argument
 from ascendgraph.errors import ConfigError
+from ascendgraph.readers import load_json_or_text
 from ascendgraph.models.backends import ATTENTION_BACKENDS
 from ascendgraph.models.presets import PRESETS, preset_for_architecture
 from ascendgraph.cli.vllm_flags import VLLM_FLAGS, VLLM_FLAGS_WITH_VALUE, VLLM_SWITCHES, VLLM_VERSION
@@ -143,11 +144,8 @@ def _json_object(flag: str, value: str) -> dict[str, Any]:
     return parse_json_argument(flag, value)
 
 
-def _json_value(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
+def _json_value(text: str, flag: str) -> Any:
+    return load_json_or_text(text, flag, key=flag)
 
 
 def _set_dotted(target: dict[str, Any], dotted: str, value: Any, flag: str) -> None:
@@ -250,7 +248,7 @@ def translate_vllm_command(
             if not has_inline:
                 inline = _value_after(flag, rest, index)
                 index += 1
-            _set_dotted(dotted_configs.setdefault(JSON_FLAGS[base], {}), dotted, _json_value(inline), flag)
+            _set_dotted(dotted_configs.setdefault(JSON_FLAGS[base], {}), dotted, _json_value(inline, flag), flag)
             continue
         if flag not in VLLM_FLAGS:
             raise _unknown_flag(flag, own_flag)

@@ -62,6 +62,8 @@ from ascendgraph.modes import GraphMode
 from ascendgraph.runtime.params import GraphParams
 from ascendgraph.runtime.profiler import KernelCounter, profile_run
 from ascendgraph.runtime.report import RUNTIME_MODE_KEYS, Report
+from ascendgraph.runtime.threads import AUTO, ThreadRequest, resolve_num_threads
+from ascendgraph.runtime.threads import acquire as acquire_threads
 from ascendgraph.resolve import Decision, Resolution, resolve
 from ascendgraph.sizes import DEFAULT_MAX_STREAMS
 from ascendgraph.runtime.workload import Request, ScheduledBatch, Scheduler, WorkloadSpec, generate_workload
@@ -115,7 +117,9 @@ class EngineOptions:
     debug: bool = False  # check input addresses at every replay
     progress: Optional[bool] = None  # None: when stderr is a terminal
     env: Optional[dict[str, str]] = None
-    num_threads: Optional[int] = None  # torch intra-op threads (the CLI uses 1: the simulator's ops are small)
+    # torch intra-op threads, process-wide (ascendgraph.runtime.threads): "auto" is the CLI's policy
+    # (1 unless OMP_NUM_THREADS is set), None leaves torch alone, an int asks for exactly that many.
+    num_threads: ThreadRequest = AUTO
     pass_manager: Optional[PassManager] = None
     quantization: Optional[str] = None  # None | "w8a8" | "w8a8_dynamic": the W8A8-like model variant
     profile_dir: Optional[str] = None  # `run()` profiles capture + serving into this directory
@@ -166,6 +170,7 @@ def validate_engine_options(options: EngineOptions) -> None:
     if options.env is not None and not isinstance(options.env, Mapping):
         raise ConfigError(f"env must be a mapping of variable names to values, got {options.env!r}", key="env")
     parse_dtype(options.dtype)
+    resolve_num_threads(options.num_threads)
 
 
 @dataclass(frozen=True)
@@ -345,12 +350,9 @@ class Engine:
         self.first_mismatch: Optional[NumericalMismatch] = None
         self._counters = _Counters()
         self._stats_before_capture = None
-        # torch's intra-op thread count is process-global: set it last (nothing above may fail
-        # with it changed) and give the caller's value back in close().
-        self._saved_num_threads: Optional[int] = None
-        if options.num_threads is not None:
-            self._saved_num_threads = torch.get_num_threads()
-            torch.set_num_threads(options.num_threads)
+        # torch's intra-op thread count is process-global: join the policy last (nothing above
+        # may fail with it changed); the last engine to close gives the caller's value back.
+        self._threads = acquire_threads(self, options.num_threads)
 
     # ------------------------------------------------------------------ construction
     def _make_device(self) -> Device:
@@ -958,9 +960,7 @@ class Engine:
         self.capture_state.release()
         if self.captured:
             self.device.set_stream_plan(None)
-        if self._saved_num_threads is not None:
-            torch.set_num_threads(self._saved_num_threads)
-            self._saved_num_threads = None
+        self._threads.release()
 
     def __enter__(self) -> "Engine":
         return self
