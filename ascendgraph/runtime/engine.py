@@ -200,6 +200,11 @@ class Engine(BuildStage, ForwardPlumbing, CaptureStage, ServeStage, CheckStage, 
             log.warning("%s", warning)
         self.decisions: list[Decision] = list(self.resolution.decisions)
         self.device: Device = self._make_device()
+        # HCCL's expansion mode is a fact of the process (flag or HCCL_OP_EXPANSION_MODE): the
+        # simulator prices captured collectives with it (sim/budget.py), never with the plan's figures.
+        set_expansion = getattr(self.device, "set_hccl_op_expansion_mode", None)
+        if set_expansion is not None and self.resolution.stream_plan is not None:
+            set_expansion(self.resolution.stream_plan.expansion_mode)
         self.mode = self.resolution.mode
         self.dispatcher = self._make_dispatcher(self.mode)
         self.spec = config.model
@@ -234,6 +239,7 @@ class Engine(BuildStage, ForwardPlumbing, CaptureStage, ServeStage, CheckStage, 
                 seed=options.seed,
                 device=self.device.torch_device,
                 quantization=options.quantization,
+                tensor_parallel_size=config.tensor_parallel_size,
             )
         num_blocks = self.scheduler.allocator.num_blocks
         self.kv_caches: dict[str, KVCache] = self.model.make_kv_caches(num_blocks, config.block_size)
