@@ -14,7 +14,7 @@ from ascendgraph.errors import CaptureConstraintError, ConfigError
 from ascendgraph.runtime import params as params_module
 from ascendgraph.runtime.engine import FLOAT32_ATTENTION_WARNING, Engine, EngineOptions
 
-from .helpers import run_engine, small_config
+from tests.engine.helpers import run_engine, small_config
 
 
 @pytest.fixture
