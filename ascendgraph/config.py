@@ -20,6 +20,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 from ascendgraph.errors import ConfigError
 from ascendgraph.readers import MAX_INT_DIGITS, check_tree, load_json
+from ascendgraph.kernel_contracts import block_size_problem
 from ascendgraph.models.backends import ATTENTION_BACKENDS, attention_backend_info
 from ascendgraph.models.presets import ModelSpec, model_spec_from
 from ascendgraph.modes import CompilationMode, GraphMode
@@ -461,6 +462,10 @@ def _validate(config: GraphConfig) -> None:
         if value is not None and value > limit:
             raise ConfigError(f"{name}={value} is larger than ascendgraph supports (at most {limit})", key=name)
     _check_token_budget(config)
+    problem = block_size_problem(config.block_size, config.attention_backend or "default")
+    if problem is not None:
+        raise ConfigError(f"block_size={config.block_size} is refused by the NPU's paged attention: {problem}",
+                          key="block_size")
     for name in _BOOL_FIELDS:
         value = getattr(config, name)
         if not isinstance(value, bool):

@@ -46,6 +46,7 @@ __all__ = [
     "check",
     "message",
     "rules_for",
+    "block_size_problem",
     "FIA",
     "FIA_MASK_SIZE",
     "FIA_SPARSE_MODE",
@@ -472,3 +473,17 @@ def check(kernel: str, arguments: Mapping[str, Any]) -> None:
     if broken:
         lines = [message(kernel, rule, arguments) for rule in broken]
         raise KernelContractError("\n".join(lines), kernel=kernel, rules=tuple(rule.name for rule in broken))
+
+
+def block_size_problem(block_size: int, attention_backend: str = "ascend") -> Optional[str]:
+    """Why a paged KV cache of ``block_size`` would be refused by the attention kernel (None: legal).
+
+    Every attention backend here issues the same torch_npu call on an NPU (hw/kernels.py:
+    the fused attention, TND, paged KV), so the rule is that call's ``paged_block_size``.
+    """
+    rule = next(r for r in rules_for(FIA) if r.name == "paged_block_size")
+    arguments = {"block_size": int(block_size)}
+    if rule.holds(arguments):
+        return None
+    return f"{rule.name}: {rule.describe(arguments)} (attention backend {attention_backend}; source: {rule.source})"
+

@@ -243,7 +243,12 @@ class Engine(BuildStage, ForwardPlumbing, CaptureStage, ServeStage, CheckStage, 
                 quantization=options.quantization,
                 tensor_parallel_size=config.tensor_parallel_size,
             )
-        num_blocks = self.scheduler.allocator.num_blocks
+        # The scheduler's blocks, and at least what the warm-up and capture dummy batches
+        # need (the fused attention refuses a cache smaller than its KV lengths ask for:
+        # kernel contract enough_cache_blocks); the extra blocks stay unused by requests.
+        dummy_tokens = max(self.resolution.max_capture_size, config.max_num_batched_tokens, 1)
+        dummy_blocks = config.max_num_seqs + math.ceil(dummy_tokens / config.block_size) + 1
+        num_blocks = max(self.scheduler.allocator.num_blocks, dummy_blocks)
         self.kv_caches: dict[str, KVCache] = self.model.make_kv_caches(num_blocks, config.block_size)
         self.reference_kv_caches: dict[str, KVCache] = self.model.make_kv_caches(num_blocks, config.block_size)
         self.inputs = self._make_inputs()

@@ -16,6 +16,17 @@ from ascendgraph.models.build import build_model
 from ascendgraph.models.presets import PRESETS
 from ascendgraph.modes import GraphMode
 
+
+@pytest.fixture(autouse=True, scope="module")
+def _float32_declared_lenient():
+    """These models are float32 and run eagerly: the simulator's declared float32 leniency (D2)."""
+    from sim import kernels as sim_kernels
+
+    with sim_kernels.contract_policy(sim_kernels.ContractPolicy.from_options(allow_float32_attention=True,
+                                                                            lazy_kernel_init=False)):
+        yield
+
+
 ATTENTION = ATTENTION_SPLITTING_OPS[0]
 LAYERS = 2
 

@@ -12,6 +12,17 @@ from ascendgraph.config import GraphConfig
 from ascendgraph.runtime.engine import Engine, EngineOptions
 
 
+@pytest.fixture(autouse=True)
+def _float32_declared_lenient():
+    """These models are float32 and run eagerly: the simulator's declared float32 leniency (D2)."""
+    from sim import kernels as sim_kernels
+
+    with sim_kernels.contract_policy(sim_kernels.ContractPolicy.from_options(allow_float32_attention=True,
+                                                                            lazy_kernel_init=False)):
+        yield
+
+
+
 def _engine() -> Engine:
     config = GraphConfig.from_vllm_args(num_layers=1, max_num_seqs=2,
                                         compilation_config={"cudagraph_mode": "PIECEWISE"})

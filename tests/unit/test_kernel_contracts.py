@@ -120,3 +120,17 @@ def test_every_checked_op_maps_to_a_contracted_kernel() -> None:
         calls = kernel_calls(op, args, in_graph=True)
         assert calls and all(kc.rules_for(c.kernel) for c in calls), op
         check_op(op, args, in_graph=True)
+
+
+@pytest.mark.parametrize("block_size, legal", [(16, True), (128, True), (512, True), (4, False), (130, False), (1024, False)])
+def test_block_size_is_validated_against_the_attention_contract(block_size, legal):
+    from ascendgraph.config import GraphConfig
+    from ascendgraph.errors import ConfigError
+
+    assert (kc.block_size_problem(block_size) is None) == legal
+    if legal:
+        assert GraphConfig.from_vllm_args(block_size=block_size).block_size == block_size
+    else:
+        with pytest.raises(ConfigError, match="paged_block_size") as info:
+            GraphConfig.from_vllm_args(block_size=block_size)
+        assert info.value.key == "block_size"
