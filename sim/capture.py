@@ -35,6 +35,7 @@ from sim.recorder import (
     ALIAS,
     ALLOC,
     HOST,
+    NO_META,
     OP,
     RNG,
     CaptureRecorder,
@@ -42,8 +43,8 @@ from sim.recorder import (
     OpInfo,
     UpdateCollector,
     draws_random,
+    meta_outputs,
     reject,
-    to_meta,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -149,9 +150,8 @@ def materialize(
     """
     func = info.func
     with torch._C.DisableTorchFunction(), modes_off():
-        try:
-            meta_out = func(*to_meta(args), **{k: to_meta(v) for k, v in kwargs.items()})
-        except (NotImplementedError, RuntimeError, TypeError):
+        meta_out = meta_outputs(func, args, kwargs)
+        if meta_out is NO_META:
             return None
         metas = _flatten_returns(func, meta_out)
         values: list[Any] = []
