@@ -102,13 +102,14 @@ def section_run(quick: bool) -> dict[str, Any]:
     return row
 
 
-def section_sim(quick: bool) -> dict[str, Any]:
+def section_sim(quick: bool, repeats: Optional[int] = None) -> dict[str, Any]:
     import torch
 
     from ascendgraph.device import get_device
     from bench.bench_sim import build, floor_calls, interleaved_many, make_floor
 
-    batches, repeats = ([1, 8], 5) if quick else ([1, 8, 64], 200)
+    batches, default_repeats = ([1, 8], 5) if quick else ([1, 8, 64], 200)
+    repeats = repeats or default_repeats
     rows = []
     for batch in batches:
         device = get_device("sim")
@@ -369,6 +370,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--suite", action="store_true", help="also time the default test suite (minutes)")
     parser.add_argument("--grid", nargs="+", type=parse_cell, metavar="LxS",
                         help="scaling-grid cells to measure, e.g. 4x35 28x67 (default: layers 4 16 28 x sizes 35 67)")
+    parser.add_argument("--repeats", type=int, default=None, metavar="N",
+                        help="interleaved rounds of the sim section (default 200; --quick: 5)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads in this process (default 1)")
     parser.add_argument("--out", default=None, metavar="FILE", help="results file (default: a new temporary file)")
@@ -398,7 +401,7 @@ def _run(args: argparse.Namespace) -> int:
           f"load average {', '.join(f'{x:.1f}' for x in os.getloadavg())}" + (" (quick)" if quick else ""))
     runners: dict[str, Callable[[], dict[str, Any]]] = {
         "run": lambda: section_run(quick),
-        "sim": lambda: section_sim(quick),
+        "sim": lambda: section_sim(quick, args.repeats),
         "capture": lambda: section_capture(quick),
         "plan": lambda: section_plan(quick),
         "api": lambda: section_api(quick),
