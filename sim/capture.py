@@ -36,6 +36,7 @@ from sim.recorder import (
     ALIAS,
     ALLOC,
     HOST,
+    NO_META,
     OP,
     RNG,
     CaptureRecorder,
@@ -43,8 +44,8 @@ from sim.recorder import (
     OpInfo,
     UpdateCollector,
     draws_random,
+    meta_outputs,
     reject,
-    to_meta,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -150,9 +151,8 @@ def materialize(
     """
     func = info.func
     with torch._C.DisableTorchFunction(), modes_off():
-        try:
-            meta_out = func(*to_meta(args), **{k: to_meta(v) for k, v in kwargs.items()})
-        except (NotImplementedError, RuntimeError, TypeError):
+        meta_out = meta_outputs(func, args, kwargs)
+        if meta_out is NO_META:
             return None
         metas = _flatten_returns(func, meta_out)
         values: list[Any] = []
