@@ -55,6 +55,7 @@ from ascendgraph.errors import (
     DeviceLost,
     GraphHang,
     NumericalMismatch,
+    StaleGraphParams,
 )
 from ascendgraph.runtime.forward_context import AttentionMetadata, ForwardContext, KVCache, set_forward_context
 from ascendgraph.models.build import DecoderModel, build_model, parse_dtype
@@ -845,7 +846,7 @@ class Engine:
             idle = 0
             try:
                 self.step(batch)
-            except (GraphHang, DeviceLost) as exc:
+            except (GraphHang, DeviceLost, StaleGraphParams) as exc:
                 log.error("%s: %s", type(exc).__name__, exc)
                 self.error = exc
                 self.scheduler.fail_all(f"{type(exc).__name__}: {exc}")
