@@ -10,7 +10,7 @@ Hierarchy (INTERFACES.md, "Errors"):
     RuntimeError  -> CaptureError -> StreamResourceExhausted, OldHdkStack,
                                      ResourceAllocFailed, CaptureConstraintError
                   -> GraphHang, StaleGraphParams, DeviceLost, NumericalMismatch,
-                     DeviceUnavailable
+                     DeviceUnavailable, KernelContractError
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ __all__ = [
     "DeviceLost",
     "NumericalMismatch",
     "DeviceUnavailable",
+    "KernelContractError",
     "CaptureContext",
     "classify_capture_error",
     "rewrite_capture_error",
@@ -118,6 +119,19 @@ class DeviceLost(AscendGraphError, RuntimeError):
 
 class NumericalMismatch(AscendGraphError, RuntimeError):
     """A served step differs from the eager reference beyond tolerance."""
+
+
+class KernelContractError(AscendGraphError, RuntimeError):
+    """A kernel call breaks a rule of `ascendgraph.kernel_contracts` (what an NPU would refuse).
+
+    ``kernel`` is the torch_npu kernel (or ``ascendgraph::<op>``) and ``rules`` the ids of
+    the broken rules; the message names the values and each rule's source.
+    """
+
+    def __init__(self, message: str, *, kernel: str = "", rules: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.kernel = kernel
+        self.rules = rules
 
 
 class DeviceUnavailable(AscendGraphError, RuntimeError):

@@ -203,7 +203,7 @@ def test_process_state_names_what_changed(monkeypatch):
 def test_the_runner_agrees_with_engine_run(tmp_path):
     from ascendgraph.cli.app import config_from_args
     from ascendgraph.runtime.engine import run
-    from ascendgraph.tools.scenario import _namespace
+    from ascendgraph.tools.scenario.observation import _namespace
     from ascendgraph.runtime.workload import WorkloadSpec
 
     scenario = load_scenario(write(tmp_path, "description = 'x'\n" + ENGINE_CONFIG + "[expect]\noutcome = 'ok'\ngraphs_captured = 3\n"))
