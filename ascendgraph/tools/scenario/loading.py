@@ -123,7 +123,7 @@ def _config_flags() -> dict[str, Any]:
     """dest -> argparse action of the configuration flags `ascendgraph run` accepts."""
     import argparse
 
-    from ascendgraph.cli.app import add_config_arguments
+    from ascendgraph.cli.args import add_config_arguments
 
     parser = argparse.ArgumentParser(add_help=False)
     add_config_arguments(parser)

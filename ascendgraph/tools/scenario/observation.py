@@ -168,7 +168,7 @@ class _RequestAudit:
 def _namespace(scenario: Scenario) -> Any:
     import argparse
 
-    from ascendgraph.cli.app import add_config_arguments
+    from ascendgraph.cli.args import add_config_arguments
 
     parser = argparse.ArgumentParser(add_help=False)
     add_config_arguments(parser)
