@@ -76,7 +76,7 @@ class GraphHold:
 class ReplayRun:
     """One launched replay: where it is in the program and what it waits for."""
 
-    __slots__ = ("graph", "program", "segment", "waiting_on", "stamp", "number")
+    __slots__ = ("graph", "program", "segment", "waiting_on", "perturb", "stamp", "number")
 
     def __init__(self, graph: "SimGraph", program: "Program", stamp: int = 0) -> None:
         self.graph = graph
@@ -85,6 +85,7 @@ class ReplayRun:
         self.waiting_on: Optional["SimExternalEvent"] = None
         self.stamp = stamp  # the device's event counter at launch (task updates after it are fresh)
         self.number = graph.replays  # this graph's replay count, for messages
+        self.perturb = 0.0  # a fault plan's perturb(x): added to the outputs when the run finishes
 
 
 class SimGraph:
