@@ -43,6 +43,7 @@ from sim.recorder import (
     HOST,
     HOST_SYNC,
     NO_KERNEL_OPS,
+    NO_META,
     OP,
     RNG,
     CaptureRecorder,
@@ -50,8 +51,8 @@ from sim.recorder import (
     OpInfo,
     UpdateCollector,
     draws_random,
+    meta_outputs,
     reject,
-    to_meta,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -186,9 +187,8 @@ def materialize(
     """
     func = info.func
     with torch._C.DisableTorchFunction(), modes_off():
-        try:
-            meta_out = func(*to_meta(args), **{k: to_meta(v) for k, v in kwargs.items()})
-        except (NotImplementedError, RuntimeError, TypeError):
+        meta_out = meta_outputs(func, args, kwargs)
+        if meta_out is NO_META:
             return None
         metas = _flatten_returns(func, meta_out)
         values: list[Any] = []
