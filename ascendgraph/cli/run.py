@@ -96,12 +96,29 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                              "trace_view.json under DIR/<host>_<pid>_<time>_ascend_pt/ASCEND_PROFILER_OUTPUT/")
 
 
+def _check_sim_profile_soc(args: argparse.Namespace) -> None:
+    """--sim-profile X resolves as X's SoC; a different explicit --soc is a contradiction."""
+    if getattr(args, "sim_profile", None) is None or getattr(args, "soc", None) is None:
+        return
+    from ascendgraph.device import get_device, soc_generation
+
+    profile = get_device("sim", profile=args.sim_profile, meta_tensors=True).profile
+    generation = soc_generation(profile.soc)
+    if generation is not None and generation != args.soc:
+        raise ConfigError(
+            f"--soc {args.soc} contradicts --sim-profile {args.sim_profile} (a {generation} profile, SoC {profile.soc}); "
+            "give one of them (--sim-profile alone resolves as its SoC)",
+            key="soc",
+        )
+
+
 def run_command(args: argparse.Namespace, on_report: Optional[Callable[[Any], None]] = None) -> int:
     """The ``run`` command; ``on_report`` (used by ``ascendgraph profile``) sees the Report."""
     from ascendgraph.runtime.engine import run  # torch is imported only when a run starts
 
     config = config_from_args(args)
     env = env_from_args(args)
+    _check_sim_profile_soc(args)
     if getattr(args, "budget", None) is not None and not getattr(args, "sizes_from_plan", False):
         raise ConfigError("--budget needs --sizes-from-plan (it limits the sizes the plan selects)", key="budget")
     if getattr(args, "sizes_from_plan", False):
