@@ -146,7 +146,7 @@ class _Attention:
 
 
 def _capture_updatable_attention(device: Any, attention: _Attention, seq_lens: list[int]) -> tuple[Any, Any, Any]:
-    """The SEMANTICS §7 capture protocol around one attention call."""
+    """The docs/semantics.md §7 capture protocol around one attention call."""
     graph = device.new_graph()
     with device.graph(graph):
         stream = device.current_stream()
