@@ -110,6 +110,9 @@ NO_KERNEL_OPS: dict[str, tuple[int, str]] = {
     "aten::empty_permuted": (ALLOC, "an allocation from the caching allocator / graph pool, no kernel"),
     "aten::new_empty": (ALLOC, "an allocation from the caching allocator / graph pool, no kernel"),
     "aten::new_empty_strided": (ALLOC, "an allocation from the caching allocator / graph pool, no kernel"),
+    "ascendgraph::attention_workspace": (
+        ALLOC, "a workspace query: a host-side size computation and an allocation, no kernel"
+    ),
 }
 # Classes that never launch a kernel (no task, no device time, no launch cost, no record).
 _NO_KERNEL_KINDS = frozenset({ALIAS, HOST, ALLOC})

@@ -1,5 +1,5 @@
 """Every mode x backend completes on the simulator, matches eager, captures what the keys
-imply and routes each batch as SEMANTICS §5 says."""
+imply and routes each batch as docs/semantics.md §5 says."""
 
 from __future__ import annotations
 
