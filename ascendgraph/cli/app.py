@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 from ascendgraph.config import SOCS, GraphConfig, parse_json_argument
 from ascendgraph.errors import ConfigError, DeviceUnavailable, GraphModeError
-from ascendgraph.readers import dump_json
+from ascendgraph.readers import dump_json, read_int
 from ascendgraph.models.backends import ATTENTION_BACKENDS
 from ascendgraph.models.presets import PRESETS
 from ascendgraph.cli.vllm_flags import VLLM_FLAGS, VLLM_SPECULATIVE_CONFIG_KEYS
@@ -137,8 +137,8 @@ def _shown(text: str) -> str:
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1."""
     try:
-        value = int(text)
-    except ValueError:
+        value = read_int(text, "")
+    except ConfigError:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {_shown(text)}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
@@ -148,8 +148,8 @@ def positive_int(text: str) -> int:
 def non_negative_int(text: str) -> int:
     """argparse type: an integer >= 0."""
     try:
-        value = int(text)
-    except ValueError:
+        value = read_int(text, "")
+    except ConfigError:
         raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {_shown(text)}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")

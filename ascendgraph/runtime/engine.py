@@ -61,7 +61,13 @@ from ascendgraph.models.build import DecoderModel, build_model, parse_dtype
 from ascendgraph.modes import GraphMode
 from ascendgraph.runtime.params import GraphParams
 from ascendgraph.runtime.profiler import KernelCounter, profile_run
-from ascendgraph.runtime.report import RUNTIME_MODE_KEYS, Report
+from ascendgraph.runtime.report import (
+    MISMATCH_CAUSES_EAGER,
+    MISMATCH_CAUSES_GRAPH,
+    RUNTIME_MODE_KEYS,
+    Report,
+    failure_notes,
+)
 from ascendgraph.runtime.threads import AUTO, ThreadRequest, resolve_num_threads
 from ascendgraph.runtime.threads import acquire as acquire_threads
 from ascendgraph.resolve import Decision, Resolution, resolve
@@ -237,6 +243,7 @@ class _Counters:
     graph_time_us: float = 0.0
     eager_time_us: float = 0.0
     steps: int = 0
+    checked_steps: int = 0  # steps compared with eager
 
 
 class Engine:
@@ -339,6 +346,7 @@ class Engine:
         self._has_clock = getattr(self.device, "track_eager", None) is not None
         self.capture_seconds = 0.0
         self.capture_fallback: Optional[BaseException] = None
+        self.graphs_captured_before_failure: Optional[int] = None  # set when a capture fails
         self.captured = False
         self.error: Optional[BaseException] = None
         self.first_mismatch: Optional[NumericalMismatch] = None
@@ -554,6 +562,7 @@ class Engine:
             raise
         except RuntimeError as exc:
             self.capture_seconds = time.perf_counter() - start
+            self.graphs_captured_before_failure = self.capture_state.graphs_captured
             if self.options.on_capture_error != "eager":
                 raise
             self._fall_back_to_eager(exc)
@@ -798,13 +807,15 @@ class Engine:
                 counters.graphed_real_tokens += batch.num_tokens
                 counters.graphed_padded_tokens += result.padded_tokens
             counters.max_abs_diff = max(counters.max_abs_diff, diff)
+            counters.checked_steps += int(self.options.check_eager)
             counters.graph_time_us += result.measure.device_us
             counters.eager_time_us += eager.device_us if eager is not None else 0.0
             ids = [r.request_id for r in batch.requests]
             if not diff <= self.atol:
                 mismatch = NumericalMismatch(
                     f"step {batch.step} ({batch.kind}, {batch.num_tokens} tokens, {mode.name} {descriptor}) differs from "
-                    f"eager by {diff:.3g} > atol {self.atol:g}; requests {', '.join(ids)} failed"
+                    f"eager by {diff:.3g} > atol {self.atol:g}; requests {', '.join(ids)} failed; "
+                    + (MISMATCH_CAUSES_EAGER if mode is GraphMode.NONE and route != XLITE else MISMATCH_CAUSES_GRAPH)
                 )
                 log.error("%s", mismatch)
                 if self.first_mismatch is None:
@@ -900,11 +911,15 @@ class Engine:
             requests_total=len(self.requests),
             warnings=list(resolution.warnings),
             capture_fallback={"type": type(fallback).__name__, "message": str(fallback)} if fallback else None,
+            graphs_captured_before_failure=self.graphs_captured_before_failure,
+            eager_checked_steps=counters.checked_steps,
+            requested_mode_is_default=self.config.cudagraph_mode is None,
             notes=self._notes(error_exc or fallback),
             exception=error_exc,
         )
         report.extensions.update(self._route_extensions())
         report.extensions.update(self._npugraph_ex_extensions())
+        report.notes += failure_notes(report)
         return report
 
     def _npugraph_ex_extensions(self) -> dict[str, Any]:
@@ -999,9 +1014,10 @@ def run(
             report = _capture_and_serve(engine)
         if profile is not None:
             report.extensions["profile"] = profile.summary()
-        return report
     finally:
         engine.close()
+    report.settle_after_release(engine.device)  # a failed capture: what the device holds now
+    return report
 
 
 def _capture_and_serve(engine: Engine) -> Report:
