@@ -67,8 +67,9 @@ def _check_resolve_options(
                 raise ConfigError(f"env: environment variables are strings, got {name!r}={value!r} "
                                   f"(write {name}={str(value)!r})", key="env")
     if stream_limit is not None and (isinstance(stream_limit, bool) or not isinstance(stream_limit, int)
-                                     or stream_limit < 1):
-        raise ConfigError(f"stream_limit must be an integer >= 1, got {stream_limit!r}", key="stream_limit")
+                                     or not 1 <= stream_limit <= MAX_STREAM_LIMIT):
+        shown = repr(stream_limit) if len(repr(stream_limit)) <= 40 else repr(stream_limit)[:37] + "..."
+        raise ConfigError(f"stream_limit must be an integer >= 1 (at most 2**63 - 1), got {shown}", key="stream_limit")
     if hccl_op_expansion_mode is not None and not isinstance(hccl_op_expansion_mode, str):
         raise ConfigError(
             f"hccl_op_expansion_mode must be a string such as 'AIV', got {hccl_op_expansion_mode!r}",
@@ -82,6 +83,7 @@ def _check_resolve_options(
     return tuple(GraphMode.parse(mode) for mode in other_rank_modes)
 
 
+MAX_STREAM_LIMIT = 2**63 - 1  # as the engine's stream_limit
 MAX_RUN_ATOL = 1.0  # a tolerance above 1 checks nothing (hidden states are O(1))
 MAX_NUM_THREADS = 4096
 

@@ -50,10 +50,12 @@ from ascendgraph.cli.app import (
     hccl_mode_from_args,
     positive_int,
     register_command,
+    seed_int,
 )
 from ascendgraph.config import GraphConfig
 from ascendgraph.errors import ConfigError
 from ascendgraph.modes import GraphMode
+from ascendgraph.readers import read_int, read_text_file
 from ascendgraph.tools.plan_measure import (
     DEFAULT_SAMPLE_SIZES,
     KeyCost,
@@ -129,24 +131,23 @@ def read_workload_file(path: str, *, max_tokens: Optional[int] = None) -> list[i
     batch size above ``max_tokens`` (the config's max_num_batched_tokens: no batch is larger).
     """
     try:
-        with open(path, encoding="utf-8") as handle:
-            lines = handle.read().splitlines()
+        with open(path, "rb"):
+            pass
     except OSError as exc:
         raise ConfigError(f"cannot read the workload file {path}: {exc.strerror or exc}", key="workload") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not a text file (expected one batch size in tokens per line)", key="workload") from None
+    lines = read_text_file(path, str(path), key="workload", kind="text, one batch size in tokens per line").splitlines()
     sizes: list[int] = []
     for number, line in enumerate(lines, 1):
         text = line.split("#", 1)[0].strip()
         if not text:
             continue
         try:
-            value = int(text, 10)
-        except ValueError:
+            value: Optional[int] = read_int(text, "")
+        except ConfigError:
             value = None
         if value is None or value < 1:
             raise ConfigError(
-                f"{path}:{number}: expected a batch size in tokens (an integer >= 1), got {text!r}", key="workload"
+                f"{path}:{number}: expected a batch size in tokens (an integer >= 1), got {_short(text)}", key="workload"
             )
         if max_tokens is not None and value > max_tokens:
             raise ConfigError(f"{path}:{number}: {_above_max_text(value, max_tokens)}", key="workload")
@@ -154,6 +155,11 @@ def read_workload_file(path: str, *, max_tokens: Optional[int] = None) -> list[i
     if not sizes:
         raise ConfigError(f"{path}: no batch sizes found (expected one batch size in tokens per line)", key="workload")
     return sizes
+
+
+def _short(text: str) -> str:
+    shown = repr(text)
+    return shown if len(shown) <= 40 else shown[:37] + "..."
 
 
 def _above_max_text(value: int, max_tokens: int) -> str:
@@ -809,7 +815,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--requests", type=positive_int, default=None, metavar="N",
                         help=f"generate the workload: N requests through the engine's scheduler "
                              f"(default {DEFAULT_REQUESTS}, as `ascendgraph run`)")
-    group.add_argument("--seed", type=int, default=0, help="seed of the generated workload (default 0)")
+    group.add_argument("--seed", type=seed_int, default=0, help="seed of the generated workload (default 0)")
     group.add_argument("--budget", type=positive_int, default=None, metavar="N",
                        help="number of capture sizes each selection may keep (each size costs the stream plan's "
                             "graphs and streams per size); default: as many as the streams allow")
