@@ -413,6 +413,7 @@ def build_model(
     quantization: Optional[str] = None,
 ) -> DecoderModel:
     """A model of ``spec`` with seeded random weights, in eval mode, on ``device``."""
+    spec.require_dimensions()
     options = ModelOptions(
         attention_backend=attention_backend or spec.natural_attention_backend,
         dtype=parse_dtype(dtype),
