@@ -85,7 +85,6 @@ def _check_resolve_options(
 
 MAX_STREAM_LIMIT = 2**63 - 1  # as the engine's stream_limit
 MAX_RUN_ATOL = 1.0  # a tolerance above 1 checks nothing (hidden states are O(1))
-MAX_NUM_THREADS = 4096
 
 
 def _is_int(value: Any) -> bool:
@@ -113,8 +112,6 @@ def _run_option_checks() -> dict[str, tuple[Callable[[Any], bool], str]]:
             "a non-empty list of Request objects (or None: generated from requests and seed)",
         ),
         "workload_spec": (_optional(lambda v: isinstance(v, WorkloadSpec)), "a WorkloadSpec (or None)"),
-        "num_threads": (_optional(lambda v: _is_int(v) and 1 <= v <= MAX_NUM_THREADS),
-                        f"an integer from 1 to {MAX_NUM_THREADS} (or None: leave torch's setting)"),
         "pass_manager": (_optional(lambda v: isinstance(v, PassManager)), "a PassManager (or None)"),
         "atol": (_optional(lambda v: _finite_number(v) and v >= 0), "a finite number >= 0"),
         "check_eager": (lambda v: isinstance(v, bool), "true or false"),

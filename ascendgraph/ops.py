@@ -44,6 +44,9 @@ __all__ = [
     "muls_add",
     "reshape_and_cache",
     "paged_attention",
+    "all_reduce",
+    "COLLECTIVE_OP_NAMES",
+    "collective_group",
     "register_wrapper_op",
     "unregister_wrapper_op",
     "wrapper_impl",
@@ -326,6 +329,39 @@ def _(
     out: Tensor,
 ) -> None:
     return None
+
+
+# --------------------------------------------------------------------------- collectives
+# A model with tensor parallelism issues its collectives as ops, so a graph capture records
+# them and a device can charge what the captured collective costs (sim/budget.py: streams
+# per communication group under the HCCL expansion mode). This process plays one rank of
+# the group, so every collective is the identity on its input (a copy, as the output of an
+# all-reduce is a fresh tensor); the implementation is device-independent (every backend
+# gets it), unlike the kernels above.
+
+COLLECTIVE_OP_NAMES = ("all_reduce",)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::all_reduce", mutates_args=(), device_types=None,
+                         schema="(Tensor x, str group, int world_size) -> Tensor")
+def all_reduce(x: Tensor, group: str, world_size: int) -> Tensor:
+    """Sum of ``x`` over the ``world_size`` ranks of communication group ``group``; this
+    process is one rank whose peers hold the same values' share, so the sum is ``x`` itself."""
+    return x.clone()
+
+
+@all_reduce.register_fake
+def _(x: Tensor, group: str, world_size: int) -> Tensor:
+    return torch.empty_like(x)
+
+
+def collective_group(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Optional[tuple[str, int]]:
+    """(group name, world size) when ``func`` is one of the collective ops, else None."""
+    if getattr(func, "namespace", None) != NAMESPACE or func.__name__.split(".")[0] not in COLLECTIVE_OP_NAMES:
+        return None
+    group = args[1] if len(args) > 1 else kwargs["group"]
+    world_size = args[2] if len(args) > 2 else kwargs["world_size"]
+    return str(group), int(world_size)
 
 
 def kernel_op(name: str) -> OpOverload:

@@ -28,7 +28,8 @@ from typing import Any, Optional
 import torch
 
 from ascendgraph.config import GraphConfig
-from ascendgraph.runtime.engine import Engine, EngineOptions, StepRecord, run
+from ascendgraph.runtime.engine import Engine, EngineOptions, run
+from ascendgraph.runtime.stages.records import StepRecord
 from ascendgraph.runtime.workload import WorkloadSpec
 
 MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
+from ascendgraph.ops import collective_group
 from ascendgraph.errors import HOST_SYNC_DURING_CAPTURE, TASK_UPDATE_MISMATCH, CaptureConstraintError
 from sim.cost import CostModel, TaskInfo, super_kernel_task
 from sim.recorder import (
@@ -256,6 +257,9 @@ class Capture:
         return made[0]
 
     def _record(self, info: OpInfo, args: tuple, kwargs: dict) -> Any:
+        collective = collective_group(info.func, args, kwargs)
+        if collective is not None:  # the graph holds the group's streams (sim.budget)
+            self.device._capture_collective(self, info.func, collective[0])
         made = materialize(info, args, kwargs, self._allocate)
         if made is None:
             return self._record_executed(info, args, kwargs)

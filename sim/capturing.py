@@ -13,7 +13,7 @@ import time
 import weakref
 from collections import deque
 from contextlib import contextmanager
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 
@@ -101,6 +101,19 @@ class CaptureMixin:
         tail = TEXT_EL0009 if self.stream_error == "el0009" else TEXT_STREAMS_INSUFFICIENT
         return RuntimeError(TEXT_207008_CAPTURE_BEGIN + "\n" + tail)
 
+    def _capture_collective(self, capture: Capture, func: Any, group: str) -> None:
+        """A collective of ``group`` is being captured: its graph holds the group's streams."""
+        if self._ledger.add_collective(capture.charge, group):
+            return
+        if self.profile.old_hdk:
+            raise self._stream_exhausted(self._ledger.in_use)
+        tail = TEXT_EL0009 if self.stream_error == "el0009" else TEXT_STREAMS_INSUFFICIENT
+        raise RuntimeError(
+            f"HCCL {self._ledger.expansion} expansion of {func} (group {group!r}) captured in {capture.graph.name} "
+            f"needs {self._ledger.collective_cost(capture.charge, group)} more streams, "
+            f"{self._ledger.in_use} of {self._ledger.budget} are in use\n{tail}"
+        )
+
     def _capture_begin(
         self, graph: SimGraph, *, pool: Optional[SimPoolHandle], capture_error_mode: str, graph_kind: str
     ) -> None:
@@ -108,7 +121,7 @@ class CaptureMixin:
         if capture_error_mode not in CAPTURE_ERROR_MODES:
             raise CaptureConstraintError(UNKNOWN_CAPTURE_ERROR_MODE.format(mode=capture_error_mode))
         graph._transition("capture_begin")
-        self._ledger.cost(graph_kind)  # validates the kind
+        self._ledger.check_kind(graph_kind)
         stream = self._current()
         if stream is self._default:
             raise CaptureConstraintError(DEFAULT_STREAM_CAPTURE)
@@ -118,9 +131,9 @@ class CaptureMixin:
             raise CaptureConstraintError(TASK_QUEUE_2_DURING_CAPTURE)
         target = self._pool_for(pool)
         self._fault("capture_begin", stream_id=self._ledger.in_use)
-        if not self._ledger.fits(graph_kind):
+        charge = self._ledger.begin_graph(graph_kind)
+        if charge is None:
             raise self._stream_exhausted(self._ledger.in_use)
-        charge = self._ledger.charge(graph_kind)
         capture = Capture(
             self, graph, stream, charge=charge, pool=target,
             poison=self.poison_capture_outputs, allow_rng=self.allow_rng_in_capture,

@@ -73,6 +73,8 @@ OPTIONS = {
     "poison_capture_outputs": "fill fresh capture outputs with NaN until the first replay (default True)",
     "stream_error": "'207008' (default) or 'el0009': which CANN line a stream exhaustion carries",
     "record_kernels": "keep a KernelRecord per executed task from the start (default False)",
+    "hccl_op_expansion_mode": "HCCL's collective expansion (AIV, or anything else: FFTS+) pricing captured "
+    "collectives in streams (default: HCCL_OP_EXPANSION_MODE of env)",
     "meta_tensors": "tensors live on the meta device: captures still count streams, pool bytes and "
     "virtual time, but no memory is held and nothing computes (planning only; default False)",
 }
@@ -115,7 +117,11 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
                 f"stream_error must be one of {', '.join(STREAM_ERROR_VARIANTS)}, got {self.stream_error!r}",
                 key="stream_error",
             )
-        self._ledger = StreamLedger(stream_limit or self.profile.stream_limit)
+        self._ledger = StreamLedger(
+            stream_limit or self.profile.stream_limit,
+            reserved_streams=self.profile.reserved_streams,
+            expansion_mode=options.get("hccl_op_expansion_mode") or self._env.get("HCCL_OP_EXPANSION_MODE"),
+        )
         self._faults: Optional[FaultPlan] = None
         self.set_fault_plan(faults)
 
@@ -184,8 +190,14 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
         return self._faults
 
     def set_stream_plan(self, plan: Any) -> None:
-        """Charge streams with this `ascendgraph.sizes.StreamPlan` (None: one per graph)."""
+        """The stack's stream limit is this `ascendgraph.sizes.StreamPlan`'s ``max_streams``
+        (None: the device's own). Only the limit: graphs are charged from what they hold
+        (`sim.budget`), never with the plan's per-graph figures."""
         self._ledger.set_plan(plan)
+
+    def set_hccl_op_expansion_mode(self, mode: Optional[str]) -> None:
+        """HCCL's expansion mode for the collectives captured from now on (AIV or FFTS+)."""
+        self._ledger.set_expansion_mode(mode)
 
     def _fault(self, site: str, *, stream_id: int = 0, size_bytes: int = 0) -> Optional[Term]:
         """Consult the fault plan at ``site``; raise / delay here, return hang / skip terms."""
@@ -325,6 +337,8 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
                 "capturing": self._capture is not None,
                 "stream_plan": self._ledger.plan is not None,
                 "graph_streams": self._ledger.in_use - self._ledger.reserved,
+                "reserved_streams": self._ledger.reserved,
+                "hccl_expansion": self._ledger.expansion,
                 "user_streams": len(self._streams) - 1,
                 "pools": len(self._pools),
                 "capture_fallback_ops": self._fallback_ops,

@@ -76,13 +76,14 @@ class GraphHold:
 class ReplayRun:
     """One launched replay: where it is in the program and what it waits for."""
 
-    __slots__ = ("graph", "program", "segment", "waiting_on")
+    __slots__ = ("graph", "program", "segment", "waiting_on", "perturb")
 
     def __init__(self, graph: "SimGraph", program: "Program") -> None:
         self.graph = graph
         self.program = program
         self.segment = 0
         self.waiting_on: Optional["SimExternalEvent"] = None
+        self.perturb = 0.0  # a fault plan's perturb(x): added to the outputs when the run finishes
 
 
 class SimGraph:

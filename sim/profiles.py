@@ -139,6 +139,7 @@ _DEVICE_RULES: Mapping[str, _Rule] = MappingProxyType(
         "supports_task_update": _BOOL,
         "max_piecewise_sizes": (lambda v: v is None or (_is_int(v) and v >= 1), "an integer >= 1, or null for no limit"),
         "memory_bytes": _POSITIVE_INT,
+        "reserved_streams": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
         "description": _STR,
     }
 )

@@ -109,6 +109,8 @@ class ReplayMixin:
         self._replays += 1
         self._host_us += self.cost.graph_launch_us(program.num_kernels)
         run = ReplayRun(graph, program)
+        if term is not None and term.action is Action.PERTURB:
+            run.perturb = term.value
         if term is not None and term.action is Action.HANG:
             run.waiting_on = SimExternalEvent(self, f"an injected hang at replay of {graph.name}")
         if run.waiting_on is not None or stream.pending:
@@ -159,11 +161,27 @@ class ReplayMixin:
                     event.flag = True
                     recorded.append(event)
         run.segment = index
+        if finished and run.perturb:
+            _perturb_outputs(run.program, run.perturb)
         if self._profiling:
             self._end_replay_part(run, stream, finished)
         for event in recorded:
             self._wake(event)
         return finished
+
+
+def _perturb_outputs(program: Any, value: float) -> None:
+    """Add ``value`` to the graph's output: what the last kernel writing a fresh floating
+    tensor wrote (a planted divergence of known size, `perturb(x)` of the fault plan)."""
+    for segment in reversed(program.segments):
+        for *_, mode, target in reversed(segment.entries):
+            targets = (target,) if mode == COPY_ONE else tuple(target or ()) if mode == COPY_MANY else ()
+            written = [t for t in targets if isinstance(t, torch.Tensor) and t.is_floating_point()]
+            if written:
+                with torch.no_grad():
+                    for tensor in written:
+                        tensor.add_(value)
+                return
 
 
 def _copy_many(targets: tuple, results: Any) -> None:

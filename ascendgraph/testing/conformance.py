@@ -536,44 +536,48 @@ def _plan(device: Any, *, layers: int, sizes: list[int], mode: GraphMode, max_st
     )
 
 
-def _capture_sizes_until_failure(device: Any, plan: Any, sizes: list[int], graphs_per_size: int, kind: str) -> tuple[int, BaseException]:
-    x = torch.ones(1, device=device.torch_device)
-    alive = []  # captured graphs hold their streams while they live
-    for index, _size in enumerate(sorted(sizes, reverse=True)):
-        for _ in range(graphs_per_size):
-            try:
-                alive.append(_capture(device, lambda: x + 1, graph_kind=kind))
-            except RuntimeError as exc:
-                return index, exc
-    raise AssertionError("every size fitted")
-
-
 @case(sim_only("real stacks run out of streams at a stack-dependent count (the calibration test measures it)"))
 def test_streams_run_out_at_the_size_the_planner_predicts(device):
+    # each graph holds the tensor-parallel all-reduce, as a tp=2 model's pieces do; the device
+    # charges what the graphs hold (docs/semantics.md "Streams"), the planner predicts it
     sizes = list(range(8, 160, 8))
     plan = _plan(device, layers=3, sizes=sizes, mode=GraphMode.PIECEWISE, max_streams=200)
     assert not plan.fits
-    device.set_stream_plan(plan)
-    failing, exc = _capture_sizes_until_failure(device, plan, sizes, plan.graphs_per_size, "piecewise")
+    device.set_stream_plan(plan)  # the stack's limit (200), nothing else
+    set_expansion = getattr(device, "set_hccl_op_expansion_mode", None)
+    if set_expansion is not None:
+        set_expansion("FFTS+")
+    x = torch.ones(1, device=device.torch_device)
+    alive = []
+    failing, exc = None, None
+    for index, _size in enumerate(sorted(sizes, reverse=True)):
+        try:
+            for _ in range(3 + 1):  # layers + 1 pieces
+                alive.append(_capture(device, lambda: torch.ops.ascendgraph.all_reduce(x + 1, "tp", 2),
+                                      graph_kind="piecewise"))
+        except RuntimeError as error:
+            failing, exc = index, error
+            break
     assert failing == plan.first_failing_index() == plan.max_num_sizes
-    assert errors.TEXT_207008_CAPTURE_BEGIN in str(exc)
+    assert exc is not None and errors.TEXT_STREAMS_INSUFFICIENT in str(exc)
     typed = rewrite_capture_error(exc)
     assert isinstance(typed, StreamResourceExhausted) and typed.__cause__ is exc
 
 
-@case(sim_only("the FULL-graph reserve is the planner's model of the stack"))
-def test_full_graphs_draw_from_the_full_reserve_first(device):
-    plan = _plan(device, layers=2, sizes=[1, 2, 4], mode=GraphMode.FULL_AND_PIECEWISE, max_streams=1800)
-    device.set_stream_plan(plan)
+@case(sim_only("the stream charges are the simulator's physical model"))
+def test_a_graph_holding_collectives_holds_their_streams(device):
+    set_expansion = getattr(device, "set_hccl_op_expansion_mode", None)
+    if set_expansion is not None:
+        set_expansion("FFTS+")
     start = device.stats().streams_in_use
-    assert start == plan.reserved_streams + plan.full_graph_reserve
     x = torch.ones(1, device=device.torch_device)
-    alive = [_capture(device, lambda: x + 1, graph_kind="full") for _ in range(3)]
-    assert device.stats().streams_in_use == start
+    alive = [_capture(device, lambda: torch.ops.ascendgraph.all_reduce(x + 1, "tp", 2), graph_kind="full")]
+    assert device.stats().streams_in_use == start + 40 + 1 + 2  # group reserve, the graph, its FFTS+ streams
     alive.append(_capture(device, lambda: x + 1, graph_kind="full"))
-    assert device.stats().streams_in_use == start + 1
-    alive.append(_capture(device, lambda: x + 1, graph_kind="piecewise"))
-    assert device.stats().streams_in_use == start + 1 + plan.streams_per_piecewise_graph
+    assert device.stats().streams_in_use == start + 40 + 1 + 2 + 1
+    for graph, _ in alive:
+        graph.reset()
+    assert device.stats().streams_in_use == start + 40  # the communicator's reserve stays
 
 
 @case(sim_only("the HDK version is a simulator profile"))

@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from ascendgraph.config import GraphConfig
-from ascendgraph.runtime.engine import Engine, EngineOptions, StepRecord
+from ascendgraph.runtime.engine import Engine, EngineOptions
+from ascendgraph.runtime.stages.records import StepRecord
 from ascendgraph.modes import GraphMode
 from ascendgraph.runtime.report import Report
 from ascendgraph.runtime.workload import WorkloadSpec

@@ -11,7 +11,7 @@ from typing import Iterator
 import pytest
 
 import ascendgraph
-from ascendgraph.cli.app import build_parser, main
+from ascendgraph.cli.app import Parser, build_parser, main
 
 
 def _error(capsys, argv: list[str]) -> str:
@@ -52,12 +52,10 @@ def test_abbreviations_are_refused(capsys, argv):
     assert "unrecognized arguments" in _error(capsys, argv)
 
 
-def _parsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+def _parsers(parser: Parser) -> Iterator[Parser]:
     yield parser
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for child in action.choices.values():
-                yield from _parsers(child)
+    for child in parser.subcommands.values():
+        yield from _parsers(child)
 
 
 def test_no_parser_allows_abbreviations():
@@ -87,8 +85,7 @@ def test_run_help_shows_the_device_default(capsys):
                                   "--max-loras", "--enable-expert-parallel"])
 def test_parallelism_and_lora_flags_have_help(flag):
     parser = build_parser()
-    child = parser.parse_args(["explain"])._children["explain"]
-    action = child._option_string_actions[flag]
+    action = parser.subcommands["explain"].flags[flag]
     assert action.help and len(action.help) > 10
 
 

@@ -201,7 +201,7 @@ def test_process_state_names_what_changed(monkeypatch):
 
 
 def test_the_runner_agrees_with_engine_run(tmp_path):
-    from ascendgraph.cli.app import config_from_args
+    from ascendgraph.cli.args import config_from_args
     from ascendgraph.runtime.engine import run
     from ascendgraph.tools.scenario.observation import _namespace
     from ascendgraph.runtime.workload import WorkloadSpec

@@ -26,12 +26,12 @@ SEMANTICS §9 is printed with a smaller size list that fits.
 
 Modules: `classes` (failure classes, line signatures, line anatomy), `logconfig` (the
 configuration a log prints), `incidents` (classification), `diagnosis` (a whole log),
-`reading` (bounded streaming input), `formatting` (text and JSON), `command` (the CLI).
+`reading` (bounded streaming input), `formatting` (text and JSON). The command line is
+`ascendgraph.cli.diagnose`.
 """
 
 from __future__ import annotations
 
-from ascendgraph.tools.diagnose import command as _command  # noqa: F401  (registers `ascendgraph diagnose`)
 from ascendgraph.tools.diagnose.classes import (
     EMPTY_LOG_NOTE,
     FAILURE_CLASSES,

@@ -122,7 +122,7 @@ def _config_flags() -> dict[str, Any]:
     """dest -> argparse action of the configuration flags `ascendgraph run` accepts."""
     import argparse
 
-    from ascendgraph.cli.app import add_config_arguments
+    from ascendgraph.cli.args import add_config_arguments
 
     parser = argparse.ArgumentParser(add_help=False)
     add_config_arguments(parser)
@@ -369,7 +369,7 @@ def _check_config_values(path: Path, config: Mapping[str, Any]) -> Any:
     is a bad file now, not a "run failure" later. Rules about combinations of values (a
     static kernel without npugraph_ex, ...) stay for the run: scenarios exist to test them.
     Returns the model spec (for the workload bounds)."""
-    from ascendgraph.cli.app import config_from_args
+    from ascendgraph.cli.args import config_from_args
 
     try:
         graph_config = config_from_args(config_namespace(config), warn=False)
@@ -392,13 +392,16 @@ def _is_combination_rule(exc: BaseException) -> bool:
 
 def _check_run_budget(path: Path, run: Mapping[str, Any], model: Any) -> None:
     """[run] values within the bounds the CLI and the engine apply (checked now, not mid-run)."""
-    from ascendgraph.api import MAX_NUM_THREADS
-    from ascendgraph.cli.app import LIMITS
-    from ascendgraph.cli.run import MAX_ATOL
+    from ascendgraph.api import MAX_RUN_ATOL as MAX_ATOL
+    from ascendgraph.cli.args import LIMITS
     from ascendgraph.runtime.workload import MAX_SEQUENCE_TOKENS
 
-    bounds = {"requests": LIMITS["requests"], "seed": LIMITS["seed"], "num_threads": (1, MAX_NUM_THREADS),
+    bounds = {"requests": LIMITS["requests"], "seed": LIMITS["seed"],
               "burst_size": (0, LIMITS["requests"][1]), "burst_gap": (1, LIMITS["requests"][1])}
+    if "num_threads" in run:  # (imports torch: only when the file sets it)
+        from ascendgraph.runtime.threads import MAX_THREADS
+
+        bounds["num_threads"] = (1, MAX_THREADS)
     for key, (low, high) in bounds.items():
         if key in run and not low <= run[key] <= high:
             raise ScenarioError(path, f"[run] {key}", f"expected an integer from {low} to {high}, got {run[key]!r}")

@@ -172,7 +172,7 @@ def config_namespace(config: Mapping[str, Any]) -> Any:
     """The `ascendgraph run` argument namespace a checked [config] table stands for."""
     import argparse
 
-    from ascendgraph.cli.app import add_config_arguments
+    from ascendgraph.cli.args import add_config_arguments
 
     parser = argparse.ArgumentParser(add_help=False)
     add_config_arguments(parser)

@@ -18,7 +18,7 @@ from ascendgraph.tools.scenario.state import ProcessState, _warm_imports
 
 def _run_engine(scenario: Scenario) -> _Observation:
     """The same sequence as `ascendgraph.runtime.engine.run`, with the hooks the invariants need."""
-    from ascendgraph.cli.app import config_from_args
+    from ascendgraph.cli.args import config_from_args
     from ascendgraph.runtime.engine import Engine, EngineOptions
     from ascendgraph.runtime.workload import WorkloadSpec
 
