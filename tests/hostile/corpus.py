@@ -91,6 +91,9 @@ HOSTILE_FAULTS = {
     "twice": "replay=hang;replay=hang",
     "no-term": "replay=",
     "unterminated": "replay=delay(5",
+    "perturb-nan": "replay=perturb(nan)",
+    "perturb-inf": "replay=perturb(inf)",
+    "perturb-superscript": "replay=perturb(²)",
 }
 
 
