@@ -9,8 +9,8 @@ Hierarchy (INTERFACES.md, "Errors"):
                   -> GraphModeError
     RuntimeError  -> CaptureError -> StreamResourceExhausted, OldHdkStack,
                                      ResourceAllocFailed, CaptureConstraintError
-                  -> GraphHang, DeviceLost, NumericalMismatch, DeviceUnavailable,
-                     KernelContractError
+                  -> GraphHang, StaleGraphParams, DeviceLost, NumericalMismatch,
+                     DeviceUnavailable, KernelContractError
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ __all__ = [
     "ResourceAllocFailed",
     "CaptureConstraintError",
     "GraphHang",
+    "StaleGraphParams",
     "DeviceLost",
     "NumericalMismatch",
     "DeviceUnavailable",
@@ -104,6 +105,12 @@ class CaptureConstraintError(CaptureError):
 
 class GraphHang(AscendGraphError, RuntimeError):
     """A replay waits on an external event that nothing will record."""
+
+
+class StaleGraphParams(AscendGraphError, RuntimeError):
+    """A FULL replay executed an attention task group without a task update since that
+    replay began (DECISIONS D3): its attention ran with an earlier batch's parameters.
+    Raised by the device (the simulator with ``require_task_updates=True``, the default)."""
 
 
 class DeviceLost(AscendGraphError, RuntimeError):
@@ -244,6 +251,16 @@ TASK_UPDATE_MISMATCH = (
     "same ops, in the same order, as the task group captured."
 )
 TASK_GROUP_MISUSE = "{what}: {detail}"
+TASK_GROUP_NOT_A_KERNEL = (
+    "{what} inside {group} (capture of {graph}): only single-operator kernel tasks may sit between "
+    "graph_task_group_begin and graph_task_group_end. {fix}"
+)
+STALE_GRAPH_PARAMS = (
+    "stale graph parameters: replay {replay} of {graph} executed {group} ({op}) without a task "
+    "update since that replay began, so its attention ran with the sequence lengths of an earlier "
+    "batch. Update every attention task group after each FULL replay (graph_task_update_begin, "
+    "re-issue the kernel, graph_task_update_end) before recording its ExternalEvent."
+)
 TEXT_DEVICE_LOST = (
     "device lost: the NPU stopped responding (at {site}). Every later call on this device fails; "
     "create a new device."

@@ -50,6 +50,7 @@ class ReplayMixin:
             raise RuntimeError(EXTERNAL_EVENT_NOT_RESET.format(event=event))
         event.flag = True
         self._wake(event)
+        self._surface_stale()
 
     def _external_wait(self, event: SimExternalEvent, stream: Optional[SimStream]) -> None:
         self._check_alive()
@@ -102,13 +103,16 @@ class ReplayMixin:
         self._check_alive()
         graph._transition("replay")
         stream = self._current()
+        capture = self._capture
+        if capture is not None and capture.open_group is not None and stream is capture.stream:
+            raise capture.refuse_in_group("graph replay", f"replay of {graph.name}")
         term = self._fault("replay", stream_id=stream.stream_id)
         program = graph.program
         assert program is not None
         graph.replays += 1
         self._replays += 1
         self._host_us += self.cost.graph_launch_us(program.num_kernels)
-        run = ReplayRun(graph, program)
+        run = ReplayRun(graph, program, next(self._stamps))
         if term is not None and term.action is Action.PERTURB:
             run.perturb = term.value
         if term is not None and term.action is Action.HANG:
@@ -120,6 +124,7 @@ class ReplayMixin:
         if not self._advance(run, stream):
             stream.pending.append(run)
             self._busy.add(stream)
+        self._surface_stale()
 
     def _advance(self, run: ReplayRun, stream: SimStream) -> bool:
         """Run a replay from where it stands; False when it suspends at a wait."""
@@ -134,6 +139,8 @@ class ReplayMixin:
         with quiet, torch._C._AutoDispatchBelowADInplaceOrView():
             while index < count:
                 segment = segments[index]
+                if segment.groups and self.require_task_updates:
+                    self._check_fresh(run, segment)
                 for call, args, kwargs, mode, target in segment.entries:
                     result = call(*args, **kwargs) if kwargs else call(*args)
                     if mode == COPY_ONE:

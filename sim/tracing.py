@@ -195,6 +195,18 @@ class TracingMixin:
     def static_kernels(self) -> dict[tuple, str]:
         return dict(self.cost.static_kernels)
 
+    @contextmanager
+    def super_kernel_scope(self, scope_name: Optional[str] = None) -> Iterator[None]:
+        """torch_npu's ``super_kernel_scope_begin/end`` around a captured region. The
+        simulator notes the scope on the capture (``graph.info()["super_kernel_scopes"]``);
+        `super_kernel_optimize` merges runs of static kernels whether or not a scope was open."""
+        if scope_name is not None and (not isinstance(scope_name, str) or not scope_name.strip()):
+            raise RuntimeError("scope_name should be None or a non-empty string.")
+        capture = self._capture
+        if capture is not None:
+            capture.super_kernel_scopes.append(scope_name or "")
+        yield
+
     def super_kernel_optimize(self, graph: SimGraph, optimize_options: Optional[dict[str, Any]] = None) -> int:
         """Merge each run of two or more consecutive static kernels of a captured graph into one
         super kernel (torch_npu's ``NPUGraph.super_kernel_optimize``; only fixed-shape binaries

@@ -27,7 +27,7 @@ from ascendgraph.cli.vllm_flags import VLLM_FLAGS
 from ascendgraph.errors import ConfigError, DeviceUnavailable, GraphModeError
 from ascendgraph.readers import dump_json
 
-__all__ = ["main", "build_parser", "commands", "Command", "Parser", "CliUsageError", "check_limits", "flag_hint",
+__all__ = ["main", "build_parser", "parse_command_line", "commands", "Command", "Parser", "CliUsageError", "check_limits", "flag_hint",
            "unrecognized_message", "format_warning", "cli_warnings", "package_version", "emit_json", "emit_text"]
 
 PROG = "ascendgraph"
@@ -347,12 +347,31 @@ def _parse_with_pasted_line(parser: Parser, head: list[str], pasted: list[str]) 
     return _Parsed(args, translated.ignored, translated.notes)
 
 
-def _parse(parser: Parser, tokens: list[str]) -> _Parsed:
+def _own_spellings(parser: Parser, tokens: list[str]) -> list[str]:
+    """The command's own flags in vLLM's spellings rewritten to the ones argparse knows
+    (`ascendgraph.cli.vllm_serve.normalize_spellings`); tokens before the command unchanged."""
+    from ascendgraph.cli.vllm_serve import normalize_spellings
+
+    position = next((i for i, token in enumerate(tokens) if token in parser.subcommands), None)
+    if position is None:
+        return tokens
+    child = parser.subcommands[tokens[position]]
+    try:
+        rest = normalize_spellings(tokens[position + 1:], known=lambda flag: flag in child.flags)
+    except ConfigError as exc:
+        raise CliUsageError(f"{child.prog}: error: {exc}") from None
+    return [*tokens[: position + 1], *rest]
+
+
+def parse_command_line(parser: Parser, tokens: Sequence[str]) -> _Parsed:
+    """Parse a whole command line: the command's own flags (in any vLLM spelling) and, after
+    ``--``, a pasted ``vllm serve`` line; every count flag checked against its limit."""
+    tokens = list(tokens)
     if "--" in tokens:
         split = tokens.index("--")
-        parsed = _parse_with_pasted_line(parser, tokens[:split], tokens[split + 1:])
+        parsed = _parse_with_pasted_line(parser, _own_spellings(parser, tokens[:split]), tokens[split + 1:])
     else:
-        parsed = _Parsed(parser.parse_args(tokens), [], [])
+        parsed = _Parsed(parser.parse_args(_own_spellings(parser, tokens)), [], [])
     check_limits(parser, parsed.args)
     return parsed
 
@@ -469,7 +488,7 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
     tokens = list(sys.argv[1:] if argv is None else argv)
     wants_json = _wants_json(tokens)
     try:
-        parsed = _parse(parser, tokens)
+        parsed = parse_command_line(parser, tokens)
     except CliUsageError as exc:
         return _bad_input(str(exc), "UsageError", wants_json)
     args = parsed.args

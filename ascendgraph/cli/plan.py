@@ -90,7 +90,7 @@ def plan_command(args: argparse.Namespace) -> int:
         if result.even is None:
             result.warnings.append("--plot: graphs are off, nothing to draw")
         else:
-            plot_padding_waste(result, args.plot)
+            result.warnings.extend(plot_padding_waste(result, args.plot))
             result.plot = args.plot
     emit_text(format_plan(result))
     if args.json:

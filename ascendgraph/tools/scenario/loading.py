@@ -42,6 +42,7 @@ DEVICE_KEYS: Mapping[str, Check] = {
     "env": STR_TABLE,
     "stream_error": _one_of("207008", "el0009"),
     "stream_limit": POSITIVE,
+    "require_task_updates": BOOL,
 }
 
 RUN_KEYS: Mapping[str, Check] = {
@@ -323,6 +324,7 @@ def load_scenario(path: Union[str, Path]) -> Scenario:
             env=dict(device.get("env", {})),
             stream_error=device.get("stream_error"),
             stream_limit=device.get("stream_limit"),
+            require_task_updates=device.get("require_task_updates"),
         ),
         run=RunSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in run.items()}),
         action=action,

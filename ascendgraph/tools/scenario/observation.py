@@ -181,4 +181,6 @@ def _sim_device(scenario: Scenario, *, soc: str, stream_limit: Optional[int]) ->
         options["faults"] = spec.faults
     if spec.stream_error is not None:
         options["stream_error"] = spec.stream_error
+    if spec.require_task_updates is not None:
+        options["require_task_updates"] = spec.require_task_updates
     return get_device("sim", **options)
