@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from ascendgraph.errors import OOM_DURING_CAPTURE_GUIDANCE  # what `diagnose` says for it
+
 __all__ = ["Report", "SCHEMA_VERSION", "RUNTIME_MODE_KEYS", "MISMATCH_CAUSES_GRAPH", "MISMATCH_CAUSES_EAGER",
            "failure_notes"]
 
@@ -252,8 +254,6 @@ def failure_notes(report: "Report") -> list[str]:
     if before is not None and not any("captured before the failure" in n for n in report.notes):
         notes.append(f"{before} graphs captured before the failure")
     if error_type == "OutOfMemoryError" and before is not None:
-        from ascendgraph.tools.diagnose.classes import OOM_DURING_CAPTURE_GUIDANCE
-
         notes.append(OOM_DURING_CAPTURE_GUIDANCE)
     if error_type == "NumericalMismatch":
         notes.append(MISMATCH_CAUSES_GRAPH if report.graph_batches else MISMATCH_CAUSES_EAGER)

@@ -264,7 +264,7 @@ def test_8_a_failed_capture_reports_what_the_device_holds_after_the_release():
 
 
 def test_8_an_oom_during_capture_gets_the_count_and_diagnose_guidance():
-    from ascendgraph.tools.diagnose.classes import OOM_DURING_CAPTURE_GUIDANCE
+    from ascendgraph.errors import OOM_DURING_CAPTURE_GUIDANCE
 
     report = _tiny_run(faults="malloc=3*off->raise(oom)")
     assert report.error and report.error["type"] == "OutOfMemoryError", report.error
@@ -276,10 +276,12 @@ def test_8_an_oom_during_capture_gets_the_count_and_diagnose_guidance():
 def test_8_a_numerical_mismatch_names_its_likely_causes():
     config = {"model": "tiny", "num_layers": 1, "max_num_seqs": 4, "max_num_batched_tokens": 8,
               "compilation_config": {"cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": [1, 2, 4]}}
-    report = ascendgraph.run(config, device="sim", requests=2, progress=False, faults="task_update=skip_update")
+    # A planted divergence on the graph path (a skipped update is now caught earlier, as
+    # StaleGraphParams): the mismatch names the causes to look at first.
+    report = ascendgraph.run(config, device="sim", requests=2, progress=False, faults="replay=perturb(0.01)")
     assert report.error and report.error["type"] == "NumericalMismatch", report.error
     assert "stale attention parameters" in report.error["message"]
-    assert "skipped" in report.error["message"]
+    assert "update was skipped" in report.error["message"] and "StaleGraphParams" in report.error["message"]
 
 
 # --------------------------------------------------------------------------- 9. over-validation
