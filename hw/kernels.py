@@ -506,6 +506,7 @@ class KernelRouter:
         self.live_graphs = 0  # captured graphs of every NpuDevice not yet reset (GraphBuffers' lifetime)
         # Kernels issued now land in a task group (captured or being updated): set by NpuDevice.
         self.in_task_group = False
+        self.registered_for: Optional[str] = None  # the device type the router is registered on
 
     def graph_captured(self) -> None:
         self.live_graphs += 1
@@ -567,22 +568,33 @@ class KernelRouter:
 _ROUTER: Optional[KernelRouter] = None
 
 
-def register_npu_kernels(npu: Optional[TorchNpu] = None) -> KernelRouter:
-    """Register the router for every ascendgraph op on the ``npu`` device type (idempotent).
+def register_npu_kernels(npu: Optional[TorchNpu] = None, device_type: str = "npu") -> KernelRouter:
+    """Register the router for every ascendgraph op on ``device_type`` (idempotent).
 
-    Registration is process-wide, as ``torch.library`` itself is.
+    Registration is process-wide, as ``torch.library`` itself is; a different torch_npu
+    module (the simulator's facade after the real one, or back) gets a router of its own.
+    On a stand-in whose tensors live on the CPU (``sim.facade``) the ops are also declared
+    *wrapper ops* with the router as implementation, and registered again on every call
+    (the facade hands the CPU kernels back to the simulator when it is uninstalled): so a
+    simulator capture records the torch_npu kernels hw/ issues, as a card's graph would.
     """
     global _ROUTER
-    if _ROUTER is None:
-        router = KernelRouter(npu or api.torch_npu_namespace())
+    npu = npu or api.torch_npu_namespace()
+    if _ROUTER is None or _ROUTER.npu.module is not npu.module:
+        _ROUTER = KernelRouter(npu)
+        _ROUTER.registered_for = None
+    router = _ROUTER
+    if device_type != "npu" or router.registered_for != device_type:
         for name in ops.OP_NAMES:
-            getattr(ops, name).register_kernel("npu")(router.kernel(name))
-        _ROUTER = router
-    return _ROUTER
+            getattr(ops, name).register_kernel(device_type)(router.kernel(name))
+            if device_type != "npu":
+                ops.register_wrapper_op(ops.kernel_op(name), router.kernel(name))
+        router.registered_for = device_type
+    return router
 
 
 def prepare(device: torch.device) -> None:
     """Create per-device constants (the causal mask) outside any capture."""
-    router = register_npu_kernels()
+    router = _ROUTER if _ROUTER is not None else register_npu_kernels()
     if device not in router.buffers.masks:
         router.buffers.masks[device] = causal_mask(device)
