@@ -66,7 +66,6 @@ def recorded(graph: Any) -> list[Any]:
     return graph.graph.sim_graph.program.records
 
 
-@pytest.mark.xfail(strict=True, reason="before the fix: hw queried the FIA workspace and softmax_lse inside the task group")
 def test_workspace_and_softmax_lse_are_allocated_before_the_task_group(npu: Any) -> None:
     # torch_npu's handler contract: workspace and outputs are prepared before graph_task_group_begin.
     a = attention_args()
@@ -77,7 +76,6 @@ def test_workspace_and_softmax_lse_are_allocated_before_the_task_group(npu: Any)
     assert in_group == ["npu_facade.npu_fused_infer_attention_score.out"], in_group
 
 
-@pytest.mark.xfail(strict=True, reason="before the fix: hw queried the FIA workspace inside the task group")
 def test_capture_update_replay_equals_eager_with_new_lengths(npu: Any) -> None:
     a = attention_args()
     eager = torch.zeros_like(a["query"])
@@ -96,7 +94,6 @@ def test_capture_update_replay_equals_eager_with_new_lengths(npu: Any) -> None:
     torch.testing.assert_close(out, eager)
 
 
-@pytest.mark.xfail(strict=True, reason="before the fix: NpuDevice.graph left the task group open at capture_end")
 def test_a_kernel_failing_inside_a_task_group_closes_the_group_and_keeps_its_own_error(npu: Any) -> None:
     # float32 attention is refused inside a task group with the fix; the capture must end
     # cleanly (group closed), so that error -- not "a task group was never closed" -- surfaces.
@@ -115,7 +112,6 @@ def test_a_kernel_failing_inside_a_task_group_closes_the_group_and_keeps_its_own
         x.mul_(2)
 
 
-@pytest.mark.xfail(strict=True, reason="before the fix: NpuDevice.graph did not restore the stream when capture_end raised")
 def test_a_failed_capture_end_restores_the_previous_stream(npu: Any) -> None:
     from sim import facade
 
@@ -128,11 +124,11 @@ def test_a_failed_capture_end_restores_the_previous_stream(npu: Any) -> None:
     assert npu.current_stream() == default
 
 
-@pytest.mark.xfail(strict=True, reason="before the fix: hw had no contract pre-check")
 def test_a_contract_violation_is_a_hard_error_before_the_kernel_not_a_fallback(npu: Any) -> None:
     # Four block-table rows for three requests: the card refuses it (one row per request).
     a = attention_args()
     a["block_table"] = torch.tensor([[0, 1], [2, 3], [4, 5], [6, 7]], dtype=torch.int32)
+    npu.router.fallbacks.clear()
     graph = npu.new_graph()
     with pytest.raises(Exception, match="block_table|block table"):
         with npu.graph(graph):
@@ -164,7 +160,6 @@ def facade_calls(fn: Any) -> list[tuple[Any, tuple, dict]]:
     return [c for c in mode.calls if str(c[0]).startswith("npu_facade.")]
 
 
-@pytest.mark.xfail(strict=True, reason="before the fix: hw passed output_mask=[True, True]")
 def test_add_rms_norm_dynamic_quant_asks_for_the_first_output_only(npu: Any) -> None:
     # vLLM Ascend (AddRMSNormDynamicQuant users): output_mask=[True, False] without smooth scales.
     x, r, w = randn(4, 64), randn(4, 64, seed=1), randn(64, seed=2)
@@ -172,7 +167,6 @@ def test_add_rms_norm_dynamic_quant_asks_for_the_first_output_only(npu: Any) -> 
     assert [list(c[2]["output_mask"]) for c in calls] == [[True, False]]
 
 
-@pytest.mark.xfail(strict=True, reason="before the fix: hw expanded a per-tensor scale (stride 0)")
 @pytest.mark.parametrize("op", ["quantize", "add_rms_norm_quant"])
 def test_per_tensor_scales_reach_the_kernel_contiguous(npu: Any, op: str) -> None:
     x, r, w = randn(4, 64), randn(4, 64, seed=1), randn(64, seed=2)
@@ -186,7 +180,6 @@ def test_per_tensor_scales_reach_the_kernel_contiguous(npu: Any, op: str) -> Non
     assert calls and all(t.is_contiguous() for t in tensors), [t.stride() for t in tensors]
 
 
-@pytest.mark.xfail(strict=True, reason="before the fix: hw built the mask on the device")
 def test_the_causal_mask_is_built_on_the_host_and_copied() -> None:
     from hw.kernels import causal_mask
 
