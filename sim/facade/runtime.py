@@ -31,6 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ascendgraph import ops as ag_ops
 from ascendgraph.errors import CaptureConstraintError
 from sim.device import SimDevice
+from sim.recorder import wrapper_reentry
 from sim.streams import SimStream
 
 __all__ = ["FacadeRuntime", "runtime", "configure", "TaskGroupGuard", "DEVICE_NAME", "TaskGroupAllocation"]
@@ -65,7 +66,7 @@ class TaskGroupGuard(TorchDispatchMode):
         kwargs = kwargs or {}
         impl = ag_ops._WRAPPER_OPS.get(func)
         if impl is not None:  # see the kernels the wrapper issues, not the wrapper
-            with self:
+            with self, wrapper_reentry():
                 return impl(*args, **kwargs)
         if _allocates(func):
             raise TaskGroupAllocation(
