@@ -257,6 +257,7 @@ class NpuDevice:
             self._npu.call(api.SET_STREAM, previous_stream)
             raise
         reserved_before = self._reserved_mark
+        self._close_task()  # nothing pending from an earlier failure reaches this capture
         graph.kind = graph_kind
         graph.state = CAPTURING
         try:
@@ -324,6 +325,9 @@ class NpuDevice:
     # kernels land in a task group: a fallback whose kernels follow host values must not be
     # captured there (hw.kernels, "Graph safety").
     def task_group_begin(self, stream: Any) -> None:
+        if not self.is_current_stream_capturing():
+            self._npu.call(api.TASK_GROUP_BEGIN, stream)  # outside a capture: torch_npu's own refusal
+            return
         self._open_task("group", stream, None)
 
     def task_group_end(self, stream: Any) -> Any:

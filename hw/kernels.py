@@ -459,7 +459,7 @@ def _split_qkv_rmsnorm_rope_composed(
     q = router.call("rms_norm", q.reshape(tokens, -1, head_dim), q_weight, eps).reshape(tokens, q_size)
     k = router.call("rms_norm", k.reshape(tokens, -1, head_dim), k_weight, eps).reshape(tokens, kv_size)
     q, k = router.call("rotary_embedding", positions, q, k, cos_sin_cache, head_dim, is_neox)
-    return q, k, v.contiguous()
+    return q, k, v.clone(memory_format=torch.contiguous_format)  # never an alias of qkv (custom-op rule)
 
 
 # --------------------------------------------------------------------------- the table

@@ -82,8 +82,8 @@ def current_device() -> int:
     return runtime().current_index
 
 
-def get_device_name(device: Any = None) -> str:
-    _check_device(device)
+def get_device_name(device_name: Any = None) -> str:
+    _check_device(device_name)
     return runtime().device_name
 
 
@@ -244,8 +244,8 @@ def set_stream(stream: Optional[Stream]) -> None:
 class StreamContext:
     """``torch.npu.stream(s)``: makes ``s`` current; ``__exit__`` restores the previous one."""
 
-    def __init__(self, stream: Optional[Stream]) -> None:
-        self.stream = stream
+    def __init__(self, stream_ctx: Optional[Stream]) -> None:
+        self.stream = stream_ctx
         self.previous: Optional[Stream] = None
 
     def __enter__(self) -> Optional[Stream]:

@@ -187,3 +187,18 @@ def test_the_causal_mask_is_built_on_the_host_and_copied() -> None:
         mask = causal_mask(torch.device("meta"))
     triu = [args for func, args, _ in mode.calls if "triu" in str(func)]
     assert mask.device.type == "meta" and triu and all(a[0].device.type == "cpu" for a in triu)
+
+
+def test_a_slot_mapping_converted_inside_the_graph_is_read_at_replay_not_frozen_at_capture(npu: Any) -> None:
+    # hw converts int64 slots to int32 inside ascendgraph::reshape_and_cache; the conversion is
+    # part of the graph (found on the facade: the simulator used to run it at capture).
+    k, v = randn(2, 2, 16), randn(2, 2, 16, seed=1)
+    key_cache, value_cache = torch.zeros(4, 128, 2, 16, dtype=BF16), torch.zeros(4, 128, 2, 16, dtype=BF16)
+    slots = torch.tensor([-1, -1])
+    graph = npu.new_graph()
+    with npu.graph(graph):
+        ops.reshape_and_cache(k, v, key_cache, value_cache, slots)
+    slots.copy_(torch.tensor([5, 130]))
+    graph.replay()
+    npu.synchronize()
+    torch.testing.assert_close(key_cache.view(-1, 2, 16)[[5, 130]], k)
