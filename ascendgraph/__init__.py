@@ -14,68 +14,56 @@ ORIGINAL_TORCH_DEVICE_BACKEND_AUTOLOAD = _os.environ.get("TORCH_DEVICE_BACKEND_A
 if "torch" not in _sys.modules:
     _os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 
-from ascendgraph.api import explain, run
-from ascendgraph.config import GraphConfig
-from ascendgraph.dispatch import BatchDescriptor, GraphDispatcher
-from ascendgraph.errors import (
-    CaptureConstraintError,
-    CaptureError,
-    ConfigError,
-    DeviceLost,
-    DeviceUnavailable,
-    GraphHang,
-    GraphModeError,
-    NumericalMismatch,
-    OldHdkStack,
-    ResourceAllocFailed,
-    StreamResourceExhausted,
-    XliteConfigError,
-    rewrite_capture_error,
-)
-from ascendgraph.modes import AttentionGraphSupport, CompilationMode, GraphMode
-from ascendgraph.resolve import Decision, Resolution, narrow_for_attention, resolve
-from ascendgraph.sizes import compute_capture_sizes, plan_stream_budget, select_sizes
-
 __version__ = "0.1.0"
+
+# Public name -> the module that defines it. Imported on first use (PEP 562), so the console
+# script starts with nothing heavy loaded and can settle Ctrl-C before any import runs.
+_EXPORTS: dict[str, str] = {
+    "explain": "ascendgraph.api",
+    "run": "ascendgraph.api",
+    "GraphConfig": "ascendgraph.config",
+    "BatchDescriptor": "ascendgraph.dispatch",
+    "GraphDispatcher": "ascendgraph.dispatch",
+    "CaptureConstraintError": "ascendgraph.errors",
+    "CaptureError": "ascendgraph.errors",
+    "ConfigError": "ascendgraph.errors",
+    "DeviceLost": "ascendgraph.errors",
+    "DeviceUnavailable": "ascendgraph.errors",
+    "GraphHang": "ascendgraph.errors",
+    "GraphModeError": "ascendgraph.errors",
+    "NumericalMismatch": "ascendgraph.errors",
+    "OldHdkStack": "ascendgraph.errors",
+    "ResourceAllocFailed": "ascendgraph.errors",
+    "StreamResourceExhausted": "ascendgraph.errors",
+    "XliteConfigError": "ascendgraph.errors",
+    "rewrite_capture_error": "ascendgraph.errors",
+    "AttentionGraphSupport": "ascendgraph.modes",
+    "CompilationMode": "ascendgraph.modes",
+    "GraphMode": "ascendgraph.modes",
+    "Decision": "ascendgraph.resolve",
+    "Resolution": "ascendgraph.resolve",
+    "narrow_for_attention": "ascendgraph.resolve",
+    "resolve": "ascendgraph.resolve",
+    "compute_capture_sizes": "ascendgraph.sizes",
+    "plan_stream_budget": "ascendgraph.sizes",
+    "select_sizes": "ascendgraph.sizes",
+    "Report": "ascendgraph.runtime.report",
+}
 
 
 def __getattr__(name: str):
-    # The report module imports nothing heavy, but keep the package import minimal.
-    if name == "Report":
-        from ascendgraph.runtime.report import Report
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ascendgraph' has no attribute {name!r}")
+    import importlib
 
-        return Report
-    raise AttributeError(f"module 'ascendgraph' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
-__all__ = [
-    "AttentionGraphSupport",
-    "BatchDescriptor",
-    "CaptureConstraintError",
-    "CaptureError",
-    "CompilationMode",
-    "ConfigError",
-    "Decision",
-    "DeviceLost",
-    "DeviceUnavailable",
-    "GraphConfig",
-    "GraphDispatcher",
-    "GraphHang",
-    "GraphMode",
-    "GraphModeError",
-    "NumericalMismatch",
-    "OldHdkStack",
-    "Resolution",
-    "ResourceAllocFailed",
-    "StreamResourceExhausted",
-    "XliteConfigError",
-    "compute_capture_sizes",
-    "narrow_for_attention",
-    "plan_stream_budget",
-    "resolve",
-    "rewrite_capture_error",
-    "select_sizes",
-    "explain",
-    "run",
-    "Report",
-    "__version__",
-]
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
+__all__ = [*_EXPORTS, "__version__"]

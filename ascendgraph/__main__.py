@@ -2,6 +2,6 @@
 
 import sys
 
-from ascendgraph.cli.app import main
+from ascendgraph.cli import main
 
 sys.exit(main())

@@ -15,11 +15,11 @@ accepts any top-level key (as vLLM Ascend does) and warns on keys it does not mo
 from __future__ import annotations
 
 import difflib
-import json
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Mapping, Optional, Sequence, Union
 
 from ascendgraph.errors import ConfigError
+from ascendgraph.readers import MAX_INT_DIGITS, check_tree, load_json
 from ascendgraph.models.backends import ATTENTION_BACKENDS, attention_backend_info
 from ascendgraph.models.presets import ModelSpec, model_spec_from
 from ascendgraph.modes import CompilationMode, GraphMode
@@ -253,20 +253,16 @@ def parse_json_argument(flag: str, value: Union[str, Mapping[str, Any], None]) -
         bad = [key for key in value if not isinstance(key, str)]
         if bad:
             raise ConfigError(f"{flag}: keys must be strings (as in JSON), got {bad[0]!r}", key=flag)
-        return dict(value)
+        return dict(check_tree(value, flag, key=flag))
     if not isinstance(value, str):
         raise ConfigError(f"{flag} must be a JSON object (string or dict), got {type(value).__name__}", key=flag)
     text = value.strip()
     if not text:
         return {}
-    try:
-        parsed = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(
-            f"{flag}: invalid JSON at line {exc.lineno} column {exc.colno} (char {exc.pos}): {exc.msg}. "
-            f"Quote keys and strings with double quotes, e.g. '{{\"cudagraph_mode\": \"FULL\"}}'",
-            key=flag,
-        ) from None
+    parsed = load_json(
+        text, flag, key=flag,
+        hint=". Quote keys and strings with double quotes, e.g. '{\"cudagraph_mode\": \"FULL\"}'",
+    )
     if not isinstance(parsed, dict):
         raise ConfigError(f"{flag} must be a JSON object like {{\"key\": value}}, got {type(parsed).__name__}", key=flag)
     return parsed
@@ -283,13 +279,19 @@ def _parse_level(value: Any) -> int:
         text = value.strip().upper()
         if text.startswith("O"):
             text = text[1:]
-        if text.isascii() and text.isdigit():
+        if text.isascii() and text.isdigit() and len(text) <= MAX_INT_DIGITS:
             value = int(text)
     if isinstance(value, bool) or not isinstance(value, int) or value not in OPTIMIZATION_LEVELS:
         raise ConfigError(
-            f"optimization_level must be 0, 1, 2 or 3 (-O0..-O3), got {value!r}", key="optimization_level"
+            f"optimization_level must be 0, 1, 2 or 3 (-O0..-O3), got {_short(value)}", key="optimization_level"
         )
     return value
+
+
+def _short(value: Any) -> str:
+    """``repr(value)``, cut to a readable length (a pasted megabyte is not echoed back)."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _parse_named(where: str, key: str, parse: Any, value: Any) -> Any:

@@ -52,7 +52,9 @@ class DeviceProfile:
     """What a device stack is and can do. Data, not code: profiles live in tables.
 
     ``stream_limit`` is the number of streams graph capture may use (the planner's MAX).
-    ``max_piecewise_sizes`` is None when unlimited (A5: 4).
+    ``max_piecewise_sizes`` is None when unlimited (A5: 4). ``reserved_streams`` are
+    held by the runtime before any capture, out of ``stream_limit`` (the planner does not
+    know them: a profile with a reserve fails captures the planner expected to fit).
     """
 
     name: str
@@ -67,6 +69,7 @@ class DeviceProfile:
     supports_task_update: bool = True
     max_piecewise_sizes: Optional[int] = None
     memory_bytes: int = 64 * 1024**3
+    reserved_streams: int = 0
     description: str = ""
 
 

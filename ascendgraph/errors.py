@@ -9,7 +9,8 @@ Hierarchy (INTERFACES.md, "Errors"):
                   -> GraphModeError
     RuntimeError  -> CaptureError -> StreamResourceExhausted, OldHdkStack,
                                      ResourceAllocFailed, CaptureConstraintError
-                  -> GraphHang, DeviceLost, NumericalMismatch, DeviceUnavailable
+                  -> GraphHang, StaleGraphParams, DeviceLost, NumericalMismatch,
+                     DeviceUnavailable, KernelContractError
 """
 
 from __future__ import annotations
@@ -28,9 +29,11 @@ __all__ = [
     "ResourceAllocFailed",
     "CaptureConstraintError",
     "GraphHang",
+    "StaleGraphParams",
     "DeviceLost",
     "NumericalMismatch",
     "DeviceUnavailable",
+    "KernelContractError",
     "CaptureContext",
     "classify_capture_error",
     "rewrite_capture_error",
@@ -104,12 +107,31 @@ class GraphHang(AscendGraphError, RuntimeError):
     """A replay waits on an external event that nothing will record."""
 
 
+class StaleGraphParams(AscendGraphError, RuntimeError):
+    """A FULL replay executed an attention task group without a task update since that
+    replay began (DECISIONS D3): its attention ran with an earlier batch's parameters.
+    Raised by the device (the simulator with ``require_task_updates=True``, the default)."""
+
+
 class DeviceLost(AscendGraphError, RuntimeError):
     """The device stopped answering (injected on the simulator)."""
 
 
 class NumericalMismatch(AscendGraphError, RuntimeError):
     """A served step differs from the eager reference beyond tolerance."""
+
+
+class KernelContractError(AscendGraphError, RuntimeError):
+    """A kernel call breaks a rule of `ascendgraph.kernel_contracts` (what an NPU would refuse).
+
+    ``kernel`` is the torch_npu kernel (or ``ascendgraph::<op>``) and ``rules`` the ids of
+    the broken rules; the message names the values and each rule's source.
+    """
+
+    def __init__(self, message: str, *, kernel: str = "", rules: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.kernel = kernel
+        self.rules = rules
 
 
 class DeviceUnavailable(AscendGraphError, RuntimeError):
@@ -229,6 +251,16 @@ TASK_UPDATE_MISMATCH = (
     "same ops, in the same order, as the task group captured."
 )
 TASK_GROUP_MISUSE = "{what}: {detail}"
+TASK_GROUP_NOT_A_KERNEL = (
+    "{what} inside {group} (capture of {graph}): only single-operator kernel tasks may sit between "
+    "graph_task_group_begin and graph_task_group_end. {fix}"
+)
+STALE_GRAPH_PARAMS = (
+    "stale graph parameters: replay {replay} of {graph} executed {group} ({op}) without a task "
+    "update since that replay began, so its attention ran with the sequence lengths of an earlier "
+    "batch. Update every attention task group after each FULL replay (graph_task_update_begin, "
+    "re-issue the kernel, graph_task_update_end) before recording its ExternalEvent."
+)
 TEXT_DEVICE_LOST = (
     "device lost: the NPU stopped responding (at {site}). Every later call on this device fails; "
     "create a new device."

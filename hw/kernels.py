@@ -328,6 +328,8 @@ def _paged_attention(
     seq_lens: list[int],
     scale: float,
     out: Tensor,
+    workspace: Optional[Tensor] = None,
+    softmax_lse: Optional[Tensor] = None,
 ) -> None:
     tokens, heads, head_dim = query.shape
     num_blocks, block_size, kv_heads, _ = key_cache.shape
@@ -375,12 +377,15 @@ def _paged_attention(
     # npugraph handler contract: "prepare_capture ... runs before graph_task_group_begin";
     # vLLM Ascend's full_graph_attention does the same): NpuDevice defers the group's begin
     # until `router.enter_task()`, right before the kernel.
-    workspace = None if slot is None else slot.get("workspace")
+    if workspace is not None and workspace.numel() == 0:
+        workspace = None  # attention_workspace's fallback: the kernel sizes its own
+    if workspace is None and slot is not None:
+        workspace = slot.get("workspace")
     if workspace is None and router.npu.has(api.NPU_FIA_MAX_WORKSPACE):
         workspace = router.npu.call(api.NPU_FIA_MAX_WORKSPACE, query, keys, values, **options)
         if slot is not None:
             slot["workspace"] = workspace
-    lse = None if slot is None else slot.get("softmax_lse")
+    lse = softmax_lse if softmax_lse is not None else (None if slot is None else slot.get("softmax_lse"))
     if lse is None:
         _, lse = router.npu.call(
             api.NPU_FIA_INFER_OUTPUT, query, values, input_layout="TND", block_table=table, num_heads=heads,
@@ -401,6 +406,8 @@ def _paged_attention_accepts(
     seq_lens: list[int],
     scale: float,
     out: Tensor,
+    workspace: Optional[Tensor] = None,
+    softmax_lse: Optional[Tensor] = None,
 ) -> Optional[str]:
     kernel = "npu_fused_infer_attention_score"
     return _first(
@@ -410,6 +417,43 @@ def _paged_attention_accepts(
         None if key_cache.is_contiguous() and value_cache.is_contiguous() else f"{kernel} needs contiguous caches",
         None if query.is_contiguous() and out.is_contiguous() else f"{kernel} needs contiguous query and out",
     )
+
+
+def _attention_workspace(
+    router: "KernelRouter",
+    query: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    block_table: Tensor,
+    actual_seq_lengths: list[int],
+    seq_lens: list[int],
+    scale: float,
+) -> Tensor:
+    """The fused attention's workspace for these arguments (the core queries it before the
+    task group, as torch_npu's prepare_capture does)."""
+    _, heads, _ = query.shape
+    num_blocks, block_size, kv_heads, head_dim = key_cache.shape
+    mask = router.buffers.masks.get(query.device)
+    if mask is None:
+        mask = router.buffers.masks.setdefault(query.device, causal_mask(query.device))
+    return router.npu.call(
+        api.NPU_FIA_MAX_WORKSPACE, query,
+        key_cache.view(num_blocks, block_size, kv_heads * head_dim),
+        value_cache.view(num_blocks, block_size, kv_heads * head_dim),
+        atten_mask=mask, actual_seq_lengths=[int(v) for v in actual_seq_lengths],
+        actual_seq_lengths_kv=[int(v) for v in seq_lens], block_table=block_table.to(torch.int32),
+        num_heads=heads, scale=float(scale), input_layout="TND", num_key_value_heads=kv_heads,
+        sparse_mode=FIA_SPARSE_MODE, block_size=block_size,
+    )
+
+
+def _attention_workspace_accepts(query: Tensor, *args: Any) -> Optional[str]:
+    return _dtype_in(query, HALF_DTYPES, "_npu_fused_infer_attention_score_get_max_workspace")
+
+
+def _no_workspace(router: "KernelRouter", query: Tensor, *args: Any) -> Tensor:
+    """Fallback: an empty workspace (paged_attention then sizes its own)."""
+    return torch.empty(0, dtype=torch.uint8, device=query.device)
 
 
 # --------------------------------------------------------------------------- fallbacks
@@ -496,6 +540,10 @@ KERNEL_ROUTES: dict[str, KernelRoute] = {
                     (KernelBinding(api.NPU_FIA_OUT, _paged_attention, _paged_attention_accepts,
                                    "TND layout, paged KV, sparse_mode 3, host actual_seq_lengths"),),
                     _reference(reference.paged_attention), "reference", fallback_in_graphs=False),
+        KernelRoute("attention_workspace",
+                    (KernelBinding(api.NPU_FIA_MAX_WORKSPACE, _attention_workspace, _attention_workspace_accepts,
+                                   "FIA's max-workspace query, issued before the task group"),),
+                    _no_workspace, "reference"),
     )
 }
 

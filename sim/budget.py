@@ -1,59 +1,89 @@
-"""The stream budget: how many streams captured graphs hold, charged like the planner says.
+"""The stream budget: how many streams captured graphs hold, charged from what they hold.
 
-Theory of operation. `ascendgraph.sizes.plan_stream_budget` models a stack's streams
-(SEMANTICS §9) and returns a `StreamPlan`; the device is handed that plan before capture
-(`SimDevice.set_stream_plan`). The ledger then charges exactly the plan's numbers:
+Theory of operation (docs/semantics.md, "Streams"). The simulator never reads the
+planner's per-graph numbers: it charges what a captured graph physically holds, so that
+"the planner's N sizes fit and N + 1 do not" is evidence about the planner, not a
+restatement of it.
 
-* ``reserved_streams`` and ``full_graph_reserve`` are held from the moment the plan is set;
-* each piecewise graph costs ``streams_per_piecewise_graph``;
-* each FULL graph costs ``streams_per_full_graph`` (1), taken from the FULL reserve while
-  it lasts (FULL_AND_PIECEWISE), then from the general budget;
-* the budget is ``plan.max_streams``.
+* ``reserved_streams`` of the device profile are held from the start (streams the runtime
+  keeps for itself);
+* every graph holds **1** stream from ``capture_begin`` on (its capture stream);
+* a graph that captures collectives of a communication group (the ``ascendgraph::all_reduce``
+  ops a tensor-parallel model issues) holds, per group, **1** more stream under HCCL's AIV
+  expansion or **2** more under FFTS+ (any other expansion mode: AI_CPU, HOST...);
+* under FFTS+ the first collective of a group on the device reserves
+  ``FFTS_RESERVED_STREAMS_PER_GROUP`` (40) streams for that group, kept as long as the
+  device lives (the communicator's streams).
 
-So with the same parallel config the first capture refused is the one the planner says
-does not fit. Without a plan every graph costs one stream against the device's stream
-limit. A charge is returned when its graph is reset, freed, or its capture fails.
+The budget is the device's stream limit (its profile's ``stream_limit``, a ``stream_limit``
+option, or the limit the stack was configured with: a StreamPlan's ``max_streams``; only
+that figure of a plan is used). A charge that does not fit is refused before anything is
+taken; a graph's charge is returned when it is reset, freed, or its capture fails.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ascendgraph.errors import ConfigError
 
-__all__ = ["GRAPH_KINDS", "StreamCharge", "StreamLedger"]
+__all__ = [
+    "GRAPH_KINDS",
+    "AIV",
+    "FFTS",
+    "STREAMS_PER_GRAPH",
+    "COLLECTIVE_STREAMS",
+    "FFTS_RESERVED_STREAMS_PER_GROUP",
+    "expansion_kind",
+    "StreamCharge",
+    "StreamLedger",
+]
 
 GRAPH_KINDS = ("full", "piecewise")
+AIV, FFTS = "AIV", "FFTS+"
+# What a captured graph holds (docs/semantics.md "Streams", the physical model).
+STREAMS_PER_GRAPH = 1
+COLLECTIVE_STREAMS = {AIV: 1, FFTS: 2}  # per communication group whose collectives a graph holds
+FFTS_RESERVED_STREAMS_PER_GROUP = 40
 
 
-@dataclass(frozen=True)
+def expansion_kind(mode: Optional[str]) -> str:
+    """AIV for ``HCCL_OP_EXPANSION_MODE=AIV``; every other value (unset, AI_CPU, HOST, FFTS+) is FFTS+."""
+    return AIV if (mode or "").strip().upper() == AIV else FFTS
+
+
+@dataclass
 class StreamCharge:
+    """The streams one graph holds: its own stream plus its collectives' (per group)."""
+
     kind: str
-    streams: int  # drawn from the general budget
-    from_full_reserve: bool
+    streams: int = STREAMS_PER_GRAPH
+    groups: dict[str, int] = field(default_factory=dict)
 
 
 class StreamLedger:
-    def __init__(self, stream_limit: int) -> None:
+    def __init__(self, stream_limit: int, *, reserved_streams: int = 0, expansion_mode: Optional[str] = None) -> None:
         self.stream_limit = stream_limit
+        self.reserved_streams = reserved_streams
+        self.expansion = expansion_kind(expansion_mode)
         self.plan: Optional[Any] = None
-        self._general_used = 0
-        self._full_reserve_used = 0
+        self._graph_streams = 0
+        self._group_reserves: dict[str, int] = {}
         self._charges = 0
 
     # -- configuration
     def set_plan(self, plan: Optional[Any]) -> None:
-        if plan is not None:
-            for name in ("reserved_streams", "full_graph_reserve", "streams_per_piecewise_graph",
-                         "streams_per_full_graph", "max_streams"):
-                if not hasattr(plan, name):
-                    raise ConfigError(
-                        f"set_stream_plan expects an ascendgraph.sizes.StreamPlan, got {plan!r} "
-                        f"(it has no {name!r})",
-                        key="stream_plan",
-                    )
+        """Adopt a StreamPlan's ``max_streams`` as the budget (None: the device's own limit)."""
+        if plan is not None and not hasattr(plan, "max_streams"):
+            raise ConfigError(
+                f"set_stream_plan expects an ascendgraph.sizes.StreamPlan, got {plan!r} (it has no 'max_streams')",
+                key="stream_plan",
+            )
         self.plan = plan
+
+    def set_expansion_mode(self, mode: Optional[str]) -> None:
+        self.expansion = expansion_kind(mode)
 
     # -- figures
     @property
@@ -62,50 +92,64 @@ class StreamLedger:
 
     @property
     def reserved(self) -> int:
-        if self.plan is None:
-            return 0
-        return int(self.plan.reserved_streams) + int(self.plan.full_graph_reserve)
+        """Streams held outside any graph: the profile's reserve plus the FFTS+ group reserves."""
+        return self.reserved_streams + sum(self._group_reserves.values())
 
     @property
     def in_use(self) -> int:
-        return self.reserved + self._general_used
+        return self.reserved + self._graph_streams
 
     @property
     def graphs_charged(self) -> int:
         return self._charges
 
-    def cost(self, kind: str) -> tuple[int, bool]:
-        """(streams drawn from the general budget, drawn from the FULL reserve?) for one graph."""
+    def fits(self, streams: int) -> bool:
+        return self.in_use + streams <= self.budget
+
+    @staticmethod
+    def check_kind(kind: str) -> None:
         if kind not in GRAPH_KINDS:
             raise ConfigError(
                 f"graph_kind must be one of {', '.join(GRAPH_KINDS)}, got {kind!r}", key="graph_kind"
             )
-        plan = self.plan
-        if plan is None:
-            return 1, False
-        if kind == "piecewise":
-            # A plan for a mode without piecewise graphs prices them at 0; charge one stream.
-            return max(1, int(plan.streams_per_piecewise_graph)), False
-        if self._full_reserve_used < int(plan.full_graph_reserve):
-            return 0, True
-        return int(plan.streams_per_full_graph), False
-
-    def fits(self, kind: str) -> bool:
-        streams, _ = self.cost(kind)
-        return self.in_use + streams <= self.budget
 
     # -- charging
-    def charge(self, kind: str) -> StreamCharge:
-        """Take one graph's streams; the caller checked `fits` (and raised the stack's error)."""
-        streams, from_reserve = self.cost(kind)
-        if from_reserve:
-            self._full_reserve_used += 1
-        self._general_used += streams
+    def begin_graph(self, kind: str) -> Optional[StreamCharge]:
+        """The graph's own stream, or None when it does not fit (nothing taken)."""
+        self.check_kind(kind)
+        if not self.fits(STREAMS_PER_GRAPH):
+            return None
+        self._graph_streams += STREAMS_PER_GRAPH
         self._charges += 1
-        return StreamCharge(kind, streams, from_reserve)
+        return StreamCharge(kind)
 
-    def release(self, charge: StreamCharge) -> None:
-        if charge.from_full_reserve:
-            self._full_reserve_used = max(0, self._full_reserve_used - 1)
-        self._general_used = max(0, self._general_used - charge.streams)
+    def collective_cost(self, charge: StreamCharge, group: str) -> int:
+        """Streams a collective of ``group`` captured into ``charge``'s graph adds (0 if the
+        graph already holds that group's), the group's FFTS+ reserve included."""
+        cost = 0
+        if group not in charge.groups:
+            cost += COLLECTIVE_STREAMS[self.expansion]
+        if self.expansion == FFTS and group not in self._group_reserves:
+            cost += FFTS_RESERVED_STREAMS_PER_GROUP
+        return cost
+
+    def add_collective(self, charge: StreamCharge, group: str) -> bool:
+        """Charge a captured collective of ``group``; False (nothing taken) when it does not fit."""
+        if not self.fits(self.collective_cost(charge, group)):
+            return False
+        if self.expansion == FFTS and group not in self._group_reserves:
+            self._group_reserves[group] = FFTS_RESERVED_STREAMS_PER_GROUP
+        if group not in charge.groups:
+            extra = COLLECTIVE_STREAMS[self.expansion]
+            charge.groups[group] = extra
+            charge.streams += extra
+            self._graph_streams += extra
+        return True
+
+    def release(self, charge: Optional[StreamCharge]) -> None:
+        if charge is None:
+            return
+        self._graph_streams = max(0, self._graph_streams - charge.streams)
         self._charges = max(0, self._charges - 1)
+        charge.streams = 0
+        charge.groups.clear()

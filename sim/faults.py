@@ -10,7 +10,7 @@ the plan's seeded generator) and otherwise behaves as ``off``.
     plan   := rule (";" rule)*
     rule   := site "=" term ("->" term)*
     term   := [count "*"] [percent "%"] action
-    action := "off" | "raise(" code ")" | "delay(" ms ")" | "hang" | "skip_update"
+    action := "off" | "raise(" code ")" | "delay(" ms ")" | "hang" | "skip_update" | "perturb(" x ")"
     code   := "207008" | "alloc_sq_cq" | "207005" | "oom" | "device_lost"
 
 A plan object carries its hit counters and generator; `FaultPlan.fresh()` gives an
@@ -37,11 +37,12 @@ from ascendgraph.errors import (
     ConfigError,
     DeviceLost,
 )
+from ascendgraph.readers import MAX_INT_DIGITS, check_text_size, read_float
 
-__all__ = ["SITES", "ACTIONS", "CODES", "Action", "Term", "FaultPlan", "fault_error"]
+__all__ = ["MAX_DELAY_MS", "SITES", "ACTIONS", "CODES", "Action", "Term", "FaultPlan", "fault_error"]
 
 SITES = ("capture_begin", "capture_end", "replay", "task_update", "event_record", "malloc", "synchronize")
-ACTIONS = ("off", "raise(code)", "delay(ms)", "hang", "skip_update")
+ACTIONS = ("off", "raise(code)", "delay(ms)", "hang", "skip_update", "perturb(x)")
 CODES = ("207008", "alloc_sq_cq", "207005", "oom", "device_lost")
 
 
@@ -51,6 +52,7 @@ class Action(str, Enum):
     DELAY = "delay"
     HANG = "hang"
     SKIP_UPDATE = "skip_update"
+    PERTURB = "perturb"  # replay only: add x to the replayed graph's outputs (a planted divergence)
 
 
 @dataclass(frozen=True)
@@ -62,11 +64,13 @@ class Term:
     percent: Optional[float] = None
     code: Optional[str] = None
     delay_ms: float = 0.0
+    value: float = 0.0  # perturb(x)
 
     @property
     def action_text(self) -> str:
         """The action as written in a plan: ``raise(207008)``, ``delay(5)``, ``hang``."""
-        return {Action.RAISE: f"raise({self.code})", Action.DELAY: f"delay({self.delay_ms:g})"}.get(
+        return {Action.RAISE: f"raise({self.code})", Action.DELAY: f"delay({self.delay_ms:g})",
+                Action.PERTURB: f"perturb({self.value!r})"}.get(
             self.action, self.action.value
         )
 
@@ -84,6 +88,15 @@ _TERM = re.compile(
 )
 
 
+_COUNT = re.compile(f"[0-9]{{1,{MAX_INT_DIGITS}}}")
+MAX_DELAY_MS = 3_600_000  # one hour: a longer delay is a typo, and `hang` says "never returns"
+
+
+def _short(text: Optional[str]) -> str:
+    shown = repr(text)
+    return shown if len(shown) <= 40 else shown[:37] + "..."
+
+
 def _bad(message: str) -> ConfigError:
     return ConfigError(message, key="fault_plan")
 
@@ -93,48 +106,60 @@ def _parse_term(text: str, site: str) -> Term:
     match = _TERM.match(token.replace(" ", ""))
     if not match:
         raise _bad(
-            f"fault plan: cannot read term {token!r} of site {site!r}; a term is "
+            f"fault plan: cannot read term {_short(token)} of site {_short(site)}; a term is "
             f"[count*][percent%]action with action one of {', '.join(ACTIONS)}"
         )
     count = percent = None
     if match.group("count") is not None:
         raw = match.group("count")
-        if not raw.isdigit() or int(raw) < 1:
-            raise _bad(f"fault plan: count {raw!r} in {token!r} must be a positive integer")
+        if not _COUNT.fullmatch(raw) or int(raw) < 1:
+            raise _bad(f"fault plan: count {_short(raw)} in {_short(token)} must be a positive integer "
+                       f"(ASCII digits, at most {MAX_INT_DIGITS})")
         count = int(raw)
     if match.group("percent") is not None:
         raw = match.group("percent")
         try:
-            percent = float(raw)
-        except ValueError:
-            raise _bad(f"fault plan: percentage {raw!r} in {token!r} is not a number") from None
+            percent = read_float(raw, "")
+        except ConfigError:
+            raise _bad(f"fault plan: percentage {_short(raw)} in {_short(token)} is not a finite number") from None
         if not 0.0 <= percent <= 100.0:
-            raise _bad(f"fault plan: percentage {raw!r} in {token!r} must be between 0 and 100")
+            raise _bad(f"fault plan: percentage {_short(raw)} in {_short(token)} must be between 0 and 100")
     name, arg = match.group("action"), match.group("arg")
     names = [a.value for a in Action]
     if name not in names:
         raise _bad(
-            f"fault plan: unknown action {name!r} in {token!r}; valid actions: {', '.join(ACTIONS)}"
+            f"fault plan: unknown action {_short(name)} in {_short(token)}; valid actions: {', '.join(ACTIONS)}"
         )
     action = Action(name)
-    takes_arg = action in (Action.RAISE, Action.DELAY)
+    takes_arg = action in (Action.RAISE, Action.DELAY, Action.PERTURB)
     if takes_arg and arg is None:
-        raise _bad(f"fault plan: action {name!r} in {token!r} needs an argument: {name}(...)")
+        raise _bad(f"fault plan: action {_short(name)} in {_short(token)} needs an argument: {name}(...)")
     if not takes_arg and arg is not None:
-        raise _bad(f"fault plan: action {name!r} in {token!r} takes no argument")
+        raise _bad(f"fault plan: action {_short(name)} in {_short(token)} takes no argument")
     if action is Action.SKIP_UPDATE and site != "task_update":
-        raise _bad(f"fault plan: skip_update only applies to site 'task_update', not {site!r}")
+        raise _bad(f"fault plan: skip_update only applies to site 'task_update', not {_short(site)}")
+    if action is Action.PERTURB:
+        if site != "replay":
+            raise _bad(f"fault plan: perturb only applies to site 'replay', not {_short(site)}")
+        try:
+            value = read_float(arg or "", "")
+        except ConfigError:
+            raise _bad(f"fault plan: perturb {_short(arg)} in {_short(token)} must be a finite number") from None
+        return Term(action, count, percent, value=value)
     if action is Action.RAISE:
         if arg not in CODES:
-            raise _bad(f"fault plan: unknown code {arg!r} in {token!r}; valid codes: {', '.join(CODES)}")
+            raise _bad(f"fault plan: unknown code {_short(arg)} in {_short(token)}; valid codes: {', '.join(CODES)}")
         return Term(action, count, percent, code=arg)
     if action is Action.DELAY:
         try:
-            delay = float(arg or "")
-        except ValueError:
-            raise _bad(f"fault plan: delay {arg!r} in {token!r} must be a number of milliseconds") from None
-        if delay < 0:
-            raise _bad(f"fault plan: delay {arg!r} in {token!r} must be >= 0 ms")
+            delay = read_float(arg or "", "")
+        except ConfigError:
+            raise _bad(
+                f"fault plan: delay {_short(arg)} in {_short(token)} must be a finite number of milliseconds"
+            ) from None
+        if not 0 <= delay <= MAX_DELAY_MS:
+            raise _bad(f"fault plan: delay {_short(arg)} in {_short(token)} must be between 0 and "
+                       f"{MAX_DELAY_MS} ms (one hour)")
         return Term(action, count, percent, delay_ms=delay)
     return Term(action, count, percent)
 
@@ -155,7 +180,8 @@ class FaultPlan:
     def parse(cls, spec: str, *, seed: int = 0) -> "FaultPlan":
         """Parse a plan string; an empty string is the empty plan. Bad input -> ConfigError."""
         if not isinstance(spec, str):
-            raise _bad(f"fault plan must be a string, got {spec!r}")
+            raise _bad(f"fault plan must be a string, got {_short(spec)}")
+        check_text_size(spec, "fault plan", key="fault_plan")
         rules: dict[str, tuple[Term, ...]] = {}
         for raw_rule in spec.split(";"):
             rule = raw_rule.strip()
@@ -164,16 +190,16 @@ class FaultPlan:
             site, sep, body = rule.partition("=")
             site = site.strip()
             if not sep:
-                raise _bad(f"fault plan: rule {rule!r} needs the form site=term(->term)*")
+                raise _bad(f"fault plan: rule {_short(rule)} needs the form site=term(->term)*")
             if site not in SITES:
-                raise _bad(f"fault plan: unknown site {site!r}; valid sites: {', '.join(SITES)}")
+                raise _bad(f"fault plan: unknown site {_short(site)}; valid sites: {', '.join(SITES)}")
             if site in rules:
-                raise _bad(f"fault plan: site {site!r} appears twice; give one rule per site")
+                raise _bad(f"fault plan: site {_short(site)} appears twice; give one rule per site")
             terms = tuple(_parse_term(part, site) for part in body.split("->"))
             for term in terms[:-1]:
                 if term.count is None:
                     raise _bad(
-                        f"fault plan: in {rule!r}, term {str(term)!r} has no count but is not the "
+                        f"fault plan: in {_short(rule)}, term {str(term)!r} has no count but is not the "
                         "last term, so the terms after it could never apply"
                     )
             rules[site] = terms

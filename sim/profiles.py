@@ -28,6 +28,7 @@ from typing import Any, Callable, Mapping, Union
 
 from ascendgraph.device import DeviceProfile
 from ascendgraph.errors import ConfigError
+from ascendgraph.readers import check_tree, load_json, read_text_file
 from sim.cost import CostParams
 
 __all__ = ["SimProfile", "PROFILES", "DEFAULT_PROFILE", "get_profile", "load_profile", "profile_from_dict"]
@@ -138,6 +139,7 @@ _DEVICE_RULES: Mapping[str, _Rule] = MappingProxyType(
         "supports_task_update": _BOOL,
         "max_piecewise_sizes": (lambda v: v is None or (_is_int(v) and v >= 1), "an integer >= 1, or null for no limit"),
         "memory_bytes": _POSITIVE_INT,
+        "reserved_streams": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
         "description": _STR,
     }
 )
@@ -196,7 +198,7 @@ def _get_profile(name: Any, *, chain: tuple[Path, ...]) -> SimProfile:
     if _is_json_path(name):
         return _load_profile(Path(name), chain=chain)
     if isinstance(name, Mapping):  # a profile written inline (a scenario's [device] profile table)
-        return profile_from_dict(name, origin="profile table")
+        return profile_from_dict(check_tree(name, "profile table", key="profile"), origin="profile table")
     if not isinstance(name, str):
         raise ConfigError(f"profile must be a name or a DeviceProfile, got {name!r}", key="profile")
     for key, profile in PROFILES.items():
@@ -278,14 +280,15 @@ def _load_profile(source: Path, *, chain: tuple[Path, ...]) -> SimProfile:
             f"profile file {source}: more than {_MAX_BASE_DEPTH} profile files chained through 'base'",
             key="profile.base",
         )
+    if source.is_dir():
+        raise ConfigError(f"cannot read profile file {source}: it is a folder", key="profile")
     try:
-        data = json.loads(source.read_text(encoding="utf-8"))
+        with open(source, "rb"):
+            pass
     except OSError as exc:
         raise ConfigError(f"cannot read profile file {source}: {exc.strerror or exc}", key="profile") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"profile file {source}: not a text file (expected a UTF-8 JSON object)", key="profile") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"profile file {source} is not valid JSON: {exc}", key="profile") from None
+    where = f"profile file {source}"
+    data = load_json(read_text_file(source, where, key="profile", kind="JSON object"), where, key="profile")
     return _profile_from_dict(data, origin=f"profile file {source}", chain=(*chain, identity))
 
 

@@ -3,8 +3,8 @@
 It is ``ascendgraph run --profile-dir DIR`` with profile-friendly defaults (4 requests,
 DIR ``./ascendgraph_profile``) followed by the busiest kernel types of the written
 op_statistic.csv — so the seed's checks (``grep static_kernel op_statistic.csv``; compare
-kernel_details.csv with and without super kernel) take one command each. Registers itself
-in `ascendgraph.cli.app`; torch is imported only when the run starts. Exit codes as ``run``.
+kernel_details.csv with and without super kernel) take one command each. Its `COMMAND` is
+listed in `ascendgraph.cli.app.commands()`; torch is imported only when the run starts. Exit codes as ``run``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-from ascendgraph.cli.app import Command, emit_text, register_command
+from ascendgraph.cli.app import Command, emit_text
 from ascendgraph.cli.run import add_run_arguments, run_command
 
 __all__ = ["DEFAULT_PROFILE_DIR", "DEFAULT_PROFILE_REQUESTS", "profile_command", "top_op_types"]
@@ -90,19 +90,17 @@ def profile_command(args: argparse.Namespace) -> int:
     return code
 
 
-register_command(
-    Command(
-        "profile",
-        "run a short workload and write op_statistic.csv, kernel_details.csv and trace_view.json",
-        "`ascendgraph run --profile-dir DIR` with profile defaults (4 requests, DIR ./ascendgraph_profile): "
-        "capture and serving are profiled (the simulator's kernel records on its virtual clock, or "
-        "torch_npu's profiler on an NPU) and written as an Ascend profile under "
-        "DIR/<host>_<pid>_<time>_ascend_pt/ASCEND_PROFILER_OUTPUT/. Exit codes as `run`.\n\nexamples:\n"
-        "  ascendgraph profile -cc '{\"cudagraph_mode\":\"FULL_DECODE_ONLY\"}' --additional-config "
-        "'{\"ascend_compilation_config\":{\"enable_static_kernel\":true}}'\n"
-        "  grep static_kernel ascendgraph_profile/*_ascend_pt/ASCEND_PROFILER_OUTPUT/op_statistic.csv\n"
-        "  ascendgraph profile --quantization w8a8_dynamic --dtype bfloat16 --profile-dir /tmp/prof",
-        add_profile_arguments,
-        profile_command,
-    )
+COMMAND = Command(
+    "profile",
+    "run a short workload and write op_statistic.csv, kernel_details.csv and trace_view.json",
+    "`ascendgraph run --profile-dir DIR` with profile defaults (4 requests, DIR ./ascendgraph_profile): "
+    "capture and serving are profiled (the simulator's kernel records on its virtual clock, or "
+    "torch_npu's profiler on an NPU) and written as an Ascend profile under "
+    "DIR/<host>_<pid>_<time>_ascend_pt/ASCEND_PROFILER_OUTPUT/. Exit codes as `run`.\n\nexamples:\n"
+    "  ascendgraph profile -cc '{\"cudagraph_mode\":\"FULL_DECODE_ONLY\"}' --additional-config "
+    "'{\"ascend_compilation_config\":{\"enable_static_kernel\":true}}'\n"
+    "  grep static_kernel ascendgraph_profile/*_ascend_pt/ASCEND_PROFILER_OUTPUT/op_statistic.csv\n"
+    "  ascendgraph profile --quantization w8a8_dynamic --dtype bfloat16 --profile-dir /tmp/prof",
+    add_profile_arguments,
+    profile_command,
 )

@@ -1,6 +1,6 @@
 """`ascendgraph run`: the main job — resolve, compile, capture, serve a workload, report.
 
-Registers the ``run`` command in `ascendgraph.cli.app` (imported by the CLI when present).
+Its `COMMAND` is listed in `ascendgraph.cli.app.commands()`.
 Human text (progress bar, logs, the report) goes to stderr; ``--json`` prints the report
 document alone on stdout. Exit codes: 0 every request completed and matched eager;
 1 the run failed (a request failed, a capture failed without ``--on-capture-error
@@ -16,18 +16,15 @@ import sys
 import traceback
 from typing import Any, Callable, Optional
 
-from ascendgraph.cli.app import (
+from ascendgraph.cli.app import Command, emit_json, emit_text
+from ascendgraph.cli.args import (
     LIMITS,
-    Command,
     add_config_arguments,
     bounded_int,
     config_from_args,
-    emit_json,
-    emit_text,
     env_from_args,
     non_empty_text,
     positive_int,
-    register_command,
     seed_int,
 )
 from ascendgraph.errors import ConfigError
@@ -151,18 +148,16 @@ def run_command(args: argparse.Namespace, on_report: Optional[Callable[[Any], No
     return report.exit_code
 
 
-register_command(
-    Command(
-        "run",
-        "compile, capture and serve a workload on a device; check every step against eager",
-        "The main job: resolve the configuration, build the model (random weights), compile it with the "
-        "ascendgraph backend, capture ACL graphs for every dispatcher key, serve a generated workload "
-        "(mixed prefill/decode batches, padding, replay, FULL-graph parameter updates) and check every "
-        "step against an eager reference. Exit 0 when every request completed, 1 when the run failed, "
-        "2 on bad input.\n\nexamples:\n  ascendgraph run\n  ascendgraph run --compilation-config "
-        "'{\"cudagraph_mode\":\"FULL_DECODE_ONLY\"}' --json\n  ascendgraph run --stream-limit 40 "
-        "--on-capture-error eager",
-        add_run_arguments,
-        run_command,
-    )
+COMMAND = Command(
+    "run",
+    "compile, capture and serve a workload on a device; check every step against eager",
+    "The main job: resolve the configuration, build the model (random weights), compile it with the "
+    "ascendgraph backend, capture ACL graphs for every dispatcher key, serve a generated workload "
+    "(mixed prefill/decode batches, padding, replay, FULL-graph parameter updates) and check every "
+    "step against an eager reference. Exit 0 when every request completed, 1 when the run failed, "
+    "2 on bad input.\n\nexamples:\n  ascendgraph run\n  ascendgraph run --compilation-config "
+    "'{\"cudagraph_mode\":\"FULL_DECODE_ONLY\"}' --json\n  ascendgraph run --stream-limit 40 "
+    "--on-capture-error eager",
+    add_run_arguments,
+    run_command,
 )

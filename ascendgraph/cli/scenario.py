@@ -1,6 +1,6 @@
 """`ascendgraph scenario`: run fault-scenario files and list the catalogue.
 
-Registers the ``scenario`` command in `ascendgraph.cli.app` (imported by the CLI when present):
+Its `COMMAND` is listed in `ascendgraph.cli.app.commands()`:
 
     ascendgraph scenario run PATH... [--json] [-k TEXT]   run files or folders of *.toml
     ascendgraph scenario list PATH... [--json | --markdown]   check them and show the catalogue
@@ -16,10 +16,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
-import time
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
-from ascendgraph.cli.app import Command, CliUsageError, emit_json, emit_text, register_command
+from ascendgraph.cli.app import CliUsageError, Command, emit_json, emit_text
 
 if TYPE_CHECKING:  # pragma: no cover
     from ascendgraph.tools.scenario import Scenario, ScenarioResult
@@ -159,16 +158,14 @@ def scenario_command(args: argparse.Namespace) -> int:
                         "(see ascendgraph scenario --help)")
 
 
-register_command(
-    Command(
-        "scenario",
-        "run fault scenarios (tests/scenarios/*.toml) on the simulator and check their outcome",
-        "Fault scenarios reproduce the ways graph mode fails on real stacks (stream exhaustion, old HDKs, "
-        "pool memory, hangs, lost devices, bad environments and configurations) and check the answer: "
-        "a clear error, or a documented fallback, with nothing lost and nothing leaked. See docs/faults.md."
-        "\n\nexamples:\n  ascendgraph scenario run tests/scenarios\n  ascendgraph scenario run "
-        "tests/scenarios/task_queue_enable_2.toml --json\n  ascendgraph scenario list tests/scenarios --markdown",
-        add_scenario_arguments,
-        scenario_command,
-    )
+COMMAND = Command(
+    "scenario",
+    "run fault scenarios (tests/scenarios/*.toml) on the simulator and check their outcome",
+    "Fault scenarios reproduce the ways graph mode fails on real stacks (stream exhaustion, old HDKs, "
+    "pool memory, hangs, lost devices, bad environments and configurations) and check the answer: "
+    "a clear error, or a documented fallback, with nothing lost and nothing leaked. See docs/faults.md."
+    "\n\nexamples:\n  ascendgraph scenario run tests/scenarios\n  ascendgraph scenario run "
+    "tests/scenarios/task_queue_enable_2.toml --json\n  ascendgraph scenario list tests/scenarios --markdown",
+    add_scenario_arguments,
+    scenario_command,
 )

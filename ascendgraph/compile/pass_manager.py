@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Optional, Protocol, Sequence, runtime_checkabl
 from torch import fx
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ascendgraph.compile.cache import CompileCache
     from ascendgraph.resolve import Resolution
 
 __all__ = ["GraphPass", "PassManager", "PassRun", "build_passes", "PASSES_MODULE"]
@@ -77,6 +78,11 @@ class PassManager:
 
     passes: Sequence[GraphPass] = ()
     runs: list[PassRun] = field(default_factory=list)
+    # The compile cache (`ascendgraph.compile.cache`): None reads $ASCENDGRAPH_CACHE_DIR; use_cache
+    # False never reads or writes it. cache_status: "off" | "hit" | "miss" (of the last graph).
+    cache: Optional["CompileCache"] = None
+    use_cache: bool = True
+    cache_status: str = "off"
 
     @classmethod
     def for_resolution(cls, resolution: Optional["Resolution"]) -> "PassManager":
@@ -93,6 +99,22 @@ class PassManager:
 
     def __call__(self, graph_module: fx.GraphModule) -> PassRun:
         start = time.perf_counter()
+        from ascendgraph.compile.cache import CompileCache, cache_key, cacheable
+
+        key: Optional[str] = None
+        if self.use_cache and cacheable(self.passes):
+            if self.cache is None:
+                self.cache = CompileCache()
+            key = cache_key(graph_module, self.passes)
+            hit = self.cache.load(key)
+            if hit is not None:
+                graph_module.graph = hit.graph  # regenerates the module's code
+                self.cache_status = "hit"
+                run = PassRun(matches=dict(hit.matches), seconds=time.perf_counter() - start)
+                self.runs.append(run)
+                log.debug("compile cache hit %s: %s", key[:12], run.matches)
+                return run
+            self.cache_status = "miss"
         matches: dict[str, int] = {}
         for graph_pass in self.passes:
             count = int(graph_pass(graph_module))
@@ -102,6 +124,8 @@ class PassManager:
         if self.passes:
             graph_module.graph.lint()
             graph_module.recompile()
+        if key is not None and self.cache is not None:
+            self.cache.store(key, graph_module, matches)
         run = PassRun(matches=matches, seconds=time.perf_counter() - start)
         self.runs.append(run)
         return run

@@ -36,6 +36,7 @@ from ascendgraph.models.layers import (
     RotaryEmbedding,
     W8A8Linear,
     make_linear,
+    tp_all_reduce,
 )
 from ascendgraph.models.presets import ModelSpec
 
@@ -77,6 +78,9 @@ class ModelOptions:
     dtype: torch.dtype = torch.float32
     seed: int = 0
     quantization: Optional[str] = None  # None, "w8a8" or "w8a8_dynamic" (layers.QUANTIZATION_METHODS)
+    # tp > 1: the model issues the tensor-parallel all-reduces (identity on this one rank) after
+    # the embedding, each attention and each MLP, as vLLM's parallel layers do.
+    tensor_parallel_size: int = 1
 
 
 # --------------------------------------------------------------------------- attention blocks
@@ -192,8 +196,10 @@ class MLABlock(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, spec: ModelSpec, index: int, impl: AttentionImpl, quantization: Optional[str]) -> None:
+    def __init__(self, spec: ModelSpec, index: int, impl: AttentionImpl, quantization: Optional[str],
+                 tensor_parallel_size: int = 1) -> None:
         super().__init__()
+        self.tensor_parallel_size = tensor_parallel_size
         block = MLABlock if spec.attention == "mla" else MHABlock
         self.self_attn = block(spec, index, impl, quantization)
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
@@ -211,9 +217,10 @@ class DecoderLayer(nn.Module):
             residual = hidden
         else:
             residual = hidden + residual
-        hidden = self.self_attn(positions, self.input_layernorm(residual))
+        # o_proj and down_proj are row-parallel: each ends with the group's all-reduce (tp > 1)
+        hidden = tp_all_reduce(self.self_attn(positions, self.input_layernorm(residual)), self.tensor_parallel_size)
         residual = hidden + residual
-        hidden = self.mlp(self.post_attention_layernorm(residual))
+        hidden = tp_all_reduce(self.mlp(self.post_attention_layernorm(residual)), self.tensor_parallel_size)
         return hidden, residual
 
 
@@ -232,7 +239,8 @@ class DecoderModel(nn.Module):
         self.impl = attention_impl_for(options.attention_backend)
         self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
         self.layers = nn.ModuleList(
-            DecoderLayer(spec, index, self.impl, options.quantization) for index in range(spec.num_hidden_layers)
+            DecoderLayer(spec, index, self.impl, options.quantization, options.tensor_parallel_size)
+            for index in range(spec.num_hidden_layers)
         )
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
         self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
@@ -247,7 +255,8 @@ class DecoderModel(nn.Module):
         return len(self.layers)
 
     def forward(self, input_ids: Tensor, positions: Tensor) -> Tensor:
-        hidden = self.embed_tokens(input_ids)
+        # a vocab-parallel embedding sums the ranks' partial lookups (tp > 1)
+        hidden = tp_all_reduce(self.embed_tokens(input_ids), self.options.tensor_parallel_size)
         residual: Optional[Tensor] = None
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, residual)
@@ -411,13 +420,22 @@ def build_model(
     seed: int = 0,
     device: torch.device | str = "cpu",
     quantization: Optional[str] = None,
+    tensor_parallel_size: int = 1,
 ) -> DecoderModel:
-    """A model of ``spec`` with seeded random weights, in eval mode, on ``device``."""
+    """A model of ``spec`` with seeded random weights, in eval mode, on ``device``.
+
+    ``tensor_parallel_size`` > 1 makes the model issue its tensor-parallel all-reduces
+    (`layers.tp_all_reduce`); the weights are the whole model's either way (one rank plays
+    the group)."""
+    if isinstance(tensor_parallel_size, bool) or not isinstance(tensor_parallel_size, int) or tensor_parallel_size < 1:
+        raise ConfigError(f"tensor_parallel_size must be an integer >= 1, got {tensor_parallel_size!r}",
+                          key="tensor_parallel_size")
     options = ModelOptions(
         attention_backend=attention_backend or spec.natural_attention_backend,
         dtype=parse_dtype(dtype),
         seed=seed,
         quantization=quantization,
+        tensor_parallel_size=tensor_parallel_size,
     )
     if _builds_in_host_memory(device):
         _check_host_memory(

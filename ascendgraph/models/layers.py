@@ -32,6 +32,8 @@ __all__ = [
     "make_linear",
     "QUANTIZATION_METHODS",
     "W8A8Linear",
+    "TP_GROUP",
+    "tp_all_reduce",
 ]
 
 # Linear-layer variants `make_linear` can build (vLLM Ascend's W8A8 quant types, simplified):
@@ -42,6 +44,21 @@ __all__ = [
 # The activation quant right after a norm is what the norm+quant fusions match.
 QUANTIZATION_METHODS: tuple[Optional[str], ...] = (None, "w8a8", "w8a8_dynamic")
 W8A8_STATIC_INPUT_SCALE = 4.0 / 127  # calibrated for the normed activations of the seeded models (|x| <~ 4)
+
+
+# The tensor-parallel communication group's name in the collective ops the model issues.
+TP_GROUP = "tp"
+
+
+def tp_all_reduce(x: Tensor, tensor_parallel_size: int) -> Tensor:
+    """The all-reduce that ends a row-parallel projection (vLLM's RowParallelLinear with
+    reduce_results, VocabParallelEmbedding) when tp > 1; nothing at all on one rank.
+
+    Issued as the ``ascendgraph::all_reduce`` op, so graph captures hold it and a device
+    can charge what it costs (identity values: this process is one rank)."""
+    if tensor_parallel_size <= 1:
+        return x
+    return torch.ops.ascendgraph.all_reduce(x, TP_GROUP, tensor_parallel_size)
 
 
 def make_linear(in_features: int, out_features: int, *, quantization: Optional[str] = None) -> nn.Module:

@@ -6,13 +6,13 @@ them); the engine builds real modules from a `ModelSpec` in `ascendgraph.models.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass, fields, replace
 from typing import Any, Callable, Mapping, Optional
 
 from ascendgraph.errors import ConfigError
+from ascendgraph.readers import load_json, read_text_file
 
 __all__ = [
     "ModelSpec",
@@ -357,20 +357,8 @@ def model_spec_from(model: Any) -> ModelSpec:
             return PRESETS[text]
         path = os.path.join(text, "config.json") if os.path.isdir(text) else text
         if os.path.isfile(path):
-            try:
-                with open(path, encoding="utf-8") as handle:
-                    raw = json.load(handle)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(
-                    f"model config {path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}",
-                    key="model",
-                ) from None
-            except OSError as exc:
-                raise ConfigError(f"model config {path}: cannot read it ({exc.strerror})", key="model") from None
-            except UnicodeDecodeError:
-                raise ConfigError(
-                    f"model config {path}: not a text file (expected a UTF-8 JSON config.json)", key="model"
-                ) from None
+            where = f"model config {path}"
+            raw = load_json(read_text_file(path, where, key="model", kind="JSON config.json"), where, key="model")
             return spec_from_hf_config(raw, source=path)
         raise ConfigError(
             f"unknown model {text!r}: give a preset ({', '.join(PRESETS)}) or the path of a "

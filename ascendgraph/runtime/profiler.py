@@ -41,7 +41,8 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
 from ascendgraph.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ascendgraph.runtime.engine import Engine, StepRecord
+    from ascendgraph.runtime.engine import Engine
+    from ascendgraph.runtime.stages.records import StepRecord
 
 __all__ = [
     "OP_STATISTIC_COLUMNS",

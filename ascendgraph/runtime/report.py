@@ -197,7 +197,7 @@ def _extension_lines(key: str, value: Any, extensions: dict[str, Any]) -> list[s
     return [f"  {key:<10} {value}"]
 
 
-# npugraph_ex issue: passes, kernel stages and profiles (ascendgraph.runtime.engine._npugraph_ex_extensions).
+# npugraph_ex issue: passes, kernel stages and profiles (ascendgraph.runtime.stages.report._npugraph_ex_extensions).
 _NPUGRAPH_EX_KEYS = ("fused_ops", "kernels_per_step", "static_kernel", "super_kernel", "profile")
 
 

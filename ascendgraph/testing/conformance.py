@@ -536,44 +536,48 @@ def _plan(device: Any, *, layers: int, sizes: list[int], mode: GraphMode, max_st
     )
 
 
-def _capture_sizes_until_failure(device: Any, plan: Any, sizes: list[int], graphs_per_size: int, kind: str) -> tuple[int, BaseException]:
-    x = torch.ones(1, device=device.torch_device)
-    alive = []  # captured graphs hold their streams while they live
-    for index, _size in enumerate(sorted(sizes, reverse=True)):
-        for _ in range(graphs_per_size):
-            try:
-                alive.append(_capture(device, lambda: x + 1, graph_kind=kind))
-            except RuntimeError as exc:
-                return index, exc
-    raise AssertionError("every size fitted")
-
-
 @case(sim_only("real stacks run out of streams at a stack-dependent count (the calibration test measures it)"))
 def test_streams_run_out_at_the_size_the_planner_predicts(device):
+    # each graph holds the tensor-parallel all-reduce, as a tp=2 model's pieces do; the device
+    # charges what the graphs hold (docs/semantics.md "Streams"), the planner predicts it
     sizes = list(range(8, 160, 8))
     plan = _plan(device, layers=3, sizes=sizes, mode=GraphMode.PIECEWISE, max_streams=200)
     assert not plan.fits
-    device.set_stream_plan(plan)
-    failing, exc = _capture_sizes_until_failure(device, plan, sizes, plan.graphs_per_size, "piecewise")
+    device.set_stream_plan(plan)  # the stack's limit (200), nothing else
+    set_expansion = getattr(device, "set_hccl_op_expansion_mode", None)
+    if set_expansion is not None:
+        set_expansion("FFTS+")
+    x = torch.ones(1, device=device.torch_device)
+    alive = []
+    failing, exc = None, None
+    for index, _size in enumerate(sorted(sizes, reverse=True)):
+        try:
+            for _ in range(3 + 1):  # layers + 1 pieces
+                alive.append(_capture(device, lambda: torch.ops.ascendgraph.all_reduce(x + 1, "tp", 2),
+                                      graph_kind="piecewise"))
+        except RuntimeError as error:
+            failing, exc = index, error
+            break
     assert failing == plan.first_failing_index() == plan.max_num_sizes
-    assert errors.TEXT_207008_CAPTURE_BEGIN in str(exc)
+    assert exc is not None and errors.TEXT_STREAMS_INSUFFICIENT in str(exc)
     typed = rewrite_capture_error(exc)
     assert isinstance(typed, StreamResourceExhausted) and typed.__cause__ is exc
 
 
-@case(sim_only("the FULL-graph reserve is the planner's model of the stack"))
-def test_full_graphs_draw_from_the_full_reserve_first(device):
-    plan = _plan(device, layers=2, sizes=[1, 2, 4], mode=GraphMode.FULL_AND_PIECEWISE, max_streams=1800)
-    device.set_stream_plan(plan)
+@case(sim_only("the stream charges are the simulator's physical model"))
+def test_a_graph_holding_collectives_holds_their_streams(device):
+    set_expansion = getattr(device, "set_hccl_op_expansion_mode", None)
+    if set_expansion is not None:
+        set_expansion("FFTS+")
     start = device.stats().streams_in_use
-    assert start == plan.reserved_streams + plan.full_graph_reserve
     x = torch.ones(1, device=device.torch_device)
-    alive = [_capture(device, lambda: x + 1, graph_kind="full") for _ in range(3)]
-    assert device.stats().streams_in_use == start
+    alive = [_capture(device, lambda: torch.ops.ascendgraph.all_reduce(x + 1, "tp", 2), graph_kind="full")]
+    assert device.stats().streams_in_use == start + 40 + 1 + 2  # group reserve, the graph, its FFTS+ streams
     alive.append(_capture(device, lambda: x + 1, graph_kind="full"))
-    assert device.stats().streams_in_use == start + 1
-    alive.append(_capture(device, lambda: x + 1, graph_kind="piecewise"))
-    assert device.stats().streams_in_use == start + 1 + plan.streams_per_piecewise_graph
+    assert device.stats().streams_in_use == start + 40 + 1 + 2 + 1
+    for graph, _ in alive:
+        graph.reset()
+    assert device.stats().streams_in_use == start + 40  # the communicator's reserve stays
 
 
 @case(sim_only("the HDK version is a simulator profile"))
@@ -609,7 +613,11 @@ def test_without_the_update_replay_uses_the_frozen_lengths(device):
     attention = _Attention(device)
     graph, _, event = _capture_updatable_attention(device, attention, [3, 5])
     graph.replay()
-    event.record(device.new_stream())  # release the wait, but no update
+    if _is_sim(device):  # the simulator also reports the stale group (DECISIONS D3); the replay completes
+        with pytest.raises(errors.StaleGraphParams, match="without a task update"):
+            event.record(device.new_stream())  # release the wait, but no update
+    else:
+        event.record(device.new_stream())  # release the wait, but no update
     device.synchronize()
     torch.testing.assert_close(attention.out, attention.eager([3, 5]))
     assert not torch.allclose(attention.out, attention.eager([6, 9]))
@@ -648,6 +656,7 @@ def test_replay_suspends_at_an_unrecorded_external_event_until_it_is_recorded(de
 
 @case(sim_only("a never-recorded event hangs a real device"))
 def test_synchronize_with_a_suspended_replay_raises_a_hang_naming_graph_and_event(device):
+    device.require_task_updates = False  # this case is about the hang, not the missing update
     attention = _Attention(device)
     graph, _, event = _capture_updatable_attention(device, attention, [3, 5])
     graph.replay()
@@ -779,9 +788,67 @@ def test_a_skipped_update_leaves_stale_results(device):
     graph, handle, event = _capture_updatable_attention(device, attention, [3, 5])
     device.set_fault_plan("task_update=skip_update")
     graph.replay()
+    with pytest.raises(errors.StaleGraphParams, match=f"replay 1 of {graph.name} executed task group 0"):
+        _update(device, attention, handle, event, [6, 9], device.new_stream())
+    device.synchronize()
+    torch.testing.assert_close(attention.out, attention.eager([3, 5]))
+
+
+@case(sim_only("fault injection is a simulator facility"))
+def test_without_required_updates_a_skipped_update_is_left_to_the_numbers(device):
+    device.require_task_updates = False
+    attention = _Attention(device)
+    graph, handle, event = _capture_updatable_attention(device, attention, [3, 5])
+    device.set_fault_plan("task_update=skip_update")
+    graph.replay()
     _update(device, attention, handle, event, [6, 9], device.new_stream())
     device.synchronize()
     torch.testing.assert_close(attention.out, attention.eager([3, 5]))
+
+
+@case(sim_only("what a card does with a non-kernel task inside a task group is undefined; the simulator refuses it"))
+@pytest.mark.parametrize("intruder", ["workspace query", "allocation", "event wait"])
+def test_only_kernel_tasks_may_sit_inside_a_task_group(device, intruder):
+    attention = _Attention(device)
+    before = device.stats()
+    stream_before = device.current_stream()
+    graph = device.new_graph()
+    with pytest.raises(errors.CaptureConstraintError, match="only single-operator kernel tasks") as exc:
+        with device.graph(graph):
+            stream = device.current_stream()
+            device.task_group_begin(stream)
+            if intruder == "workspace query":
+                ops.attention_workspace(
+                    attention.query, attention.key_cache, attention.value_cache, attention.block_table,
+                    [1, 2], [3, 5], attention.scale,
+                )
+            elif intruder == "allocation":
+                torch.empty(4, device=device.torch_device)
+            else:
+                device.new_external_event().wait(stream)
+    assert {"event wait": "ExternalEvent (wait"}.get(intruder, intruder) in str(exc.value)
+    _assert_clean(device, before)
+    assert device.current_stream() == stream_before
+
+
+@case(sim_only("the workspace query's size is the simulator's stand-in"))
+def test_prepared_outside_the_group_the_attention_call_captures(device):
+    attention = _Attention(device)
+    graph = device.new_graph()
+    with device.graph(graph):
+        stream = device.current_stream()
+        workspace = ops.attention_workspace(
+            attention.query, attention.key_cache, attention.value_cache, attention.block_table,
+            [1, 2], [3, 5], attention.scale,
+        )
+        lse = torch.empty(1, dtype=attention.query.dtype, device=device.torch_device)
+        device.task_group_begin(stream)
+        ops.paged_attention(
+            attention.query, attention.key_cache, attention.value_cache, attention.block_table,
+            [1, 2], [3, 5], attention.scale, attention.out, workspace, lse,
+        )
+        device.task_group_end(stream)
+    assert graph.recorded_ops() == ["ascendgraph.paged_attention.default"]
 
 
 @case(sim_only("fault injection is a simulator facility"))

@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from ascendgraph.config import GraphConfig
-from ascendgraph.runtime.engine import Engine, EngineOptions, StepRecord
+from ascendgraph.runtime.engine import Engine, EngineOptions
+from ascendgraph.runtime.stages.records import StepRecord
 from ascendgraph.modes import GraphMode
 from ascendgraph.runtime.report import Report
 from ascendgraph.runtime.workload import WorkloadSpec
@@ -64,7 +65,8 @@ class EngineRun:
 
 def run_engine(config: GraphConfig, *, workload: WorkloadSpec = WORKLOAD, **options: Any) -> EngineRun:
     """Capture and serve on a fresh simulator; the engine's graphs are released afterwards."""
-    engine = Engine(config, EngineOptions(device="sim", workload_spec=workload, progress=False, **options))
+    options.setdefault("device", "sim")
+    engine = Engine(config, EngineOptions(workload_spec=workload, progress=False, **options))
     log = StepLog()
     engine.observers.append(log)
     before = engine.device.stats()

@@ -14,7 +14,8 @@ import pytest
 from helpers import WORKLOAD, run_engine, small_config
 
 from ascendgraph.cli.app import main
-from ascendgraph.runtime.engine import Engine, EngineOptions, StepRecord
+from ascendgraph.runtime.engine import Engine, EngineOptions
+from ascendgraph.runtime.stages.records import StepRecord
 from ascendgraph.errors import ConfigError
 from ascendgraph.modes import GraphMode
 from ascendgraph.runtime.workload import ScheduledBatch

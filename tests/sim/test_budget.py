@@ -1,74 +1,117 @@
-"""Stream charging follows the planner's StreamPlan."""
+"""Stream charging from what a captured graph holds (sim/budget.py, docs/semantics.md "Streams").
+
+The figures are the physical model's (D5), written here as literals: 1 stream per graph,
++1 (AIV) or +2 (FFTS+) per communication group whose collectives the graph holds, and 40
+per group reserved under FFTS+ at its first collective. No StreamPlan is involved.
+"""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
+import sim
 from ascendgraph.errors import ConfigError
 from ascendgraph.modes import GraphMode
 from ascendgraph.sizes import plan_stream_budget
 from sim.budget import StreamLedger
 
 
-def plan(mode, sizes, layers=4, max_streams=1800, **kw):
-    return plan_stream_budget(num_hidden_layers=layers, capture_sizes=sizes, mode=mode, max_streams=max_streams, **kw)
+def _all_reduce(x, group="tp", world=2):
+    return torch.ops.ascendgraph.all_reduce(x, group, world)
 
 
-def test_without_a_plan_every_graph_costs_one_stream_of_the_limit():
+def _capture(device, body, kind="piecewise"):
+    graph = device.new_graph()
+    with device.graph(graph, graph_kind=kind):
+        body()
+    return graph
+
+
+def test_every_graph_costs_one_stream_of_the_limit_whatever_its_kind():
     ledger = StreamLedger(3)
-    for kind in ("full", "piecewise", "full"):
-        assert ledger.fits(kind)
-        ledger.charge(kind)
-    assert ledger.in_use == 3 and not ledger.fits("full")
-
-
-def test_reserved_streams_are_held_from_the_moment_the_plan_is_set():
-    p = plan(GraphMode.FULL_AND_PIECEWISE, [1, 2, 4, 8], tensor_parallel_size=2)
-    ledger = StreamLedger(1800)
-    ledger.set_plan(p)
-    assert ledger.in_use == p.reserved_streams + p.full_graph_reserve == 40 + 4
-    assert ledger.budget == p.max_streams
-
-
-@pytest.mark.parametrize("expansion", [None, "AIV"])
-@pytest.mark.parametrize("tp", [1, 2])
-def test_piecewise_sizes_fit_exactly_as_many_times_as_the_planner_says(expansion, tp):
-    sizes = list(range(1, 300))
-    p = plan(GraphMode.PIECEWISE, sizes, layers=6, max_streams=500, tensor_parallel_size=tp,
-             hccl_op_expansion_mode=expansion)
-    ledger = StreamLedger(9999)
-    ledger.set_plan(p)
-    fitted_sizes = 0
-    while True:
-        graphs = 0
-        while graphs < p.graphs_per_size and ledger.fits("piecewise"):
-            ledger.charge("piecewise")
-            graphs += 1
-        if graphs < p.graphs_per_size:
-            break
-        fitted_sizes += 1
-    assert fitted_sizes == p.max_num_sizes
-    assert ledger.in_use == p.streams_needed(p.max_num_sizes) + graphs * p.streams_per_piecewise_graph
-
-
-def test_full_graphs_use_the_reserve_first_and_releases_return_it():
-    p = plan(GraphMode.FULL_AND_PIECEWISE, [1, 2])
-    ledger = StreamLedger(1800)
-    ledger.set_plan(p)
-    start = ledger.in_use
-    charges = [ledger.charge("full") for _ in range(3)]
-    assert [c.from_full_reserve for c in charges] == [True, True, False]
-    assert ledger.in_use == start + 1
+    charges = [ledger.begin_graph(kind) for kind in ("full", "piecewise", "full")]
+    assert all(c is not None for c in charges)
+    assert ledger.in_use == 3 and ledger.begin_graph("full") is None and ledger.in_use == 3
     ledger.release(charges[0])
-    assert ledger.charge("full").from_full_reserve
-    for c in charges[1:]:
-        ledger.release(c)
-    assert ledger.in_use == start + 0 and ledger.graphs_charged == 1
+    assert ledger.in_use == 2 and ledger.graphs_charged == 2
+
+
+@pytest.mark.parametrize("expansion, per_group, reserve", [("AIV", 1, 0), (None, 2, 40), ("AI_CPU", 2, 40),
+                                                            ("FFTS+", 2, 40), ("aiv", 1, 0)])
+def test_a_graph_holding_collectives_costs_one_plus_its_groups_under_the_expansion_mode(expansion, per_group, reserve):
+    device = sim.SimDevice(hccl_op_expansion_mode=expansion)
+    x = torch.ones(4)
+
+    def body():
+        _all_reduce(x)
+        _all_reduce(x)  # the same group again: no more streams
+        _all_reduce(x, group="dp")
+
+    graph = _capture(device, body)
+    assert device.stats().streams_in_use == reserve * 2 + 1 + 2 * per_group
+    _capture(device, lambda: _all_reduce(x))  # reserves are taken once per group
+    assert device.stats().streams_in_use == reserve * 2 + 1 + 2 * per_group + 1 + per_group
+    graph.reset()
+    assert device.stats().streams_in_use == reserve * 2 + 1 + per_group  # the reserve stays with the device
+
+
+def test_the_expansion_mode_comes_from_the_environment_unless_given():
+    x = torch.ones(2)
+    aiv = sim.SimDevice(env={"HCCL_OP_EXPANSION_MODE": "AIV"})
+    ffts = sim.SimDevice(env={})
+    for device in (aiv, ffts):
+        _capture(device, lambda: _all_reduce(x))
+    assert aiv.stats().streams_in_use == 2 and ffts.stats().streams_in_use == 43
+    switched = sim.SimDevice(env={"HCCL_OP_EXPANSION_MODE": "AIV"})
+    switched.set_hccl_op_expansion_mode("HOST")
+    _capture(switched, lambda: _all_reduce(x))
+    assert switched.stats().streams_in_use == 43
+
+
+def test_a_collective_that_does_not_fit_fails_its_capture_and_returns_every_stream():
+    device = sim.SimDevice(stream_limit=44)
+    x = torch.ones(2)
+    _capture(device, lambda: _all_reduce(x))  # 40 + 1 + 2
+    assert device.stats().streams_in_use == 43
+    with pytest.raises(RuntimeError, match="Stream resources are insufficient") as info:
+        _capture(device, lambda: _all_reduce(x))  # 1 fits, the collective's 2 do not
+    assert "needs 2 more streams" in str(info.value)
+    assert device.stats().streams_in_use == 43 and device.stats().graphs_alive == 1
+
+
+def test_eager_collectives_cost_nothing_and_are_the_identity():
+    device = sim.SimDevice(stream_limit=1)
+    x = torch.arange(4.0)
+    y = _all_reduce(x, world=8)
+    assert torch.equal(y, x) and y.data_ptr() != x.data_ptr()
+    assert device.stats().streams_in_use == 0
+
+
+def test_the_profiles_reserved_streams_are_held_from_the_start():
+    device = sim.SimDevice(profile={"base": "A2", "stream_limit": 5, "reserved_streams": 3})
+    assert device.stats().streams_in_use == 3
+    _capture(device, lambda: None)
+    _capture(device, lambda: None)
+    with pytest.raises(RuntimeError, match="207008"):
+        _capture(device, lambda: None)
+
+
+def test_a_plan_sets_the_limit_only_never_the_charges():
+    p = plan_stream_budget(num_hidden_layers=4, capture_sizes=[1, 2, 4, 8], mode=GraphMode.FULL_AND_PIECEWISE,
+                           tensor_parallel_size=2, max_streams=7)
+    device = sim.SimDevice()
+    device.set_stream_plan(p)
+    assert device.stats().streams_in_use == 0 and device.stats().stream_limit == 7
+    for _ in range(7):
+        _capture(device, lambda: None, kind="full")
+    with pytest.raises(RuntimeError, match="207008"):
+        _capture(device, lambda: None)
 
 
 def test_bad_kinds_and_plans_are_config_errors():
     ledger = StreamLedger(10)
     with pytest.raises(ConfigError, match="full, piecewise"):
-        ledger.cost("partial")
+        ledger.begin_graph("partial")
     with pytest.raises(ConfigError, match="StreamPlan"):
         ledger.set_plan(object())

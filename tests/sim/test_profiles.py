@@ -69,7 +69,7 @@ def test_a_json_profile_without_base_needs_name_and_soc(tmp_path):
         ('{"base": "A2", "streams": 3}', "unknown keys streams"),
         ('{"base": "A2", "cost": {"speed": 1}}', "cost.speed"),
         ("[1, 2]", "expected a JSON object"),
-        ("{not json", "not valid JSON"),
+        ("{not json", "invalid JSON"),
     ],
 )
 def test_bad_profile_files_are_config_errors(tmp_path, content, fragment):

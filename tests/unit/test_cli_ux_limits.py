@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ascendgraph.cli.app import LIMITS, MAX_SEED, main
+from ascendgraph.cli.app import main
+from ascendgraph.cli.args import LIMITS, MAX_SEED
 
 HUGE = "99999999999999999999"
 
@@ -29,7 +30,7 @@ def test_a_negative_seed_is_bad_input(capsys, command):
 
 
 def test_the_largest_seed_is_accepted_by_the_parser():
-    from ascendgraph.cli.app import seed_int
+    from ascendgraph.cli.args import seed_int
 
     assert seed_int(str(MAX_SEED)) == 2**63 - 1
 

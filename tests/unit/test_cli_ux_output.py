@@ -31,7 +31,8 @@ def test_the_formatter_is_installed_only_while_a_command_runs(monkeypatch, capsy
         return 0
 
     before = warnings.formatwarning
-    monkeypatch.setattr(cli, "COMMANDS", [*cli.COMMANDS, cli.Command("probe", "", "", lambda p: None, probe)])
+    listed = cli.commands()
+    monkeypatch.setattr(cli, "commands", lambda: [*listed, cli.Command("probe", "", "", lambda p: None, probe)])
     assert main(["probe"]) == 0
     assert seen == ["warning: hello\n"]
     assert warnings.formatwarning is before  # restored: importing or calling main leaves no trace

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ascendgraph.tools import diagnose as diagnose_module
+from ascendgraph.tools.diagnose import reading as diagnose_module
 from ascendgraph.cli.app import main
 from ascendgraph.tools.diagnose import (
     FAILURE_CLASSES,
@@ -21,9 +21,9 @@ from ascendgraph.tools.diagnose import (
     diagnose_lines,
     diagnosis_to_json,
     format_diagnosis,
-    split_line,
-    update_config,
 )
+from ascendgraph.tools.diagnose.classes import split_line
+from ascendgraph.tools.diagnose.logconfig import update_config
 from ascendgraph.errors import (
     LAUNCH_BLOCKING_MESSAGE,
     TASK_QUEUE_2_DURING_CAPTURE,

@@ -25,7 +25,7 @@ from ascendgraph.tools.plan import (
     stream_failure,
 )
 from ascendgraph.modes import GraphMode
-from ascendgraph.tools.plan_measure import interpolate
+from ascendgraph.tools.plan.measure import interpolate
 from ascendgraph.resolve import resolve
 from ascendgraph.sizes import pad_num_tokens, sample_sizes, select_sizes
 
@@ -273,7 +273,7 @@ def test_plot_draws_a_png_when_matplotlib_is_installed(capsys, tmp_path):
 
 
 def test_importing_the_plan_command_does_not_import_torch():
-    code = "import sys, ascendgraph.tools.plan, ascendgraph.tools.plan_measure; print('torch' in sys.modules)"
+    code = "import sys, ascendgraph.tools.plan, ascendgraph.tools.plan.measure; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
 

@@ -201,9 +201,9 @@ def test_process_state_names_what_changed(monkeypatch):
 
 
 def test_the_runner_agrees_with_engine_run(tmp_path):
-    from ascendgraph.cli.app import config_from_args
+    from ascendgraph.cli.args import config_from_args
     from ascendgraph.runtime.engine import run
-    from ascendgraph.tools.scenario import _namespace
+    from ascendgraph.tools.scenario.observation import _namespace
     from ascendgraph.runtime.workload import WorkloadSpec
 
     scenario = load_scenario(write(tmp_path, "description = 'x'\n" + ENGINE_CONFIG + "[expect]\noutcome = 'ok'\ngraphs_captured = 3\n"))
@@ -268,6 +268,7 @@ def test_a_request_completed_through_a_wrong_step_is_reported_as_silently_wrong(
         compilation_config = { cudagraph_mode = "FULL_DECODE_ONLY", cudagraph_capture_sizes = [1, 2] }
         [device]
         faults = "task_update=skip_update"
+        require_task_updates = false
         [run]
         requests = 2
         [expect]

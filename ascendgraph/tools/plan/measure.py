@@ -214,9 +214,10 @@ def measure_capture(
         num_threads=None if os.environ.get("OMP_NUM_THREADS") else 1,
     )
     # The measurement engine repeats the resolution's warnings and logs its capture: keep it quiet.
-    engine_log = logging.getLogger("ascendgraph.runtime.engine")
-    previous_level = engine_log.level
-    engine_log.setLevel(logging.ERROR)
+    engine_logs = [logging.getLogger(name) for name in ("ascendgraph.runtime.engine", "ascendgraph.runtime.stages")]
+    previous_levels = [engine_log.level for engine_log in engine_logs]
+    for engine_log in engine_logs:
+        engine_log.setLevel(logging.ERROR)
     engine = None
     try:
         engine = Engine(config, options)
@@ -273,4 +274,5 @@ def measure_capture(
     finally:
         if engine is not None:
             engine.close()
-        engine_log.setLevel(previous_level)
+        for engine_log, previous_level in zip(engine_logs, previous_levels):
+            engine_log.setLevel(previous_level)

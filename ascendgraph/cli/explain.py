@@ -1,0 +1,48 @@
+"""``ascendgraph explain``: how a configuration resolves (requested vs effective mode and why),
+without running anything. The result goes to stdout: the human report, or with ``--json`` the
+resolution document alone."""
+
+from __future__ import annotations
+
+import argparse
+
+from ascendgraph.cli.app import Command, emit_json, emit_text
+from ascendgraph.cli.args import add_config_arguments, config_from_args, env_from_args, hccl_mode_from_args
+
+__all__ = ["COMMAND"]
+
+
+def add_explain_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print the resolution as JSON on stdout")
+
+
+def run_explain(args: argparse.Namespace) -> int:
+    from ascendgraph.explanation import format_resolution, resolution_to_json
+    from ascendgraph.resolve import resolve
+    from ascendgraph.sizes import DEFAULT_MAX_STREAMS
+
+    config = config_from_args(args)
+    resolution = resolve(
+        config,
+        env=env_from_args(args),
+        stream_limit=args.stream_limit or DEFAULT_MAX_STREAMS,
+        hccl_op_expansion_mode=hccl_mode_from_args(args),
+    )
+    if args.json:
+        emit_json(resolution_to_json(resolution))
+    else:
+        emit_text(format_resolution(resolution))
+    return 0
+
+
+COMMAND = Command(
+    "explain",
+    "show how a configuration resolves: requested vs effective mode and why",
+    "Resolve a vLLM / vLLM Ascend graph-mode configuration without running anything: the effective "
+    "cudagraph_mode, every rule that changed it and why, the capture sizes, the npugraph_ex / static / "
+    "super kernel flags and the stream plan.\n\nexample:\n  ascendgraph explain --compilation-config "
+    "'{\"cudagraph_mode\":\"FULL\"}' --attention-backend mla",
+    add_explain_arguments,
+    run_explain,
+)

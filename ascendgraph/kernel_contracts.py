@@ -1,0 +1,474 @@
+"""What the Ascend kernels demand of their arguments: one table of rules, as data.
+
+Theory of operation. Each `KernelRule` belongs to one torch_npu kernel (``kernel``, its
+torch_npu name) and reads the kernel's arguments keyed by torch_npu's schema keyword
+names (``query``, ``block_table``, ``actual_seq_lengths_kv``...). ``applies`` says whether
+the rule's branch matches the call (page attention, TND, sparse_mode 3...), ``holds``
+whether the call satisfies it and ``describe`` names the offending values. ``source``
+cites where the rule comes from: the torch-npu 2.13.0 wheel's op documentation
+(``torch_npu/_op_plugin_docs.py`` line), its registered schema, or vLLM Ascend's call site
+(file@commit or pull request) where the wheel documents nothing (D1: where the docs and
+vLLM Ascend's production calls disagree, vLLM Ascend wins and the rule is relaxed).
+
+Two levels. The torch_npu rules above; and the rules our own ops imply
+(``kernel="ascendgraph::paged_attention"`` ...), keyed by the op's argument names, for
+what hw/'s mapping of the op onto the torch_npu call needs (cache layout, output like the
+query). `ascendgraph.kernel_calls.kernel_calls(op, args, in_graph=...)` is that mapping,
+written once so the simulator (which enforces the table) and hw/ (whose pre-checks use
+it) agree on which torch_npu arguments an op call becomes. Eagerly hw passes attention only the real query
+tokens (``query[:actual_seq_lengths[-1]]``); in a graph (capture or task update) the
+whole captured query, so there ``T == actual_seq_lengths[-1]`` is the caller's job (the
+FULL padding of `ascendgraph.runtime.forward_context.fia_padded_lengths`).
+
+`check(kernel, arguments)` raises `KernelContractError` naming the rule, the values and
+the source. Where torch_npu's own error text is known it is quoted; for these kernels the
+texts come from CANN's tiling code, which the wheel does not ship, so none is quoted.
+Rules never read tensor *values* (only dtype, shape, contiguity and host lists): reading
+values would be a host synchronisation inside a capture.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import torch
+
+from ascendgraph.errors import KernelContractError
+
+__all__ = [
+    "KernelRule",
+    "RULES",
+    "KERNELS",
+    "FLOAT32_LENIENT_RULES",
+    "violations",
+    "check",
+    "message",
+    "rules_for",
+    "FIA",
+    "FIA_MASK_SIZE",
+    "FIA_SPARSE_MODE",
+]
+
+FIA = "npu_fused_infer_attention_score"
+RESHAPE_AND_CACHE = "_npu_reshape_and_cache"
+ROTARY_EMBEDDING = "_npu_rotary_embedding"
+RMS_NORM = "npu_rms_norm"
+ADD_RMS_NORM = "npu_add_rms_norm"
+DYNAMIC_QUANT = "npu_dynamic_quant"
+QUANTIZE = "npu_quantize"
+ADD_RMS_NORM_QUANT = "npu_add_rms_norm_quant"
+ADD_RMS_NORM_DYNAMIC_QUANT = "npu_add_rms_norm_dynamic_quant"
+PAGED_ATTENTION_OP = "ascendgraph::paged_attention"
+
+FIA_MASK_SIZE = 2048  # sparse_mode 2/3/4 take a compressed 2048 x 2048 mask
+FIA_SPARSE_MODE = 3  # rightDownCausal, the mode hw/ and vLLM Ascend pass
+
+HALF = (torch.float16, torch.bfloat16)
+NORM = (torch.float16, torch.bfloat16, torch.float32)
+
+# Sources (the wheel's op docs are torch-npu 2.13.0's torch_npu/_op_plugin_docs.py).
+DOCS = "torch-npu 2.13.0 torch_npu/_op_plugin_docs.py"
+VLLM_ASCEND = "vllm-project/vllm-ascend"
+SRC_FIA_PAD = (
+    f"{VLLM_ASCEND} PR #6403 'Fix full-graph FIA seq length alignment in TND layout' (queryT != "
+    "actualSequenceLengthQ[-1] fails aclnnFusedInferAttentionScoreV3 tiling) and NPUModelRunner."
+    "_pad_query_start_loc_for_fia's docstring (vllm_ascend/worker/model_runner_v1.py)"
+)
+SRC_ZERO_KV = (
+    f"{VLLM_ASCEND} vllm_ascend/compilation/acl_graph.py@f575cbb3 (update_*_attn_params pad "
+    "seq_lens_list with 0 for padded requests) and _pad_query_start_loc_for_fia (padded requests)"
+)
+SRC_ATB_SIGNATURE = "torch-npu 2.13.0 lib/libop_plugin_atb.so (schema inferred from the C++ signature)"
+SRC_RESHAPE_CALL = f"{VLLM_ASCEND} vllm_ascend/device/device_op.py@5fd1a15d (BaseDeviceAdaptor.reshape_and_cache)"
+SRC_ROPE_CALL = f"{VLLM_ASCEND} vllm_ascend/ops/rotary_embedding.py (rope_forward_oot: contiguous [T, heads*rot] q/k)"
+SRC_ADD_RMS_NORM = (
+    "torch-npu 2.13.0 csrc/aten/npu_native_functions_by_codegen.yaml:123 (schema only, no op doc); "
+    f"{VLLM_ASCEND} vllm_ascend/ops/layernorm.py call site"
+)
+
+# Rules relaxed by the simulator's declared float32 leniency (device option
+# ``allow_float32_attention``, D2): the kernels' half-precision dtype rules.
+FLOAT32_LENIENT_RULES = frozenset(
+    {
+        "query_dtype",
+        "paged_kv_dtype",
+        "cache_dtype",
+        "rope_dtype",
+        "input_dtype_half",
+        "x_dtype_half",
+    }
+)
+
+
+@dataclass(frozen=True)
+class KernelRule:
+    """One thing a kernel demands of its arguments, with where the demand is written."""
+
+    kernel: str  # torch_npu kernel name, or "ascendgraph::<op>" for a rule our op implies
+    name: str  # rule id, snake_case
+    source: str  # citation
+    applies: Callable[[Mapping[str, Any]], bool]
+    holds: Callable[[Mapping[str, Any]], bool]
+    describe: Callable[[Mapping[str, Any]], str]  # names the offending values
+
+
+# --------------------------------------------------------------------------- argument helpers
+
+
+def _dt(value: Any) -> str:
+    return str(getattr(value, "dtype", value)).replace("torch.", "")
+
+
+def _shape(value: Any) -> tuple[int, ...]:
+    return tuple(int(s) for s in value.shape)
+
+
+def _contiguous(value: Any) -> bool:
+    return value is None or bool(value.is_contiguous())
+
+
+def _ints(values: Optional[Sequence[Any]]) -> list[int]:
+    return [int(v) for v in values] if values is not None else []
+
+
+def _present(*names: str) -> Callable[[Mapping[str, Any]], bool]:
+    return lambda a: all(a.get(n) is not None for n in names)
+
+
+def _always(a: Mapping[str, Any]) -> bool:
+    return True
+
+
+def _paged(a: Mapping[str, Any]) -> bool:
+    return a.get("block_table") is not None
+
+
+def _tnd(a: Mapping[str, Any]) -> bool:
+    return a.get("input_layout") == "TND"
+
+
+def _tnd_with_lengths(a: Mapping[str, Any]) -> bool:
+    return _tnd(a) and a.get("actual_seq_lengths") is not None
+
+
+def _paged_with_lengths(a: Mapping[str, Any]) -> bool:
+    return _paged(a) and a.get("actual_seq_lengths_kv") is not None and a.get("block_size", 0) > 0
+
+
+def _q_lens(a: Mapping[str, Any]) -> list[int]:
+    ends = _ints(a.get("actual_seq_lengths"))
+    return [end - start for start, end in zip([0, *ends[:-1]], ends)]
+
+
+def _blocks_needed(a: Mapping[str, Any]) -> list[int]:
+    size = int(a["block_size"])
+    return [math.ceil(max(n, 0) / size) for n in _ints(a["actual_seq_lengths_kv"])]
+
+
+def _kv_heads(a: Mapping[str, Any]) -> int:
+    return int(a.get("num_key_value_heads") or 0) or int(a.get("num_heads", 1))
+
+
+def _head_dim(a: Mapping[str, Any]) -> int:
+    return int(a["query"].shape[-1])
+
+
+def _gqa_ok(a: Mapping[str, Any]) -> bool:
+    heads, kv_heads = int(a.get("num_heads", 1)), _kv_heads(a)
+    return kv_heads > 0 and heads % kv_heads == 0 and heads // kv_heads <= 64
+
+
+def _mask_ok(a: Mapping[str, Any]) -> bool:
+    mask = a.get("atten_mask")
+    if mask is None:
+        return False
+    size = FIA_MASK_SIZE
+    return (
+        _shape(mask) in ((size, size), (1, size, size), (1, 1, size, size))
+        and mask.dtype in (torch.bool, torch.int8, torch.uint8)
+        and _contiguous(mask)
+    )
+
+
+def _kv_covers_q(a: Mapping[str, Any]) -> bool:
+    kv = _ints(a["actual_seq_lengths_kv"])
+    return all(k == 0 or k >= q for q, k in zip(_q_lens(a), kv))
+
+
+def _short_kv(a: Mapping[str, Any]) -> str:
+    kv = _ints(a["actual_seq_lengths_kv"])
+    bad = [(r, q, k) for r, (q, k) in enumerate(zip(_q_lens(a), kv)) if not (k == 0 or k >= q)]
+    return ", ".join(f"request {r}: q_len {q} > kv_len {k}" for r, q, k in bad[:4])
+
+
+def _nondecreasing(values: list[int]) -> bool:
+    return all(v >= 0 for v in values) and all(b >= a for a, b in zip(values, values[1:]))
+
+
+# --------------------------------------------------------------------------- the table
+
+_FIA_RULES = (
+    KernelRule(FIA, "query_dtype", f"{DOCS}:8065 (query float16/bfloat16/int8); :8224 (no int8 query with page attention)",
+               _present("query"), lambda a: a["query"].dtype in HALF,
+               lambda a: f"query dtype is {_dt(a['query'])}; the fused attention takes float16 or bfloat16"),
+    KernelRule(FIA, "query_contiguous", f"{DOCS}:8065 (query: non-contiguous tensors are not supported)",
+               _present("query"), lambda a: _contiguous(a["query"]),
+               lambda a: f"query of shape {_shape(a['query'])} is not contiguous"),
+    KernelRule(FIA, "kv_contiguous", f"{DOCS}:8066-8071 (key/value: non-contiguous tensors are not supported)",
+               _present("key", "value"), lambda a: _contiguous(a["key"]) and _contiguous(a["value"]),
+               lambda a: "key or value is not contiguous"),
+    KernelRule(FIA, "paged_kv_dtype", f"{DOCS}:8218, 8278-8279 (page attention: key/value float16, bfloat16, int8)",
+               lambda a: _paged(a) and _present("key", "value")(a),
+               lambda a: a["key"].dtype == a["value"].dtype and a["key"].dtype in (*HALF, torch.int8),
+               lambda a: f"key dtype {_dt(a['key'])}, value dtype {_dt(a['value'])}; page attention takes equal "
+                         "float16/bfloat16/int8 caches"),
+    KernelRule(FIA, "paged_kv_same_shape", f"{DOCS}:8220 (key and value shapes must agree)",
+               lambda a: _paged(a) and _present("key", "value")(a), lambda a: _shape(a["key"]) == _shape(a["value"]),
+               lambda a: f"key shape {_shape(a['key'])} != value shape {_shape(a['value'])}"),
+    KernelRule(FIA, "tnd_query_rank", f"{DOCS}:8113 (TND: query is [T, N, D])",
+               lambda a: _tnd(a) and _present("query")(a), lambda a: a["query"].dim() == 3,
+               lambda a: f"TND query has shape {_shape(a['query'])}, not [T, N, D]"),
+    KernelRule(FIA, "tnd_actual_seq_lengths", f"{DOCS}:8082 (TND: actual_seq_lengths required, cumulative, "
+               "non-decreasing, non-negative; its length is the batch)",
+               _tnd, lambda a: a.get("actual_seq_lengths") is not None and _nondecreasing(_ints(a["actual_seq_lengths"])),
+               lambda a: f"actual_seq_lengths={a.get('actual_seq_lengths')!r} is missing or not cumulative"),
+    KernelRule(FIA, "tnd_tokens_equal_last_end", SRC_FIA_PAD,
+               lambda a: _tnd_with_lengths(a) and _present("query")(a) and len(a["actual_seq_lengths"]) > 0,
+               lambda a: int(a["query"].shape[0]) == int(a["actual_seq_lengths"][-1]),
+               lambda a: f"query has T={int(a['query'].shape[0])} tokens but actual_seq_lengths[-1]="
+                         f"{int(a['actual_seq_lengths'][-1])}; pad with a dummy request so the last end equals T"),
+    KernelRule(FIA, "paged_kv_lengths_per_request", f"{DOCS}:8222 (page attention: actual_seq_lengths_kv "
+               "required); :8275 (TND+PA: one entry per batch, each the request's KV length)",
+               lambda a: _paged(a) and _tnd_with_lengths(a),
+               lambda a: a.get("actual_seq_lengths_kv") is not None
+               and len(a["actual_seq_lengths_kv"]) == len(a["actual_seq_lengths"])
+               and all(v >= 0 for v in _ints(a["actual_seq_lengths_kv"])),
+               lambda a: f"actual_seq_lengths_kv={a.get('actual_seq_lengths_kv')!r} for "
+                         f"{len(a['actual_seq_lengths'])} requests (actual_seq_lengths); need one non-negative "
+                         "KV length per request"),
+    KernelRule(FIA, "block_table_int32", f"{DOCS}:8091 (block_table: int32)",
+               _paged, lambda a: a["block_table"].dtype == torch.int32,
+               lambda a: f"block_table dtype is {_dt(a['block_table'])}, not int32"),
+    KernelRule(FIA, "block_table_rows", f"{DOCS}:8223, 8284 (page attention: block_table 2-D, first dim == batch)",
+               lambda a: _paged(a) and a.get("actual_seq_lengths") is not None,
+               lambda a: a["block_table"].dim() == 2 and int(a["block_table"].shape[0]) == len(a["actual_seq_lengths"]),
+               lambda a: f"block_table has shape {_shape(a['block_table'])} for {len(a['actual_seq_lengths'])} "
+                         "requests; it needs one row per request"),
+    KernelRule(FIA, "block_table_columns", f"{DOCS}:8223, 8284 (second dim >= maxBlockNumPerSeq of the longest "
+               "actual_seq_lengths_kv)",
+               lambda a: _paged_with_lengths(a) and a["block_table"].dim() == 2,
+               lambda a: int(a["block_table"].shape[1]) >= max(_blocks_needed(a), default=0),
+               lambda a: f"block_table has {int(a['block_table'].shape[1])} columns but the longest KV length "
+                         f"({max(_ints(a['actual_seq_lengths_kv']), default=0)}) needs {max(_blocks_needed(a), default=0)} "
+                         f"blocks of {a['block_size']}"),
+    KernelRule(FIA, "enough_cache_blocks", f"{DOCS}:8220, 8285 (blocknum >= sum of the blocks every batch needs)",
+               lambda a: _paged_with_lengths(a) and _present("key")(a),
+               lambda a: int(a["key"].shape[0]) >= sum(_blocks_needed(a)),
+               lambda a: f"the cache holds {int(a['key'].shape[0])} blocks but the KV lengths "
+                         f"{_ints(a['actual_seq_lengths_kv'])} need {sum(_blocks_needed(a))} of {a['block_size']}"),
+    KernelRule(FIA, "paged_block_size", f"{DOCS}:8280 (page attention: block_size non-zero, <= 512, 16-aligned "
+               "for float16/bfloat16 KV, 128 recommended); :8219 (Q_S>1: multiples of 128) is not applied: which "
+               "branch a ragged TND batch takes is undocumented and vLLM Ascend runs 128 in both",
+               _paged, lambda a: 0 < int(a.get("block_size", 0)) <= 512 and int(a.get("block_size", 0)) % 16 == 0,
+               lambda a: f"block_size={a.get('block_size', 0)}; page attention needs 16..512 in steps of 16 "
+                         "(128 is vLLM Ascend's default)"),
+    KernelRule(FIA, "kv_covers_query_sparse3", f"{DOCS}:8248 (sparse_mode 3: kv_len - q_len < 0 is intercepted); "
+               f"relaxed for kv_len 0 (padded requests): {SRC_ZERO_KV}",
+               lambda a: a.get("sparse_mode") == 3 and _tnd_with_lengths(a) and a.get("actual_seq_lengths_kv") is not None,
+               _kv_covers_q, lambda a: f"under sparse_mode 3 every request needs kv_len >= q_len (or 0): {_short_kv(a)}"),
+    KernelRule(FIA, "head_dim_16_aligned", f"{DOCS}:8210 (float16/bfloat16: the D axis must be 16-aligned)",
+               _present("query"), lambda a: _head_dim(a) % 16 == 0 and _head_dim(a) <= 512,
+               lambda a: f"head_dim={_head_dim(a)}; the fused attention needs a multiple of 16 (<= 512)"),
+    KernelRule(FIA, "gqa_ratio", f"{DOCS}:8116 (num_heads divisible by num_key_value_heads, ratio <= 64)",
+               _always, _gqa_ok,
+               lambda a: f"num_heads={a.get('num_heads', 1)}, num_key_value_heads={_kv_heads(a)}: heads must be a "
+                         "multiple of kv heads with at most 64 per kv head"),
+    KernelRule(FIA, "kv_hidden_limit", f"{DOCS}:8220, 8287 ((blocknum, blocksize, H) layout: KV_N*D > 65535 is rejected)",
+               lambda a: _paged(a) and _present("query")(a), lambda a: _kv_heads(a) * _head_dim(a) <= 65535,
+               lambda a: f"num_key_value_heads*head_dim={_kv_heads(a) * _head_dim(a)} exceeds 65535"),
+    KernelRule(FIA, "sparse_mode_range", f"{DOCS}:8212 (sparse_mode only 0-4)",
+               _always, lambda a: int(a.get("sparse_mode", 0)) in (0, 1, 2, 3, 4),
+               lambda a: f"sparse_mode={a.get('sparse_mode')} is not one of 0-4"),
+    KernelRule(FIA, "causal_mask_2048", f"{DOCS}:8076 (mask bool/int8/uint8, contiguous); :8081, 8214 (sparse 2/3/4: "
+               "mask required, (2048, 2048) or (1, 2048, 2048) or (1, 1, 2048, 2048))",
+               lambda a: a.get("sparse_mode") in (2, 3, 4), _mask_ok,
+               lambda a: "atten_mask is missing" if a.get("atten_mask") is None else
+               f"atten_mask has shape {_shape(a['atten_mask'])}, dtype {_dt(a['atten_mask'])}; sparse_mode "
+               f"{a.get('sparse_mode')} needs a contiguous 2048 x 2048 bool mask"),
+)
+
+_PAGED_ATTENTION_RULES = (
+    KernelRule(PAGED_ATTENTION_OP, "paged_cache_layout", "hw/kernels.py _paged_attention: caches "
+               "[num_blocks, block_size, kv_heads, head_dim] viewed as FIA's (blocknum, blocksize, H)",
+               _always, lambda a: a["key_cache"].dim() == 4 and _shape(a["key_cache"]) == _shape(a["value_cache"])
+               and a["query"].dim() == 3 and int(a["query"].shape[-1]) == int(a["key_cache"].shape[-1]),
+               lambda a: f"query {_shape(a['query'])}, key_cache {_shape(a['key_cache'])}, value_cache "
+                         f"{_shape(a['value_cache'])}: need [T, heads, D] and two equal [blocks, block_size, kv_heads, D]"),
+    KernelRule(PAGED_ATTENTION_OP, "out_like_query", f"{DOCS}:8147 (attention_out has the query's shape); hw passes "
+               "out=[out, lse]", _always,
+               lambda a: _shape(a["out"]) == _shape(a["query"]) and a["out"].dtype == a["query"].dtype
+               and _contiguous(a["out"]),
+               lambda a: f"out {_shape(a['out'])} {_dt(a['out'])} (contiguous={_contiguous(a['out'])}) vs query "
+                         f"{_shape(a['query'])} {_dt(a['query'])}"),
+    KernelRule(PAGED_ATTENTION_OP, "cache_dtype_like_query", "hw/kernels.py _paged_attention_accepts (no quantised "
+               f"KV: the caches share the query dtype); {DOCS}:8221 (no antiquant with page attention)",
+               _always, lambda a: a["key_cache"].dtype == a["query"].dtype == a["value_cache"].dtype,
+               lambda a: f"query {_dt(a['query'])}, key_cache {_dt(a['key_cache'])}, value_cache {_dt(a['value_cache'])}"),
+)
+
+_RESHAPE_AND_CACHE_RULES = (
+    KernelRule(RESHAPE_AND_CACHE, "cache_dtype", f"{SRC_RESHAPE_CALL}; hw/kernels.py HALF_DTYPES (no op doc in the wheel)",
+               _present("key_cache"), lambda a: a["key_cache"].dtype in HALF and a["value_cache"].dtype == a["key_cache"].dtype
+               and a["key"].dtype == a["key_cache"].dtype and a["value"].dtype == a["key_cache"].dtype,
+               lambda a: f"key {_dt(a['key'])}, value {_dt(a['value'])}, key_cache {_dt(a['key_cache'])}, value_cache "
+                         f"{_dt(a['value_cache'])}: need one float16/bfloat16 dtype"),
+    KernelRule(RESHAPE_AND_CACHE, "caches_contiguous", f"{SRC_ATB_SIGNATURE}: key_cache/value_cache are written in place",
+               _present("key_cache"), lambda a: _contiguous(a["key_cache"]) and _contiguous(a["value_cache"]),
+               lambda a: "key_cache or value_cache is not contiguous"),
+    KernelRule(RESHAPE_AND_CACHE, "slot_indices_int32", f"{VLLM_ASCEND} vllm_ascend/worker/v2/model_runner.py (comment: the "
+               "reshape-and-cache operator requires int32 slot mappings)",
+               _present("slot_indices"), lambda a: a["slot_indices"].dtype == torch.int32,
+               lambda a: f"slot_indices dtype is {_dt(a['slot_indices'])}, not int32"),
+    KernelRule(RESHAPE_AND_CACHE, "one_slot_per_token", f"{SRC_RESHAPE_CALL}: key/value [tokens, kv_heads, D], one slot each",
+               _present("slot_indices", "key"),
+               lambda a: int(a["slot_indices"].numel()) == int(a["key"].shape[0]) == int(a["value"].shape[0])
+               and _shape(a["key"])[1:] == _shape(a["key_cache"])[2:],
+               lambda a: f"key {_shape(a['key'])}, value {_shape(a['value'])}, {int(a['slot_indices'].numel())} slots, "
+                         f"key_cache {_shape(a['key_cache'])}"),
+)
+
+_ROPE_RULES = (
+    KernelRule(ROTARY_EMBEDDING, "rope_dtype", f"{SRC_ROPE_CALL}; hw/kernels.py HALF_DTYPES (no op doc in the wheel)",
+               _present("query"), lambda a: a["query"].dtype in HALF and a["key"].dtype == a["query"].dtype,
+               lambda a: f"query {_dt(a['query'])}, key {_dt(a['key'])}: need float16/bfloat16"),
+    KernelRule(ROTARY_EMBEDDING, "rope_layout", f"{SRC_ROPE_CALL}; {SRC_ATB_SIGNATURE} (query/key rotated in place)",
+               _present("query", "key", "positions"),
+               lambda a: a["query"].dim() == 2 and a["key"].dim() == 2 and _contiguous(a["query"]) and _contiguous(a["key"])
+               and int(a["positions"].numel()) == int(a["query"].shape[0]) == int(a["key"].shape[0])
+               and int(a["query"].shape[1]) % int(a["head_size"]) == 0,
+               lambda a: f"query {_shape(a['query'])}, key {_shape(a['key'])}, {int(a['positions'].numel())} positions, "
+                         f"head_size {a['head_size']}: need contiguous [T, heads*head_size] and one position per token"),
+    KernelRule(ROTARY_EMBEDDING, "rope_cache_width", f"{SRC_ROPE_CALL} (cos_sin_cache rows hold head_size values)",
+               _present("cos_sin_cache"), lambda a: int(a["cos_sin_cache"].shape[-1]) == int(a["head_size"]),
+               lambda a: f"cos_sin_cache last dim {int(a['cos_sin_cache'].shape[-1])} != head_size {a['head_size']}"),
+)
+
+_NORM_RULES = (
+    KernelRule(RMS_NORM, "input_dtype", f"{DOCS}:3447, 3458 (float16, bfloat16, float32)",
+               _present("input"), lambda a: a["input"].dtype in NORM,
+               lambda a: f"input dtype is {_dt(a['input'])}"),
+    KernelRule(RMS_NORM, "input_rank", f"{DOCS}:3447 (input has 2-8 dims)",
+               _present("input"), lambda a: 2 <= a["input"].dim() <= 8,
+               lambda a: f"input has {a['input'].dim()} dims (shape {_shape(a['input'])}); npu_rms_norm takes 2-8"),
+    KernelRule(RMS_NORM, "gamma_like_input", f"{DOCS}:3448 (gamma dtype equals input's; the normalised last dims)",
+               _present("input", "gamma"), lambda a: a["gamma"].dtype == a["input"].dtype
+               and _shape(a["gamma"]) == _shape(a["input"])[-a["gamma"].dim():],
+               lambda a: f"gamma {_shape(a['gamma'])} {_dt(a['gamma'])} vs input {_shape(a['input'])} {_dt(a['input'])}"),
+    KernelRule(ADD_RMS_NORM, "x_dtype", SRC_ADD_RMS_NORM,
+               _present("x1", "x2"), lambda a: a["x1"].dtype in NORM and a["x2"].dtype == a["x1"].dtype
+               and _shape(a["x1"]) == _shape(a["x2"]),
+               lambda a: f"x1 {_shape(a['x1'])} {_dt(a['x1'])}, x2 {_shape(a['x2'])} {_dt(a['x2'])}: need equal "
+                         "shapes and one float16/bfloat16/float32 dtype"),
+    KernelRule(ADD_RMS_NORM, "gamma_like_x", SRC_ADD_RMS_NORM,
+               _present("x1", "gamma"), lambda a: a["gamma"].dtype == a["x1"].dtype
+               and _shape(a["gamma"]) == _shape(a["x1"])[-a["gamma"].dim():],
+               lambda a: f"gamma {_shape(a['gamma'])} {_dt(a['gamma'])} vs x1 {_shape(a['x1'])} {_dt(a['x1'])}"),
+)
+
+_QUANT_RULES = (
+    KernelRule(DYNAMIC_QUANT, "input_dtype_half", f"{DOCS}:4673 (float16, bfloat16)",
+               _present("input"), lambda a: a["input"].dtype in HALF, lambda a: f"input dtype is {_dt(a['input'])}"),
+    KernelRule(DYNAMIC_QUANT, "input_rank", f"{DOCS}:4673 (input needs more than 1 dim)",
+               _present("input"), lambda a: a["input"].dim() > 1, lambda a: f"input has shape {_shape(a['input'])}"),
+    KernelRule(QUANTIZE, "input_dtype", f"{DOCS}:11357 (float, float16, bfloat16)",
+               _present("input"), lambda a: a["input"].dtype in NORM, lambda a: f"input dtype is {_dt(a['input'])}"),
+    KernelRule(QUANTIZE, "scales", f"{DOCS}:11359-11361 (div_mode: scales float32/bfloat16); issue #15 (contiguous "
+               "per-tensor or per-channel scales)",
+               _present("scales"), lambda a: a["scales"].dtype in (torch.float32, torch.bfloat16) and _contiguous(a["scales"])
+               and a["scales"].dim() <= 1,
+               lambda a: f"scales {_shape(a['scales'])} {_dt(a['scales'])} contiguous={_contiguous(a['scales'])}"),
+    KernelRule(QUANTIZE, "zero_points", f"{DOCS}:11366-11368 (int8, uint8, int32, bfloat16)",
+               _present("zero_points"), lambda a: a["zero_points"].dtype in (torch.int8, torch.uint8, torch.int32, torch.bfloat16)
+               and _contiguous(a["zero_points"]),
+               lambda a: f"zero_points dtype is {_dt(a['zero_points'])}"),
+    KernelRule(QUANTIZE, "out_dtype", f"{DOCS}:11373-11375 (qint8, quint8, int32)",
+               lambda a: "dtype" in a, lambda a: a["dtype"] in (torch.qint8, torch.quint8, torch.int32),
+               lambda a: f"dtype={a['dtype']}"),
+    KernelRule(ADD_RMS_NORM_QUANT, "x_dtype_half", f"{DOCS}:12300-12301 (x1, x2 bfloat16/float16, equal dtypes)",
+               _present("x1", "x2"), lambda a: a["x1"].dtype in HALF and a["x2"].dtype == a["x1"].dtype,
+               lambda a: f"x1 {_dt(a['x1'])}, x2 {_dt(a['x2'])}"),
+    KernelRule(ADD_RMS_NORM_QUANT, "gamma_like_x", f"{DOCS}:12302 (gamma dtype equals x1's)",
+               _present("x1", "gamma"), lambda a: a["gamma"].dtype == a["x1"].dtype,
+               lambda a: f"gamma {_dt(a['gamma'])} vs x1 {_dt(a['x1'])}"),
+    KernelRule(ADD_RMS_NORM_QUANT, "scales_like_gamma", f"{DOCS}:12303 (scales1 shape equals gamma's, float32/bfloat16); "
+               "issue #15 (contiguous scales)",
+               _present("scales1", "gamma"), lambda a: _shape(a["scales1"]) == _shape(a["gamma"])
+               and a["scales1"].dtype in (torch.float32, torch.bfloat16) and _contiguous(a["scales1"]),
+               lambda a: f"scales1 {_shape(a['scales1'])} {_dt(a['scales1'])} vs gamma {_shape(a['gamma'])}"),
+    KernelRule(ADD_RMS_NORM_QUANT, "zero_points_like_gamma", f"{DOCS}:12304 (zero_points1 shape equals gamma's, int32/bfloat16)",
+               _present("zero_points1", "gamma"), lambda a: _shape(a["zero_points1"]) == _shape(a["gamma"])
+               and a["zero_points1"].dtype in (torch.int32, torch.bfloat16),
+               lambda a: f"zero_points1 {_shape(a['zero_points1'])} {_dt(a['zero_points1'])} vs gamma {_shape(a['gamma'])}"),
+    KernelRule(ADD_RMS_NORM_QUANT, "axis_minus_one", f"{DOCS}:12308 (axis: only -1)",
+               lambda a: "axis" in a, lambda a: int(a["axis"]) == -1, lambda a: f"axis={a['axis']}"),
+    KernelRule(ADD_RMS_NORM_DYNAMIC_QUANT, "x_dtype_half", f"{DOCS}:12199-12200 (x1, x2 float16/bfloat16, 2-8 dims)",
+               _present("x1", "x2"), lambda a: a["x1"].dtype in HALF and a["x2"].dtype == a["x1"].dtype
+               and 2 <= a["x1"].dim() <= 8,
+               lambda a: f"x1 {_shape(a['x1'])} {_dt(a['x1'])}, x2 {_dt(a['x2'])}"),
+    KernelRule(ADD_RMS_NORM_DYNAMIC_QUANT, "gamma_vector", f"{DOCS}:12201 (gamma 1-D, x1's last dim, x1's dtype)",
+               _present("x1", "gamma"), lambda a: a["gamma"].dim() == 1 and int(a["gamma"].shape[0]) == int(a["x1"].shape[-1])
+               and a["gamma"].dtype == a["x1"].dtype,
+               lambda a: f"gamma {_shape(a['gamma'])} {_dt(a['gamma'])} vs x1 {_shape(a['x1'])} {_dt(a['x1'])}"),
+    KernelRule(ADD_RMS_NORM_DYNAMIC_QUANT, "output_mask", f"{DOCS}:12206, 12218-12220 (None or 2 bools, not both "
+               "False; a smooth scale needs its mask bit)",
+               _present("output_mask"),
+               lambda a: len(a["output_mask"]) == 2 and any(a["output_mask"])
+               and (a.get("smooth_scale1") is None or bool(a["output_mask"][0]))
+               and (a.get("smooth_scale2") is None or bool(a["output_mask"][1])),
+               lambda a: f"output_mask={list(a['output_mask'])!r} (smooth_scale1 given: {a.get('smooth_scale1') is not None}, "
+                         f"smooth_scale2 given: {a.get('smooth_scale2') is not None})"),
+)
+
+RULES: tuple[KernelRule, ...] = (
+    *_FIA_RULES,
+    *_PAGED_ATTENTION_RULES,
+    *_RESHAPE_AND_CACHE_RULES,
+    *_ROPE_RULES,
+    *_NORM_RULES,
+    *_QUANT_RULES,
+)
+
+KERNELS: tuple[str, ...] = tuple(dict.fromkeys(rule.kernel for rule in RULES))
+
+# Overloads and helpers that take the base kernel's arguments (docs:8442 "inputs as
+# npu_fused_infer_attention_score"; the .out overload adds workspace and out).
+_ALIASES = {
+    f"{FIA}.out": FIA,
+    f"{FIA}.default": FIA,
+    "_npu_fused_infer_attention_score_get_max_workspace": FIA,
+}
+
+
+def rules_for(kernel: str) -> tuple[KernelRule, ...]:
+    """The rules of one kernel (overloads and the workspace query share the base kernel's)."""
+    name = _ALIASES.get(kernel, kernel)
+    return tuple(rule for rule in RULES if rule.kernel == name)
+
+
+def violations(kernel: str, arguments: Mapping[str, Any]) -> list[KernelRule]:
+    """The rules of ``kernel`` that apply to ``arguments`` and do not hold."""
+    return [rule for rule in rules_for(kernel) if rule.applies(arguments) and not rule.holds(arguments)]
+
+
+def message(kernel: str, rule: KernelRule, arguments: Mapping[str, Any]) -> str:
+    return f"{kernel}: kernel contract {rule.name!r} violated: {rule.describe(arguments)} (source: {rule.source})"
+
+
+def check(kernel: str, arguments: Mapping[str, Any]) -> None:
+    """Raise KernelContractError for the first rule ``arguments`` violate (all are listed)."""
+    broken = violations(kernel, arguments)
+    if broken:
+        lines = [message(kernel, rule, arguments) for rule in broken]
+        raise KernelContractError("\n".join(lines), kernel=kernel, rules=tuple(rule.name for rule in broken))

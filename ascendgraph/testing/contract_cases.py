@@ -1,0 +1,236 @@
+"""One violating and one boundary (accepted) argument set per rule of the kernel-contract table.
+
+Theory of operation. `CONTRACT_CASES` maps ``(kernel, rule name)`` to a `ContractCase`:
+``violate(device)`` builds torch_npu-level arguments that break exactly that rule's
+condition, ``boundary(device)`` arguments that sit on the accepted edge of it (block size
+512, 64 query heads per KV head, a KV length equal to the query length...). Both start
+from a valid base call of the kernel. The unit tests check the table with them, and the
+conformance section "kernel contracts" hands them to a device's kernel pre-check
+(the simulator's, or hw's on an NPU). `missing_cases()` lists rules without a case, so a
+rule added to the table without one fails the suite.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from ascendgraph import kernel_contracts as kc
+
+__all__ = ["ContractCase", "CONTRACT_CASES", "missing_cases", "base_arguments"]
+
+Args = dict[str, Any]
+Builder = Callable[[torch.device], Args]
+BF16 = torch.bfloat16
+
+
+def _fia(device: torch.device, **changes: Any) -> Args:
+    # 2 requests (q 3 and 2 tokens, kv 3 and 18), 4 query heads over 2 kv heads of 16, block 16.
+    args: Args = dict(
+        query=torch.zeros(5, 4, 16, dtype=BF16, device=device),
+        key=torch.zeros(8, 16, 32, dtype=BF16, device=device),
+        value=torch.zeros(8, 16, 32, dtype=BF16, device=device),
+        atten_mask=torch.ones(2048, 2048, dtype=torch.bool, device=device).triu(1),
+        actual_seq_lengths=[3, 5],
+        actual_seq_lengths_kv=[3, 18],
+        block_table=torch.zeros(2, 4, dtype=torch.int32, device=device),
+        num_heads=4,
+        scale=0.25,
+        input_layout="TND",
+        num_key_value_heads=2,
+        sparse_mode=3,
+        block_size=16,
+    )
+    args.update(changes)
+    return args
+
+
+def _paged(device: torch.device, **changes: Any) -> Args:
+    args: Args = dict(
+        query=torch.zeros(5, 4, 16, dtype=BF16, device=device),
+        key_cache=torch.zeros(8, 16, 2, 16, dtype=BF16, device=device),
+        value_cache=torch.zeros(8, 16, 2, 16, dtype=BF16, device=device),
+        block_table=torch.zeros(2, 4, dtype=torch.int32, device=device),
+        actual_seq_lengths=[3, 5],
+        seq_lens=[3, 18],
+        scale=0.25,
+        out=torch.zeros(5, 4, 16, dtype=BF16, device=device),
+    )
+    args.update(changes)
+    return args
+
+
+def _cache(device: torch.device, dtype: torch.dtype = BF16, **changes: Any) -> Args:
+    args: Args = dict(
+        key=torch.zeros(3, 2, 16, dtype=dtype, device=device),
+        value=torch.zeros(3, 2, 16, dtype=dtype, device=device),
+        key_cache=torch.zeros(4, 16, 2, 16, dtype=dtype, device=device),
+        value_cache=torch.zeros(4, 16, 2, 16, dtype=dtype, device=device),
+        slot_indices=torch.arange(3, dtype=torch.int32, device=device),
+    )
+    args.update(changes)
+    return args
+
+
+def _rope(device: torch.device, dtype: torch.dtype = BF16, **changes: Any) -> Args:
+    args: Args = dict(
+        positions=torch.arange(3, device=device),
+        query=torch.zeros(3, 4 * 16, dtype=dtype, device=device),
+        key=torch.zeros(3, 2 * 16, dtype=dtype, device=device),
+        head_size=16,
+        cos_sin_cache=torch.zeros(32, 16, dtype=dtype, device=device),
+        is_neox=True,
+    )
+    args.update(changes)
+    return args
+
+
+def _t(device: torch.device, *shape: int, dtype: torch.dtype = BF16) -> torch.Tensor:
+    return torch.zeros(*shape, dtype=dtype, device=device)
+
+
+def _norm(device: torch.device, **changes: Any) -> Args:
+    args: Args = dict(input=_t(device, 3, 32), gamma=_t(device, 32), epsilon=1e-6)
+    args.update(changes)
+    return args
+
+
+def _add_norm(device: torch.device, **changes: Any) -> Args:
+    args: Args = dict(x1=_t(device, 3, 32), x2=_t(device, 3, 32), gamma=_t(device, 32), epsilon=1e-6)
+    args.update(changes)
+    return args
+
+
+def _quantize(device: torch.device, **changes: Any) -> Args:
+    args: Args = dict(input=_t(device, 3, 32), scales=_t(device, 32, dtype=torch.float32),
+                      zero_points=_t(device, 32, dtype=torch.int32), dtype=torch.qint8, axis=-1, div_mode=True)
+    args.update(changes)
+    return args
+
+
+def _add_norm_quant(device: torch.device, **changes: Any) -> Args:
+    args = _add_norm(device)
+    args.update(scales1=_t(device, 32, dtype=torch.float32), zero_points1=_t(device, 32, dtype=torch.int32), axis=-1)
+    args.update(changes)
+    return args
+
+
+def _add_norm_dyn(device: torch.device, **changes: Any) -> Args:
+    args = _add_norm(device)
+    args.update(output_mask=[True, True])
+    args.update(changes)
+    return args
+
+
+@dataclass(frozen=True)
+class ContractCase:
+    kernel: str
+    rule: str
+    violate: Builder
+    boundary: Builder
+    note: str = ""
+
+
+def _case(kernel: str, rule: str, violate: Builder, boundary: Builder, note: str = "") -> ContractCase:
+    return ContractCase(kernel, rule, violate, boundary, note)
+
+
+F, P = kc.FIA, kc.PAGED_ATTENTION_OP
+_CASES = (
+    _case(F, "query_dtype", lambda d: _fia(d, query=_t(d, 5, 4, 16, dtype=torch.float32)),
+          lambda d: _fia(d, query=_t(d, 5, 4, 16, dtype=torch.float16)), "float32 refused, float16 accepted"),
+    _case(F, "query_contiguous", lambda d: _fia(d, query=_t(d, 4, 5, 16).transpose(0, 1)), _fia),
+    _case(F, "kv_contiguous", lambda d: _fia(d, key=_t(d, 8, 32, 16).transpose(1, 2)), _fia),
+    _case(F, "paged_kv_dtype", lambda d: _fia(d, key=_t(d, 8, 16, 32, dtype=torch.float32),
+                                               value=_t(d, 8, 16, 32, dtype=torch.float32)),
+          lambda d: _fia(d, key=_t(d, 8, 16, 32, dtype=torch.int8), value=_t(d, 8, 16, 32, dtype=torch.int8))),
+    _case(F, "paged_kv_same_shape", lambda d: _fia(d, value=_t(d, 8, 16, 16)), _fia),
+    _case(F, "tnd_query_rank", lambda d: _fia(d, query=_t(d, 5, 64)), _fia),
+    _case(F, "tnd_actual_seq_lengths", lambda d: _fia(d, actual_seq_lengths=[3, 2]),
+          lambda d: _fia(d, actual_seq_lengths=[5, 5], actual_seq_lengths_kv=[5, 0]), "equal ends (an empty request) are cumulative"),
+    _case(F, "tnd_tokens_equal_last_end", lambda d: _fia(d, actual_seq_lengths=[3, 4]), _fia,
+          "padding tokens past the last end are refused"),
+    _case(F, "paged_kv_lengths_per_request", lambda d: _fia(d, actual_seq_lengths_kv=[3]),
+          lambda d: _fia(d, actual_seq_lengths_kv=[3, 0]), "a zero KV length is accepted"),
+    _case(F, "block_table_int32", lambda d: _fia(d, block_table=_t(d, 2, 4, dtype=torch.int64)), _fia),
+    _case(F, "block_table_rows", lambda d: _fia(d, block_table=_t(d, 3, 4, dtype=torch.int32)), _fia,
+          "one row more than requests is refused"),
+    _case(F, "block_table_columns", lambda d: _fia(d, block_table=_t(d, 2, 1, dtype=torch.int32)),
+          lambda d: _fia(d, block_table=_t(d, 2, 2, dtype=torch.int32)), "exactly the blocks of the longest request"),
+    _case(F, "enough_cache_blocks", lambda d: _fia(d, key=_t(d, 2, 16, 32), value=_t(d, 2, 16, 32)),
+          lambda d: _fia(d, key=_t(d, 3, 16, 32), value=_t(d, 3, 16, 32)), "exactly the blocks needed"),
+    _case(F, "paged_block_size", lambda d: _fia(d, block_size=8), lambda d: _fia(d, block_size=512),
+          "8 refused, 512 accepted"),
+    _case(F, "kv_covers_query_sparse3", lambda d: _fia(d, actual_seq_lengths_kv=[2, 18]),
+          lambda d: _fia(d, actual_seq_lengths_kv=[0, 2]), "kv_len == q_len and kv_len 0 are accepted"),
+    _case(F, "head_dim_16_aligned", lambda d: _fia(d, query=_t(d, 5, 4, 8)), _fia),
+    _case(F, "gqa_ratio", lambda d: _fia(d, num_heads=130, num_key_value_heads=2),
+          lambda d: _fia(d, num_heads=128, num_key_value_heads=2), "64 query heads per kv head accepted, 65 refused"),
+    _case(F, "kv_hidden_limit", lambda d: _fia(d, num_key_value_heads=4096),
+          lambda d: _fia(d, num_key_value_heads=4095)),
+    _case(F, "sparse_mode_range", lambda d: _fia(d, sparse_mode=5), lambda d: _fia(d, sparse_mode=4)),
+    _case(F, "causal_mask_2048", lambda d: _fia(d, atten_mask=torch.ones(1024, 1024, dtype=torch.bool, device=d)),
+          lambda d: _fia(d, atten_mask=torch.ones(1, 1, 2048, 2048, dtype=torch.bool, device=d))),
+    _case(P, "paged_cache_layout", lambda d: _paged(d, key_cache=_t(d, 8, 16, 32)), _paged),
+    _case(P, "out_like_query", lambda d: _paged(d, out=_t(d, 5, 4, 16, dtype=torch.float32)), _paged),
+    _case(P, "cache_dtype_like_query", lambda d: _paged(d, key_cache=_t(d, 8, 16, 2, 16, dtype=torch.float16)), _paged),
+    _case(kc.RESHAPE_AND_CACHE, "cache_dtype", lambda d: _cache(d, torch.float32), lambda d: _cache(d, torch.float16)),
+    _case(kc.RESHAPE_AND_CACHE, "caches_contiguous",
+          lambda d: _cache(d, key_cache=_t(d, 4, 2, 16, 16).transpose(1, 2)), _cache),
+    _case(kc.RESHAPE_AND_CACHE, "slot_indices_int32",
+          lambda d: _cache(d, slot_indices=torch.arange(3, device=d)), _cache),
+    _case(kc.RESHAPE_AND_CACHE, "one_slot_per_token",
+          lambda d: _cache(d, slot_indices=torch.arange(2, dtype=torch.int32, device=d)), _cache),
+    _case(kc.ROTARY_EMBEDDING, "rope_dtype", lambda d: _rope(d, torch.float32), lambda d: _rope(d, torch.float16)),
+    _case(kc.ROTARY_EMBEDDING, "rope_layout", lambda d: _rope(d, query=_t(d, 3, 4, 16)), _rope),
+    _case(kc.ROTARY_EMBEDDING, "rope_cache_width", lambda d: _rope(d, cos_sin_cache=_t(d, 32, 8)), _rope),
+    _case(kc.RMS_NORM, "input_dtype", lambda d: _norm(d, input=_t(d, 3, 32, dtype=torch.float64)),
+          lambda d: _norm(d, input=_t(d, 3, 32, dtype=torch.float32), gamma=_t(d, 32, dtype=torch.float32))),
+    _case(kc.RMS_NORM, "input_rank", lambda d: _norm(d, input=_t(d, 32)),
+          lambda d: _norm(d, input=_t(d, 1, 1, 1, 1, 1, 1, 1, 32)), "1 dim refused, 8 dims accepted"),
+    _case(kc.RMS_NORM, "gamma_like_input", lambda d: _norm(d, gamma=_t(d, 32, dtype=torch.float32)), _norm),
+    _case(kc.ADD_RMS_NORM, "x_dtype", lambda d: _add_norm(d, x2=_t(d, 3, 32, dtype=torch.float16)), _add_norm),
+    _case(kc.ADD_RMS_NORM, "gamma_like_x", lambda d: _add_norm(d, gamma=_t(d, 16)), _add_norm),
+    _case(kc.DYNAMIC_QUANT, "input_dtype_half", lambda d: dict(input=_t(d, 3, 32, dtype=torch.float32)),
+          lambda d: dict(input=_t(d, 3, 32, dtype=torch.float16))),
+    _case(kc.DYNAMIC_QUANT, "input_rank", lambda d: dict(input=_t(d, 32)), lambda d: dict(input=_t(d, 1, 32))),
+    _case(kc.QUANTIZE, "input_dtype", lambda d: _quantize(d, input=_t(d, 3, 32, dtype=torch.int8)),
+          lambda d: _quantize(d, input=_t(d, 3, 32, dtype=torch.float32))),
+    _case(kc.QUANTIZE, "scales", lambda d: _quantize(d, scales=_t(d, 32, dtype=torch.float16)),
+          lambda d: _quantize(d, scales=_t(d, 1, dtype=torch.bfloat16)), "a per-tensor bfloat16 scale accepted"),
+    _case(kc.QUANTIZE, "zero_points", lambda d: _quantize(d, zero_points=_t(d, 32, dtype=torch.float32)),
+          lambda d: _quantize(d, zero_points=_t(d, 32, dtype=torch.int8))),
+    _case(kc.QUANTIZE, "out_dtype", lambda d: _quantize(d, dtype=torch.int8), _quantize),
+    _case(kc.ADD_RMS_NORM_QUANT, "x_dtype_half", lambda d: _add_norm_quant(
+        d, x1=_t(d, 3, 32, dtype=torch.float32), x2=_t(d, 3, 32, dtype=torch.float32), gamma=_t(d, 32, dtype=torch.float32)),
+        lambda d: _add_norm_quant(d, x1=_t(d, 3, 32, dtype=torch.float16), x2=_t(d, 3, 32, dtype=torch.float16),
+                                  gamma=_t(d, 32, dtype=torch.float16))),
+    _case(kc.ADD_RMS_NORM_QUANT, "gamma_like_x", lambda d: _add_norm_quant(d, gamma=_t(d, 32, dtype=torch.float16)),
+          _add_norm_quant),
+    _case(kc.ADD_RMS_NORM_QUANT, "scales_like_gamma", lambda d: _add_norm_quant(d, scales1=_t(d, 1, dtype=torch.float32)),
+          _add_norm_quant, "the kernel takes a per-channel scale vector (hw expands a per-tensor scale)"),
+    _case(kc.ADD_RMS_NORM_QUANT, "zero_points_like_gamma",
+          lambda d: _add_norm_quant(d, zero_points1=_t(d, 32, dtype=torch.int8)),
+          lambda d: _add_norm_quant(d, zero_points1=_t(d, 32, dtype=torch.bfloat16))),
+    _case(kc.ADD_RMS_NORM_QUANT, "axis_minus_one", lambda d: _add_norm_quant(d, axis=0), _add_norm_quant),
+    _case(kc.ADD_RMS_NORM_DYNAMIC_QUANT, "x_dtype_half",
+          lambda d: _add_norm_dyn(d, x1=_t(d, 32), x2=_t(d, 32)), _add_norm_dyn, "1-D refused, 2-D accepted"),
+    _case(kc.ADD_RMS_NORM_DYNAMIC_QUANT, "gamma_vector", lambda d: _add_norm_dyn(d, gamma=_t(d, 1, 32)), _add_norm_dyn),
+    _case(kc.ADD_RMS_NORM_DYNAMIC_QUANT, "output_mask", lambda d: _add_norm_dyn(d, output_mask=[False, False]),
+          lambda d: _add_norm_dyn(d, output_mask=[True, False]), "vLLM Ascend's [True, False] accepted"),
+)
+
+CONTRACT_CASES: dict[tuple[str, str], ContractCase] = {(case.kernel, case.rule): case for case in _CASES}
+
+
+def base_arguments(kernel: str, device: torch.device) -> Args:
+    """A valid call of ``kernel`` (the boundary case of its first rule)."""
+    case = next(c for c in _CASES if c.kernel == kernel)
+    return case.boundary(device)
+
+
+def missing_cases() -> list[tuple[str, str]]:
+    """Rules of the table that have no case here."""
+    return [(rule.kernel, rule.name) for rule in kc.RULES if (rule.kernel, rule.name) not in CONTRACT_CASES]

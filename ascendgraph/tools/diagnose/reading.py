@@ -1,0 +1,125 @@
+"""Reading a log: streaming, bounded lines, gzip, and refusing input that is not a text log."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import sys
+import zlib
+from typing import Any, BinaryIO, Iterator, Optional
+
+from ascendgraph.sizes import DEFAULT_MAX_STREAMS
+from ascendgraph.tools.diagnose.classes import UnreadableLog
+from ascendgraph.tools.diagnose.diagnosis import Diagnosis, diagnose_lines
+
+
+# --------------------------------------------------------------------------- reading
+
+
+MAX_LINE_BYTES = 1 << 20  # longer physical lines are cut (binary junk, giant dumps)
+
+
+def iter_log_lines(stream: BinaryIO) -> Iterator[str]:
+    """Decoded lines of a byte stream; invalid UTF-8 becomes U+FFFD, over-long lines are cut."""
+    while True:
+        chunk = stream.readline(MAX_LINE_BYTES)
+        if not chunk:
+            return
+        if len(chunk) == MAX_LINE_BYTES and not chunk.endswith(b"\n"):
+            while True:  # skip the rest of the physical line
+                rest = stream.readline(MAX_LINE_BYTES)
+                if not rest or rest.endswith(b"\n"):
+                    break
+        yield chunk.decode("utf-8", errors="replace").rstrip("\r\n")
+
+
+def _maybe_gunzip(stream: BinaryIO) -> BinaryIO:
+    peek = getattr(stream, "peek", None)
+    head = peek(2)[:2] if peek else b""
+    if head == b"\x1f\x8b":
+        return gzip.GzipFile(fileobj=stream)  # type: ignore[return-value]
+    return stream
+
+
+_READ_HINT = "pass a readable vLLM log file, or - to read standard input"
+
+SNIFF_BYTES = 64 * 1024  # how much of the (decompressed) log the text check looks at
+MAX_CONTROL_SHARE = 0.08  # control bytes (NUL included; tab, newlines, form feed and ESC excepted)
+MAX_UNDECODABLE_SHARE = 0.75  # bytes that are not UTF-8 (other encodings stay readable below this)
+_TEXT_CONTROLS = frozenset("\t\n\r\f\v\x1b")
+
+
+class _Rejoined(io.RawIOBase):
+    """The bytes already read for the text check, then the rest of the stream."""
+
+    def __init__(self, head: bytes, rest: BinaryIO) -> None:
+        super().__init__()
+        self._head = memoryview(head)
+        self._rest = rest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self._head:
+            count = min(len(buffer), len(self._head))
+            buffer[:count] = self._head[:count]
+            self._head = self._head[count:]
+            return count
+        data = self._rest.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+
+def binary_share(head: bytes) -> tuple[float, float]:
+    """(control share, undecodable share) of a sample; a leading run of NULs (a log truncated
+    in place, e.g. by logrotate's copytruncate) is left out."""
+    text = head.lstrip(b"\0").decode("utf-8", errors="replace")
+    if not text:
+        return 0.0, 0.0
+    controls = sum(1 for c in text if (c < " " and c not in _TEXT_CONTROLS) or c == "\x7f")
+    return controls / len(text), text.count("\ufffd") / len(text)
+
+
+def _check_text(source: str, head: bytes) -> None:
+    controls, undecodable = binary_share(head)
+    if controls > MAX_CONTROL_SHARE or undecodable > MAX_UNDECODABLE_SHARE:
+        raise UnreadableLog(
+            f"{source} does not look like a text log ({controls:.0%} control bytes, {undecodable:.0%} not UTF-8 "
+            f"in its first {len(head)} bytes); {_READ_HINT} (plain text or .gz)",
+            key="LOGFILE",
+        )
+
+
+def _text_stream(source: str, stream: BinaryIO) -> BinaryIO:
+    """The (gunzipped) stream, after checking that its start looks like text."""
+    stream = _maybe_gunzip(stream)
+    head = stream.read(SNIFF_BYTES)
+    _check_text(source, head)
+    return io.BufferedReader(_Rejoined(head, stream))  # type: ignore[return-value]
+
+
+def diagnose_file(
+    path: str,
+    *,
+    num_layers: Optional[int] = None,
+    stream_limit: int = DEFAULT_MAX_STREAMS,
+    stdin: Optional[BinaryIO] = None,
+) -> Diagnosis:
+    """Diagnose a log file (plain or gzip), or standard input for ``-``.
+
+    Unreadable, or not text (its first 64 KiB, after gunzip, hold more than 8 % control
+    bytes or more than 75 % bytes that are not UTF-8) -> UnreadableLog."""
+    source = "<stdin>" if path == "-" else path
+    try:
+        if path == "-":
+            raw = stdin if stdin is not None else sys.stdin.buffer
+            handle: BinaryIO = raw if hasattr(raw, "peek") else io.BufferedReader(raw)  # type: ignore[arg-type]
+            return diagnose_lines(iter_log_lines(_text_stream(source, handle)), source=source,
+                                  num_layers=num_layers, stream_limit=stream_limit)
+        with open(path, "rb") as handle:
+            return diagnose_lines(iter_log_lines(_text_stream(source, handle)), source=source,
+                                  num_layers=num_layers, stream_limit=stream_limit)
+    except (OSError, EOFError, zlib.error) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
+        raise UnreadableLog(f"cannot read log {source!r}: {reason}; {_READ_HINT}", key="LOGFILE") from None

@@ -1,0 +1,121 @@
+"""Task groups and task updates on the simulator (torch_npu's graph_task_group_* and
+graph_task_update_*).
+
+`TaskGroupMixin` is part of `sim.device.SimDevice`.
+"""
+
+from __future__ import annotations
+
+from ascendgraph.errors import (
+    STALE_GRAPH_PARAMS,
+    TASK_GROUP_MISUSE,
+    TASK_UPDATE_MISMATCH,
+    CaptureConstraintError,
+    StaleGraphParams,
+)
+from sim.capture import Segment, TaskGroup, Update
+from sim.faults import Action
+from sim.graph import CAPTURED, ReplayRun
+from sim.streams import SimStream
+from sim.tracing import TraceSpan
+
+__all__ = ["TaskGroupMixin"]
+
+
+class TaskGroupMixin:
+    """Open / close task groups while capturing; update them after capture; catch replays
+    that execute a task group nobody updated (stale parameters)."""
+
+    def _check_fresh(self, run: ReplayRun, segment: Segment) -> None:
+        """Note every task group starting in ``segment`` not updated since ``run`` was launched.
+
+        vLLM Ascend updates every attention task group after every FULL replay, so a group
+        executed without an update since its replay began ran with an earlier batch's
+        parameters (DECISIONS D3). The replay still completes (the device does not stop for
+        it); the error surfaces at the next point the host hears from the device."""
+        for group in segment.groups:
+            if group.updated_stamp < run.stamp:
+                op = str(group.graph.program.records[group.record_indices[0]].func) if group.graph.program else "?"
+                self._stale.append(
+                    StaleGraphParams(
+                        STALE_GRAPH_PARAMS.format(replay=run.number, graph=run.graph.name, group=f"task group {group.index}", op=op)
+                    )
+                )
+
+    def _surface_stale(self) -> None:
+        """Raise the first stale-parameter error noted so far (each is reported once)."""
+        if self._stale:
+            first = self._stale[0]
+            self._stale.clear()
+            raise first
+
+    def _misuse(self, what: str, detail: str) -> CaptureConstraintError:
+        return CaptureConstraintError(TASK_GROUP_MISUSE.format(what=what, detail=detail))
+
+    def task_group_begin(self, stream: SimStream) -> None:
+        self._check_alive()
+        capture = self._capture
+        if capture is None or stream is not capture.stream:
+            raise self._misuse(
+                "task_group_begin", f"{stream} is not capturing; open task groups on the capturing stream"
+            )
+        if capture.open_group is not None:
+            raise self._misuse(
+                "task_group_begin", f"a task group is already open on {stream}; close it with task_group_end"
+            )
+        capture.group_begin(stream)
+
+    def task_group_end(self, stream: SimStream) -> TaskGroup:
+        self._check_alive()
+        capture = self._capture
+        if capture is None or capture.open_group is None or capture.open_group[0] is not stream:
+            raise self._misuse("task_group_end", f"no task group is open on {stream}; call task_group_begin first")
+        return capture.group_end(capture.graph.generation)
+
+    def task_update_begin(self, stream: SimStream, handle: TaskGroup) -> None:
+        self._check_alive()
+        if not isinstance(handle, TaskGroup) or handle.graph.device is not self:
+            raise self._misuse("task_update_begin", f"{handle!r} is not a task-group handle of this device")
+        capture = self._capture
+        if capture is not None and stream is capture.stream:
+            raise self._misuse("task_update_begin", f"{stream} is capturing; update on another stream")
+        graph = handle.graph
+        if graph.state != CAPTURED or graph.generation != handle.generation:
+            raise self._misuse(
+                "task_update_begin",
+                f"{handle.name} belongs to a capture that no longer exists (the graph was reset or "
+                "captured again); use the handles of the current capture",
+            )
+        if self._update is not None:
+            raise self._misuse(
+                "task_update_begin", f"an update of {self._update.group.name} is still open; call task_update_end"
+            )
+        update = Update(self, handle, stream)
+        update.collector.__enter__()
+        self._update = update
+
+    def task_update_end(self, stream: SimStream) -> None:
+        update = self._update
+        if update is None or update.stream is not stream:
+            raise self._misuse("task_update_end", f"no task update is open on {stream}; call task_update_begin first")
+        self._update = None
+        update.collector.__exit__(None, None, None)
+        self._check_alive()
+        term = self._fault("task_update", stream_id=stream.stream_id)
+        if term is not None and term.action is Action.SKIP_UPDATE:
+            return
+        program = update.group.graph.program
+        assert program is not None
+        detail = update.mismatch(program.records)
+        if detail is not None:
+            raise CaptureConstraintError(TASK_UPDATE_MISMATCH.format(group=update.group.name, detail=detail))
+        for record_index, (_, args, kwargs) in zip(update.group.record_indices, update.calls):
+            program.replace(record_index, args, kwargs)
+        update.group.updated_stamp = next(self._stamps)
+        cost_us = self.cost.params.host_launch_us * len(update.calls)
+        if self._profiling:
+            self.trace_spans.append(
+                TraceSpan("task_update", f"update {update.group.name}", stream.stream_id, self._host_us, cost_us,
+                          update.group.graph.name)
+            )
+        self._host_us += cost_us

@@ -1,0 +1,122 @@
+"""The kernel-contract table: every rule refuses its violation and accepts its boundary case."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ascendgraph import kernel_contracts as kc
+from ascendgraph.errors import KernelContractError
+from ascendgraph.kernel_calls import CHECKED_OPS, check_op, kernel_calls
+from ascendgraph.testing.contract_cases import CONTRACT_CASES, missing_cases
+
+CPU = torch.device("cpu")
+CASES = sorted(CONTRACT_CASES)
+
+
+def test_every_rule_has_a_case_and_a_source() -> None:
+    assert missing_cases() == []
+    names = [(rule.kernel, rule.name) for rule in kc.RULES]
+    assert len(names) == len(set(names)), "rule ids must be unique per kernel"
+    for rule in kc.RULES:
+        assert rule.source.strip(), rule
+        assert rule.name == rule.name.lower() and " " not in rule.name
+
+
+@pytest.mark.parametrize("kernel,rule", CASES, ids=[f"{k}-{r}" for k, r in CASES])
+def test_rule_refuses_violation(kernel: str, rule: str) -> None:
+    args = CONTRACT_CASES[(kernel, rule)].violate(CPU)
+    broken = [r.name for r in kc.violations(kernel, args)]
+    assert rule in broken
+
+
+@pytest.mark.parametrize("kernel,rule", CASES, ids=[f"{k}-{r}" for k, r in CASES])
+def test_rule_accepts_boundary(kernel: str, rule: str) -> None:
+    args = CONTRACT_CASES[(kernel, rule)].boundary(CPU)
+    broken = [r.name for r in kc.violations(kernel, args)]
+    assert rule not in broken
+
+
+def test_base_calls_are_fully_valid() -> None:
+    for kernel in kc.KERNELS:
+        for case in (c for c in CONTRACT_CASES.values() if c.kernel == kernel and c.boundary.__name__.startswith("_")):
+            assert kc.violations(kernel, case.boundary(CPU)) == [], (kernel, case.rule)
+
+
+def test_check_names_rule_values_and_source() -> None:
+    args = CONTRACT_CASES[(kc.FIA, "tnd_tokens_equal_last_end")].violate(CPU)
+    with pytest.raises(KernelContractError) as info:
+        kc.check(kc.FIA, args)
+    text = str(info.value)
+    assert "tnd_tokens_equal_last_end" in text and "T=5" in text and "actual_seq_lengths[-1]=4" in text
+    assert "PR #6403" in text
+    assert info.value.kernel == kc.FIA and "tnd_tokens_equal_last_end" in info.value.rules
+    assert isinstance(info.value, RuntimeError)
+
+
+def test_overloads_share_the_base_rules() -> None:
+    args = CONTRACT_CASES[(kc.FIA, "block_table_rows")].violate(CPU)
+    for name in (kc.FIA, f"{kc.FIA}.out", "_npu_fused_infer_attention_score_get_max_workspace"):
+        assert "block_table_rows" in [r.name for r in kc.violations(name, args)]
+    assert kc.violations("no_such_kernel", args) == []
+
+
+def _attention_args(tokens: int, ends: list[int], kv: list[int], rows: int, dtype=torch.bfloat16, block_size=16):
+    query = torch.zeros(tokens, 4, 16, dtype=dtype)
+    cache = torch.zeros(8, block_size, 2, 16, dtype=dtype)
+    table = torch.zeros(rows, 4, dtype=torch.int32)
+    return (query, cache, cache.clone(), table, ends, kv, 0.25, torch.zeros_like(query))
+
+
+def test_paged_attention_maps_like_hw_eager_slices_graph_does_not() -> None:
+    args = _attention_args(8, [3, 5], [3, 18], rows=2)
+    eager = kernel_calls("paged_attention", args, in_graph=False)
+    assert [c.kernel for c in eager] == [kc.PAGED_ATTENTION_OP, kc.FIA]
+    assert eager[1].arguments["query"].shape[0] == 5  # hw passes only the real tokens eagerly
+    assert eager[1].arguments["key"].shape == (8, 16, 32) and eager[1].arguments["block_size"] == 16
+    check_op("paged_attention", args, in_graph=False)
+    with pytest.raises(KernelContractError, match="tnd_tokens_equal_last_end"):
+        check_op("paged_attention", args, in_graph=True)
+    # FULL padding: a dummy request ends at T, with KV length 0 and its own block-table row.
+    check_op("paged_attention", _attention_args(8, [3, 5, 8], [3, 18, 0], rows=3), in_graph=True)
+
+
+def test_paged_attention_block_table_rows_and_block_size() -> None:
+    with pytest.raises(KernelContractError, match="block_table_rows"):
+        check_op("paged_attention", _attention_args(5, [3, 5], [3, 18], rows=4), in_graph=False)
+    with pytest.raises(KernelContractError, match="paged_block_size"):
+        check_op("paged_attention", _attention_args(5, [3, 5], [3, 18], rows=2, block_size=8), in_graph=False)
+    with pytest.raises(KernelContractError, match="query_dtype"):
+        check_op("paged_attention", _attention_args(5, [3, 5], [3, 18], rows=2, dtype=torch.float32), in_graph=False)
+    check_op("paged_attention", _attention_args(5, [3, 5], [3, 18], rows=2, dtype=torch.float32), in_graph=False,
+             lenient=kc.FLOAT32_LENIENT_RULES)
+
+
+def test_empty_eager_attention_issues_no_kernel() -> None:
+    args = _attention_args(4, [0, 0], [0, 0], rows=2)
+    assert [c.kernel for c in kernel_calls("paged_attention", args, in_graph=False)] == [kc.PAGED_ATTENTION_OP]
+
+
+def test_every_checked_op_maps_to_a_contracted_kernel() -> None:
+    x = torch.zeros(3, 32, dtype=torch.bfloat16)
+    w = torch.ones(32, dtype=torch.bfloat16)
+    scale = torch.ones(1, dtype=torch.float32)
+    q, k = torch.zeros(3, 64, dtype=torch.bfloat16), torch.zeros(3, 32, dtype=torch.bfloat16)
+    samples = {
+        "rms_norm": (x, w, 1e-6),
+        "add_rms_norm": (x, x, w, 1e-6),
+        "dynamic_quant": (x,),
+        "quantize": (x, scale, None),
+        "add_rms_norm_dynamic_quant": (x, x, w, 1e-6),
+        "add_rms_norm_quant": (x, x, w, scale, None, 1e-6),
+        "rotary_embedding": (torch.arange(3), q, k, torch.zeros(16, 16, dtype=torch.float32), 16, True),
+        "reshape_and_cache": (torch.zeros(3, 2, 16, dtype=torch.bfloat16), torch.zeros(3, 2, 16, dtype=torch.bfloat16),
+                              torch.zeros(4, 16, 2, 16, dtype=torch.bfloat16), torch.zeros(4, 16, 2, 16, dtype=torch.bfloat16),
+                              torch.arange(3)),
+        "paged_attention": _attention_args(5, [3, 5], [3, 18], rows=2),
+    }
+    assert set(samples) == set(CHECKED_OPS)
+    for op, args in samples.items():
+        calls = kernel_calls(op, args, in_graph=True)
+        assert calls and all(kc.rules_for(c.kernel) for c in calls), op
+        check_op(op, args, in_graph=True)
