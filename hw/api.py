@@ -131,7 +131,9 @@ NPU_GRAPH_UPDATE = _api("torch_npu.npu.NPUGraph.update", role="read", optional=T
                         why="torch_npu's own parameter update (auto_dispatch_capture); detected, not used")
 NPU_GRAPH_SUPER_KERNEL_OPTIMIZE = _api("torch_npu.npu.NPUGraph.super_kernel_optimize", 1, "optimize_options",
                                        optional=True)
-SUPER_KERNEL_SCOPE_BEGIN = _api("torch_npu.npu.super_kernel_scope_begin", role="read", optional=True)
+SUPER_KERNEL_SCOPE_BEGIN = _api("torch_npu.npu.super_kernel_scope_begin", 1, optional=True,
+                                why="vLLM Ascend opens super_kernel_scope('full_model') around FULL captures")
+SUPER_KERNEL_SCOPE_END = _api("torch_npu.npu.super_kernel_scope_end", 1, optional=True)
 
 # What the core calls on the graph / event / stream objects hw hands out (Device protocol).
 NPU_GRAPH_CAPTURE_BEGIN = _api("torch_npu.npu.NPUGraph.capture_begin", 1, "pool", "capture_error_mode",

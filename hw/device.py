@@ -317,6 +317,19 @@ class NpuDevice:
             )
         self._npu.call(api.NPU_GRAPH_SUPER_KERNEL_OPTIMIZE, graph.graph, optimize_options=optimize_options)
 
+    @contextlib.contextmanager
+    def super_kernel_scope(self, scope_name: Optional[str] = None) -> Iterator[None]:
+        """torch_npu's ``super_kernel_scope_begin/end`` around the block (the core opens it
+        around FULL captures when super kernel is on); nothing on a torch_npu without it."""
+        if not self.features["super_kernel_scope"]:
+            yield
+            return
+        self._npu.call(api.SUPER_KERNEL_SCOPE_BEGIN, scope_name)
+        try:
+            yield
+        finally:
+            self._npu.call(api.SUPER_KERNEL_SCOPE_END, scope_name)
+
     # ------------------------------------------------------------------ FULL-graph parameter update
     # A task group (or task update) holds kernel tasks only: the workspace, softmax_lse and
     # static buffers of the kernel must exist before it opens. So the torch_npu call that

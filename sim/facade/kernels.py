@@ -97,6 +97,13 @@ SCHEMAS: dict[str, str] = {
 }
 
 
+# `int dtype` arguments arrive as c10::ScalarType codes (torch.qint8 -> 12); the contract
+# table reads them as torch dtypes, as the caller wrote them.
+_SCALAR_TYPES = {1: torch.int8, 2: torch.int16, 3: torch.int32, 12: torch.qint8, 13: torch.quint8,
+                 14: torch.qint32, 16: torch.quint4x2}
+_DTYPE_ARGUMENTS = ("dtype", "dst_type", "y_dtype")
+
+
 def _bind(schema: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
     """The call's arguments keyed by the schema's names (defaults filled in)."""
     bound: dict[str, Any] = {}
@@ -110,6 +117,10 @@ def _bind(schema: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
             bound[argument.name] = argument.default_value
         else:
             bound[argument.name] = None
+    for name in _DTYPE_ARGUMENTS:
+        value = bound.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value in _SCALAR_TYPES:
+            bound[name] = _SCALAR_TYPES[value]
     return bound
 
 

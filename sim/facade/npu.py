@@ -301,7 +301,11 @@ def graph_task_update_end(stream: Stream) -> None:
 def super_kernel_scope_begin(scope_name: Optional[str] = None) -> None:
     if scope_name is not None and (not isinstance(scope_name, str) or not scope_name.strip()):
         raise RuntimeError("scope_name should be None or a non-empty string.")
-    runtime().open_super_kernel_scopes.append(scope_name)
+    rt = runtime()
+    rt.open_super_kernel_scopes.append(scope_name)
+    capture = rt.device._capture  # noted on the capture under way, as SimDevice.super_kernel_scope does
+    if capture is not None:
+        capture.super_kernel_scopes.append(scope_name or "")
 
 
 def super_kernel_scope_end(scope_name: Optional[str] = None) -> None:

@@ -52,14 +52,18 @@ def call_attention(a: dict[str, Any], out: torch.Tensor, ends: Any = None, lens:
                         lens or a["lens"], a["scale"], out)
 
 
-def capture_attention(npu: Any, a: dict[str, Any], out: torch.Tensor) -> tuple[Any, Any]:
+def capture_attention(npu: Any, a: dict[str, Any], out: torch.Tensor) -> tuple[Any, Any, Any]:
+    """The FULL-graph pattern: an ExternalEvent wait/reset, then attention in a task group."""
     graph = npu.new_graph()
+    event = npu.new_external_event()
     with npu.graph(graph):
         stream = npu.current_stream()
+        event.wait(stream)
+        event.reset(stream)
         npu.task_group_begin(stream)
         call_attention(a, out)
         handle = npu.task_group_end(stream)
-    return graph, handle
+    return graph, handle, event
 
 
 def recorded(graph: Any) -> list[Any]:
@@ -70,7 +74,7 @@ def test_workspace_and_softmax_lse_are_allocated_before_the_task_group(npu: Any)
     # torch_npu's handler contract: workspace and outputs are prepared before graph_task_group_begin.
     a = attention_args()
     out = torch.zeros_like(a["query"])
-    graph, handle = capture_attention(npu, a, out)
+    graph, handle, _ = capture_attention(npu, a, out)
     names = [str(getattr(r, "func", "")) for r in recorded(graph)]
     in_group = [names[i] for i in handle.record_indices]
     assert in_group == ["npu_facade.npu_fused_infer_attention_score.out"], in_group
@@ -81,15 +85,14 @@ def test_capture_update_replay_equals_eager_with_new_lengths(npu: Any) -> None:
     eager = torch.zeros_like(a["query"])
     call_attention(a, eager, ends=[1, 2, 3], lens=[9, 2, 5])
     out = torch.zeros_like(a["query"])
-    graph, handle = capture_attention(npu, a, out)
-    graph.replay()
+    graph, handle, event = capture_attention(npu, a, out)
+    graph.replay()  # waits at the event until this replay's attention is updated
     update = npu.new_stream()
     with npu.stream(update):
         npu.task_update_begin(update, handle)
         call_attention(a, out, ends=[1, 2, 3], lens=[9, 2, 5])
         npu.task_update_end(update)
-    npu.synchronize()
-    graph.replay()
+        event.record(update)
     npu.synchronize()
     torch.testing.assert_close(out, eager)
 
@@ -202,3 +205,15 @@ def test_a_slot_mapping_converted_inside_the_graph_is_read_at_replay_not_frozen_
     graph.replay()
     npu.synchronize()
     torch.testing.assert_close(key_cache.view(-1, 2, 16)[[5, 130]], k)
+
+
+def test_a_full_capture_runs_inside_the_super_kernel_scope(npu: Any) -> None:
+    # The core opens device.super_kernel_scope("full_model") around FULL captures when super
+    # kernel is on (vLLM Ascend's graph wrapper); on npu that is torch_npu's scope begin/end.
+    from ascendgraph.compile.super_kernel import SUPER_KERNEL_SCOPE
+
+    graph = npu.new_graph()
+    x = torch.ones(4, dtype=BF16)
+    with npu.graph(graph), npu.super_kernel_scope(SUPER_KERNEL_SCOPE):
+        x.mul_(2)
+    assert graph.graph.sim_graph.super_kernel_scopes == (SUPER_KERNEL_SCOPE,)
