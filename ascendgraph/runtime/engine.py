@@ -48,7 +48,7 @@ from ascendgraph.compile.pass_manager import PassManager
 from ascendgraph.compile.static_kernel import attach_static_kernels
 from ascendgraph.compile.super_kernel import attach_super_kernel
 from ascendgraph.config import GraphConfig
-from ascendgraph.device import Device
+from ascendgraph.device import Device, soc_generation
 from ascendgraph.errors import ConfigError, NumericalMismatch
 from ascendgraph.models.build import DecoderModel, build_model, parse_dtype
 from ascendgraph.modes import GraphMode
@@ -189,17 +189,26 @@ class Engine(BuildStage, ForwardPlumbing, CaptureStage, ServeStage, CheckStage, 
         self.options = options
         self.dtype = parse_dtype(options.dtype)
         self.atol = options.atol if options.atol is not None else default_atol(self.dtype)
-        self.stream_limit = options.stream_limit or DEFAULT_MAX_STREAMS
+        self.device: Device = self._make_device()
+        profile = getattr(self.device, "profile", None)
+        if options.sim_profile is not None and profile is not None:
+            # --sim-profile X resolves as X's SoC does (the CLI refuses a different --soc)
+            generation = soc_generation(profile.soc)
+            if generation is not None and generation != config.soc:
+                config = self.config = config.replace(soc=generation)
+        # the stream limit: --stream-limit > the device's own (a profile's stream_limit) > 1800
+        device_limit = self.device.stats().stream_limit if profile is not None else None
+        self.stream_limit = options.stream_limit or device_limit or DEFAULT_MAX_STREAMS
         self.resolution: Resolution = resolve(
             config,
             env=options.env,
             stream_limit=self.stream_limit,
             hccl_op_expansion_mode=options.hccl_op_expansion_mode,
+            device_profile=profile,
         )
         for warning in self.resolution.warnings:
             log.warning("%s", warning)
         self.decisions: list[Decision] = list(self.resolution.decisions)
-        self.device: Device = self._make_device()
         # HCCL's expansion mode is a fact of the process (flag or HCCL_OP_EXPANSION_MODE): the
         # simulator prices captured collectives with it (sim/budget.py), never with the plan's figures.
         set_expansion = getattr(self.device, "set_hccl_op_expansion_mode", None)

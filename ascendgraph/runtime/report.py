@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from ascendgraph.explanation import count_noun
+
 __all__ = ["Report", "SCHEMA_VERSION", "RUNTIME_MODE_KEYS"]
 
 SCHEMA_VERSION = 1
@@ -114,7 +116,7 @@ class Report:
 
     def format_text(self) -> str:
         lines = [
-            f"ascendgraph run: {self.model} ({self.architecture}, {self.num_layers} layers), attention "
+            f"ascendgraph run: {self.model} ({self.architecture}, {count_noun(self.num_layers, 'layer')}), attention "
             f"{self.attention_backend}, {self.dtype}, device {self.device}",
         ]
         mode_line = f"  mode       requested {self.requested_mode} -> effective {self.effective_mode}"

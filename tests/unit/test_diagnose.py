@@ -340,8 +340,8 @@ def test_cli_exit_codes_follow_what_was_found(capsys):
     assert main(["diagnose", log("clean.log")]) == 0
     assert main(["diagnose", log("old_hdk_alloc_sq_cq.log")]) == 1
     out, err = capsys.readouterr()
-    assert out == ""  # human text goes to stderr
-    assert "no capture failures" in err and "1. line 12: old_hdk (OldHdkStack)" in err
+    assert err == ""  # the diagnosis is the result: stdout
+    assert "no capture failures" in out and "1. line 12: old_hdk (OldHdkStack)" in out
 
 
 def test_cli_json_has_schema_version_and_the_failures(capsys):

@@ -40,8 +40,8 @@ def test_explain_shows_the_warning(capsys):
     from ascendgraph.cli.app import main
 
     assert main(["explain", "--compilation-config", '{"cudagraph_capture_sizes":[100000]}']) == 0
-    _, err = capsys.readouterr()
-    assert "no capture size remains" in err and "[no_capture_sizes]" in err
+    out, _ = capsys.readouterr()
+    assert "no capture size remains" in out and "[no_capture_sizes]" in out
 
 
 # --------------------------------------------------------------------------- token budget
