@@ -16,10 +16,10 @@ hardware does not tell us is bookkept here, the way the simulator reports it:
 
 ``torch.npu.graph`` calls ``torch.npu.empty_cache()`` on entry. During `graph` that call
 is routed through ``self.empty_cache``, so the core's "no empty_cache between the pieces
-of one size" (SEMANTICS §6: it replaces ``device.empty_cache``) holds on hardware too.
+of one size" (docs/semantics.md §6: it replaces ``device.empty_cache``) holds on hardware too.
 
 Capture errors are raised as torch_npu raises them; the core's GraphWrapper classifies
-and rewrites them (SEMANTICS §8), exactly as it does for the simulator.
+and rewrites them (docs/semantics.md §8), exactly as it does for the simulator.
 """
 
 from __future__ import annotations
@@ -288,7 +288,7 @@ class NpuDevice:
         module = self._npu.get(api.NPU_MODULE)
 
         def routed() -> None:
-            self.empty_cache()  # a no-op when the core stubbed it (SEMANTICS §6)
+            self.empty_cache()  # a no-op when the core stubbed it (docs/semantics.md §6)
             self._reserved_mark = self._reserved_bytes()
 
         module.empty_cache = routed
