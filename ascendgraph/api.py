@@ -151,7 +151,7 @@ def explain(
     attention_support: Any = None,
     **vllm_args: Any,
 ) -> Resolution:
-    """Resolve a configuration (SEMANTICS §3): effective mode, sizes, flags and the decisions.
+    """Resolve a configuration (docs/semantics.md §3): effective mode, sizes, flags and the decisions.
 
     Give a GraphConfig, a mapping of vLLM-style arguments, or those arguments as keywords:
     ``explain(compilation_config={"cudagraph_mode": "FULL"}, attention_backend="mla")``.

@@ -4,7 +4,7 @@
 (or dicts) of ``--compilation-config`` and ``--additional-config``, the model, and engine
 arguments by their vLLM names. Every check that needs nothing but the configuration
 itself lives here (types, ranges, unknown keys, the npugraph_ex -> static kernel -> super
-kernel chain of SEMANTICS §10); rules that change the mode live in `ascendgraph.resolve`.
+kernel chain of docs/semantics.md §10); rules that change the mode live in `ascendgraph.resolve`.
 
 Unknown keys: a top-level engine argument or a ``--compilation-config`` key that vLLM does
 not have is a ConfigError suggesting the closest valid key; a real vLLM compilation key
@@ -120,7 +120,7 @@ def _check_bools(owner: Any, where: str) -> None:
 
 @dataclass(frozen=True)
 class AscendCompilationConfig(_KeywordChecked):
-    """``additional_config.ascend_compilation_config`` (SEMANTICS §10)."""
+    """``additional_config.ascend_compilation_config`` (docs/semantics.md §10)."""
 
     enable_npugraph_ex: bool = True
     enable_static_kernel: bool = False
@@ -139,7 +139,7 @@ class AscendCompilationConfig(_KeywordChecked):
 
 @dataclass(frozen=True)
 class XliteGraphConfig(_KeywordChecked):
-    """``additional_config.xlite_graph_config`` (SEMANTICS §11)."""
+    """``additional_config.xlite_graph_config`` (docs/semantics.md §11)."""
 
     enabled: bool = False
     full_mode: bool = False
@@ -577,7 +577,7 @@ def _check_token_budget(config: GraphConfig) -> None:
 
 
 def _check_kernel_chain(acc: AscendCompilationConfig) -> None:
-    """SEMANTICS §10: super kernel -> static kernel -> npugraph_ex, on the user's values."""
+    """docs/semantics.md §10: super kernel -> static kernel -> npugraph_ex, on the user's values."""
     if acc.enable_static_kernel and not acc.enable_npugraph_ex:
         raise ConfigError(STATIC_NEEDS_NPUGRAPH_EX, key="ascend_compilation_config.enable_static_kernel")
     if acc.super_kernel and not acc.enable_static_kernel:

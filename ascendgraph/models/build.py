@@ -281,7 +281,7 @@ class DecoderModel(nn.Module):
             _check_host_memory(
                 self.kv_cache_bytes(num_blocks, block_size),
                 f"the KV cache of model {self.spec.name!r} ({num_blocks} blocks of {block_size} tokens, "
-                f"{self.num_layers} layers)",
+                f"{self.num_layers} layer{'s' if self.num_layers != 1 else ''})",
                 "use --num-layers N to shorten the model, fewer requests or a smaller --max-num-seqs (the cache "
                 "holds the longest request for each concurrent sequence), or `ascendgraph plan`, which measures "
                 "with meta tensors",

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ascendgraph.errors import OOM_DURING_CAPTURE_GUIDANCE  # what `diagnose` says for it
+from ascendgraph.explanation import count_noun
 
 __all__ = ["Report", "SCHEMA_VERSION", "RUNTIME_MODE_KEYS", "MISMATCH_CAUSES_GRAPH", "MISMATCH_CAUSES_EAGER",
            "failure_notes"]
@@ -156,7 +157,7 @@ class Report:
 
     def format_text(self) -> str:
         lines = [
-            f"ascendgraph run: {self.model} ({self.architecture}, {self.num_layers} layers), attention "
+            f"ascendgraph run: {self.model} ({self.architecture}, {count_noun(self.num_layers, 'layer')}), attention "
             f"{self.attention_backend}, {self.dtype}, device {self.device}",
         ]
         lines.append(self._mode_line())

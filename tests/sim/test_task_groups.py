@@ -251,3 +251,37 @@ def test_super_kernel_scopes_are_noted_on_the_capture_and_blank_names_refused():
     with pytest.raises(RuntimeError, match="scope_name should be None or a non-empty string."):
         with device.super_kernel_scope("  "):
             pass
+
+
+@pytest.mark.parametrize(
+    "plan, error",
+    [
+        ("capture_begin=raise(207008)", RuntimeError),
+        ("capture_end=raise(207005)", RuntimeError),
+        ("malloc=raise(oom)", torch.OutOfMemoryError),
+    ],
+    ids=["capture_begin", "capture_end", "malloc"],
+)
+def test_a_capture_failing_at_any_failpoint_gives_back_every_stream_and_byte_and_the_stream(plan, error):
+    device = SimDevice()
+    x = torch.ones(4)
+    keep = device.new_graph()
+    with device.graph(keep):
+        x * 3  # a graph alive in its own pool: its bytes and stream must stay
+    baseline = resources(device)
+    stream_before = device.current_stream()
+    device.set_fault_plan(plan)
+    graph = device.new_graph()
+    with pytest.raises(error):
+        with device.graph(graph):
+            out = torch.empty(4)
+            device.task_group_begin(device.current_stream())
+            torch.add(x, 1, out=out)
+            device.task_group_end(device.current_stream())
+            x * 2
+    assert resources(device) == baseline
+    assert device.current_stream() is stream_before and graph.state == "idle"
+    device.set_fault_plan(None)
+    with device.graph(graph):
+        x * 2
+    assert graph.is_captured

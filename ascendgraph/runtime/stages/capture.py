@@ -174,7 +174,9 @@ class CaptureStage:
         self.capture_fallback = exc
         released = self.capture_state.release()
         self.device.set_stream_plan(None)
-        log.info("released %d captured graphs; device now: %s", released, self.device.stats())
+        stats = self.device.stats()
+        log.info("released %d captured graphs; device now: %d/%d streams in use, %d graphs alive, pool %.1f MiB",
+                 released, stats.streams_in_use, stats.stream_limit, stats.graphs_alive, stats.pool_bytes / 2**20)
         previous = self.mode
         self.mode = GraphMode.NONE
         self.dispatcher = self._make_dispatcher(GraphMode.NONE)

@@ -145,7 +145,7 @@ class ReportStage:
         return extensions
 
     def _notes(self, failure: Optional[BaseException]) -> list[str]:
-        """What the planner knew when a capture failed (SEMANTICS §8: beyond vLLM Ascend)."""
+        """What the planner knew when a capture failed (docs/semantics.md §8: beyond vLLM Ascend)."""
         notes = []
         if isinstance(failure, CaptureError):
             parts = []
