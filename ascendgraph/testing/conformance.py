@@ -683,8 +683,10 @@ def test_an_eager_wait_before_record_is_released_by_the_record(device):
     event = device.new_external_event()
     waiter, recorder = device.new_stream(), device.new_stream()
     event.wait(waiter)
+    assert not waiter.query()  # the waiter holds a wait nobody has recorded yet
     event.record(recorder)
     device.synchronize()
+    assert waiter.query() and recorder.query()  # the record released it; nothing is left pending
 
 
 @case(sim_only("the device's error for a mismatched update is undefined; the simulator names it"))
