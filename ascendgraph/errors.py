@@ -37,7 +37,16 @@ __all__ = [
     "CaptureContext",
     "classify_capture_error",
     "rewrite_capture_error",
+    "OOM_DURING_CAPTURE_GUIDANCE",
 ]
+
+
+# What to do about an out-of-memory error while graphs are captured (`diagnose` and the run report).
+OOM_DURING_CAPTURE_GUIDANCE = (
+    "Device memory ran out while graphs were being captured: the graph pool is filled after the KV "
+    "cache has taken its share. Leave more room (a lower gpu_memory_utilization), capture fewer sizes "
+    "or lower max_cudagraph_capture_size, or capture decode batches only (FULL_DECODE_ONLY)."
+)
 
 
 class AscendGraphError(Exception):

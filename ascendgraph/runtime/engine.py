@@ -292,6 +292,7 @@ class Engine(BuildStage, ForwardPlumbing, CaptureStage, ServeStage, CheckStage, 
         self._has_clock = getattr(self.device, "track_eager", None) is not None
         self.capture_seconds = 0.0
         self.capture_fallback: Optional[BaseException] = None
+        self.graphs_captured_before_failure: Optional[int] = None  # set when a capture fails
         self.captured = False
         self.error: Optional[BaseException] = None
         self.first_mismatch: Optional[NumericalMismatch] = None
@@ -340,9 +341,10 @@ def run(
             report = _capture_and_serve(engine)
         if profile is not None:
             report.extensions["profile"] = profile.summary()
-        return report
     finally:
         engine.close()
+    report.settle_after_release(engine.device)  # a failed capture: what the device holds now
+    return report
 
 
 def _capture_and_serve(engine: Engine) -> Report:
