@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ascendgraph-installed
 
-.PHONY: run test test-all bench parity clean
+.PHONY: run test test-all bench parity parity-record mutation clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,14 @@ test-all: $(STAMP)
 # Differential tests against vLLM 0.32, in their own cached venv (docs/parity.md); what .ci/run does second.
 parity:
 	"$$(scripts/parity-env.sh | tail -n 1)" -m pytest -m vllm tests/parity -n auto -q -p no:warnings
+
+# Re-record vLLM 0.32's answers (tests/data/vllm_answers.json) that the default suite checks against.
+parity-record:
+	"$$(scripts/parity-env.sh | tail -n 1)" scripts/record_vllm_answers.py
+
+# Mutation testing of the rule and capture modules: a one-off report (docs/testing.md), not CI.
+mutation: $(STAMP)
+	$(PY) scripts/mutate.py $(MUTATION_ARGS)
 
 bench: $(STAMP)
 	$(PY) -m bench

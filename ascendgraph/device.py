@@ -73,6 +73,22 @@ class DeviceProfile:
     description: str = ""
 
 
+# CANN SoC name prefixes -> the generation resolution reasons about (hw/soc.py reads the same
+# names from a card; a simulator profile's ``soc`` is one of them).
+SOC_GENERATIONS: tuple[tuple[str, str], ...] = (
+    ("Ascend910B", "A2"), ("Ascend910_93", "A3"), ("Ascend310P", "310P"), ("Ascend950", "A5"),
+)
+
+
+def soc_generation(soc: str) -> Optional[str]:
+    """"A2" / "A3" / "310P" / "A5" for a CANN SoC name (or a generation name), else None."""
+    text = str(soc).strip()
+    if text.upper() in ("A2", "A3", "310P", "A5"):
+        return text.upper()
+    matches = [(len(prefix), generation) for prefix, generation in SOC_GENERATIONS if text.startswith(prefix)]
+    return max(matches)[1] if matches else None
+
+
 @dataclass(frozen=True)
 class DeviceStats:
     """A snapshot of what the device holds (for reports, invariants and leak checks)."""
@@ -208,7 +224,7 @@ class Device(Protocol):
 
     def profiling(self, output_dir: str, **options: Any) -> ContextManager[Any]: ...
 
-    # XliteGraph (SEMANTICS §11): the device's xlite runtime for a model — the simulator's
+    # XliteGraph (docs/semantics.md §11): the device's xlite runtime for a model — the simulator's
     # stand-in or the adapter over the `xlite` package (DeviceUnavailable when it is missing).
     def xlite_runtime(self, model: Any, spec: "XliteRuntimeSpec") -> "XliteRuntime": ...
 

@@ -61,7 +61,7 @@ class KernelCall:
 
 
 def _paged_attention_calls(args: Sequence[Any], in_graph: bool) -> list[KernelCall]:
-    query, key_cache, value_cache, block_table, ends, seq_lens, scale, out = args
+    query, key_cache, value_cache, block_table, ends, seq_lens, scale, out = args[:8]  # then workspace, lse[:8]  # workspace, softmax_lse follow
     op_args = dict(query=query, key_cache=key_cache, value_cache=value_cache, block_table=block_table,
                    actual_seq_lengths=list(ends), seq_lens=list(seq_lens), scale=scale, out=out)
     calls = [KernelCall(PAGED_ATTENTION_OP, op_args)]

@@ -44,6 +44,8 @@ __all__ = [
     "muls_add",
     "reshape_and_cache",
     "paged_attention",
+    "attention_workspace",
+    "ATTENTION_WORKSPACE_BYTES_PER_ROW",
     "all_reduce",
     "COLLECTIVE_OP_NAMES",
     "collective_group",
@@ -68,6 +70,7 @@ OP_NAMES = (
     "muls_add",
     "reshape_and_cache",
     "paged_attention",
+    "attention_workspace",
 )
 
 
@@ -293,8 +296,8 @@ def _(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor, slot_m
 @_op(
     "paged_attention",
     "(Tensor query, Tensor key_cache, Tensor value_cache, Tensor block_table, int[] actual_seq_lengths,"
-    " int[] seq_lens, float scale, Tensor(a!) out) -> ()",
-    mutates=("out",),
+    " int[] seq_lens, float scale, Tensor(a!) out, Tensor? workspace=None, Tensor(b!)? softmax_lse=None) -> ()",
+    mutates=("out", "softmax_lse"),
 )
 def paged_attention(
     query: Tensor,
@@ -305,6 +308,8 @@ def paged_attention(
     seq_lens: list[int],
     scale: float,
     out: Tensor,
+    workspace: Optional[Tensor] = None,
+    softmax_lse: Optional[Tensor] = None,
 ) -> None:
     """FIA-like causal attention over a paged KV cache, TND layout, written into ``out``.
 
@@ -313,6 +318,11 @@ def paged_attention(
     lists). Query token i of request r (q_len tokens) sees kv positions
     0..seq_lens[r] - q_len + i. heads must be a multiple of kv heads (GQA). Tokens past
     the last end (padding) and requests with seq_len 0 get 0.
+
+    ``workspace`` (from `attention_workspace`) and ``softmax_lse`` are the kernel's scratch
+    and second output, allocated by the caller *before* a graph task group, as torch_npu's
+    graph handlers (``prepare_capture``) and vLLM Ascend do; None: the kernel makes its own
+    (eager calls).
     """
     raise _no_kernel("paged_attention", query)
 
@@ -327,10 +337,52 @@ def _(
     seq_lens: list[int],
     scale: float,
     out: Tensor,
+    workspace: Optional[Tensor] = None,
+    softmax_lse: Optional[Tensor] = None,
 ) -> None:
     return None
 
 
+# Size of the workspace `attention_workspace` hands out: bytes per (query token, head) row.
+# torch_npu sizes FIA's workspace from its tiling, which nothing off a card can know; the
+# fake implementation (and so the simulator's graph-pool accounting) uses this stand-in.
+ATTENTION_WORKSPACE_BYTES_PER_ROW = 64
+
+
+@_op(
+    "attention_workspace",
+    "(Tensor query, Tensor key_cache, Tensor value_cache, Tensor block_table, int[] actual_seq_lengths,"
+    " int[] seq_lens, float scale) -> Tensor",
+)
+def attention_workspace(
+    query: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    block_table: Tensor,
+    actual_seq_lengths: list[int],
+    seq_lens: list[int],
+    scale: float,
+) -> Tensor:
+    """The workspace query of `paged_attention` (torch_npu's
+    ``_npu_fused_infer_attention_score_get_max_workspace``): a fresh uint8 buffer large
+    enough for these arguments. Not a kernel task: call it before ``task_group_begin``
+    (a device refuses it inside a task group) and pass the buffer to every launch of the
+    call, captured and re-issued."""
+    raise _no_kernel("attention_workspace", query)
+
+
+@attention_workspace.register_fake
+def _(
+    query: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    block_table: Tensor,
+    actual_seq_lengths: list[int],
+    seq_lens: list[int],
+    scale: float,
+) -> Tensor:
+    rows = query.shape[0] * query.shape[1]
+    return query.new_empty((rows * ATTENTION_WORKSPACE_BYTES_PER_ROW,), dtype=torch.uint8)
 # --------------------------------------------------------------------------- collectives
 # A model with tensor parallelism issues its collectives as ops, so a graph capture records
 # them and a device can charge what the captured collective costs (sim/budget.py: streams

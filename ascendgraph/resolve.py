@@ -1,12 +1,12 @@
-"""Mode resolution: from a GraphConfig to the settings that will really run (SEMANTICS §3, §4).
+"""Mode resolution: from a GraphConfig to the settings that will really run (docs/semantics.md §3, §4).
 
 Theory of operation. `resolve` threads a mutable working state through a *table of named
-rules* (`RULES`), in SEMANTICS §3's order. A rule that changes something records a
+rules* (`RULES`), in docs/semantics.md §3's order. A rule that changes something records a
 `Decision(rule, before, after, reason)`; warnings users would see in a vLLM Ascend log
 are collected verbatim. The result is a frozen `Resolution`: the effective mode, sizes
 and kernel flags, plus the trace that explains each of them.
 
-`narrow_for_attention` is vLLM 0.32's attention-support narrowing (SEMANTICS §4), kept as
+`narrow_for_attention` is vLLM 0.32's attention-support narrowing (docs/semantics.md §4), kept as
 its own function so it can be compared with vLLM's implementation directly.
 """
 
@@ -227,6 +227,38 @@ def narrow_for_attention(
 # --------------------------------------------------------------------------- pipeline state
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What the target device can do for graph mode: the SoC's table entry (310P: no
+    npugraph_ex / static / super kernel; A5: at most 4 piecewise sizes), narrowed by a
+    device profile's capability fields when one is given (a simulator profile, or what hw
+    read from the card)."""
+
+    name: str
+    npugraph_ex: bool = True
+    static_kernel: bool = True
+    super_kernel: bool = True
+    task_update: bool = True
+    max_piecewise_sizes: Optional[int] = None
+
+    @classmethod
+    def of(cls, soc: str, profile: Optional[object] = None) -> "Capabilities":
+        caps = cls(name=soc, npugraph_ex=soc != "310P", static_kernel=soc != "310P", super_kernel=soc != "310P",
+                   max_piecewise_sizes=A5_MAX_PIECEWISE_SIZES if soc == "A5" else None)
+        if profile is None:
+            return caps
+        limit = getattr(profile, "max_piecewise_sizes", None)
+        limits = [v for v in (caps.max_piecewise_sizes, limit) if v is not None]
+        return cls(
+            name=str(getattr(profile, "name", soc)),
+            npugraph_ex=caps.npugraph_ex and bool(getattr(profile, "supports_npugraph_ex", True)),
+            static_kernel=caps.static_kernel and bool(getattr(profile, "supports_static_kernel", True)),
+            super_kernel=caps.super_kernel and bool(getattr(profile, "supports_super_kernel", True)),
+            task_update=bool(getattr(profile, "supports_task_update", True)),
+            max_piecewise_sizes=min(limits) if limits else None,
+        )
+
+
 @dataclass
 class _State:
     config: GraphConfig
@@ -243,6 +275,7 @@ class _State:
     npugraph_ex: bool
     static_kernel: bool
     super_kernel: bool
+    capabilities: Capabilities = Capabilities("A2")
     attention_split: bool = False
     capture_sizes: list[int] = field(default_factory=list)
     max_capture_size: int = 0
@@ -284,7 +317,7 @@ def _level_default_mode(level: int) -> GraphMode:
 
 
 # --------------------------------------------------------------------------- rules
-# Each rule: (name, function(state)). The order is SEMANTICS §3's.
+# Each rule: (name, function(state)). The order is docs/semantics.md §3's.
 
 
 def _rule_enforce_eager(s: _State) -> None:
@@ -401,12 +434,14 @@ def _rule_capture_sizes(s: _State) -> None:
             s.capture_sizes = aligned
             s.max_capture_size = aligned[-1]
 
-    if cfg.soc == "A5" and s.current_mode in (GraphMode.PIECEWISE, GraphMode.FULL_AND_PIECEWISE):
-        if len(s.capture_sizes) > A5_MAX_PIECEWISE_SIZES:
-            sampled = sample_sizes(s.capture_sizes, A5_MAX_PIECEWISE_SIZES)
+    limit = s.capabilities.max_piecewise_sizes
+    if limit is not None and s.current_mode in (GraphMode.PIECEWISE, GraphMode.FULL_AND_PIECEWISE):
+        if len(s.capture_sizes) > limit:
+            sampled = sample_sizes(s.capture_sizes, limit)
+            who = "Ascend 950 (A5)" if cfg.soc == "A5" and limit == A5_MAX_PIECEWISE_SIZES else \
+                f"device profile {s.capabilities.name}"
             s.decide("a5_pruning", s.capture_sizes, sampled,
-                     f"Ascend 950 (A5) captures at most {A5_MAX_PIECEWISE_SIZES} sizes in piecewise modes; "
-                     "sizes chosen by even sampling")
+                     f"{who} captures at most {limit} sizes in piecewise modes; sizes chosen by even sampling")
             s.capture_sizes = sampled
             s.max_capture_size = sampled[-1]
 
@@ -419,12 +454,20 @@ _310P_DISABLED = (
 
 
 def _rule_soc_310p(s: _State) -> None:
-    if s.config.soc != "310P":
-        return
+    caps = s.capabilities
     for flag, message in _310P_DISABLED:
-        if getattr(s, flag):
+        if getattr(s, flag) and not getattr(caps, flag):
+            if s.config.soc != "310P":
+                message = f"{flag} is not supported by device profile {caps.name}. Disabling it."
             s.decide("soc_310p", f"{flag} on", f"{flag} off", message, warn=True)
             setattr(s, flag, False)
+    mode = s.current_mode
+    if not caps.task_update and mode.has_full_graphs():
+        # FULL graphs replay attention with parameters updated per step (graph task update)
+        piecewise_ok = s.compilation_mode is CompilationMode.VLLM_COMPILE and mode is not GraphMode.FULL_DECODE_ONLY
+        new = GraphMode.PIECEWISE if piecewise_ok else GraphMode.NONE
+        s.set_mode("soc_310p", new, f"device profile {caps.name} has no graph task update, which FULL graphs need "
+                                    f"to update attention parameters: {mode.name} -> {new.name}")
 
 
 def _apply_backend_setup(s: _State, rule: str) -> None:
@@ -439,12 +482,12 @@ def _apply_backend_setup(s: _State, rule: str) -> None:
         why = (f"{mode.name} splits the graph at attention and uses the basic fusion passes only "
                "(npugraph_ex, static and super kernel need FULL or FULL_DECODE_ONLY)")
     else:
-        on_310p = s.config.soc == "310P"
+        caps = s.capabilities
         wanted = dict(
             attention_split=False,
-            npugraph_ex=acc.enable_npugraph_ex and not on_310p,
-            static_kernel=acc.enable_static_kernel and not on_310p,
-            super_kernel=acc.super_kernel and not on_310p,
+            npugraph_ex=acc.enable_npugraph_ex and caps.npugraph_ex,
+            static_kernel=acc.enable_static_kernel and caps.static_kernel,
+            super_kernel=acc.super_kernel and caps.super_kernel,
         )
         why = f"{mode.name} captures the whole model: no split; npugraph_ex/static/super kernel as configured"
     s.attention_split = wanted.pop("attention_split")
@@ -585,12 +628,16 @@ def resolve(
     other_rank_modes: Sequence[GraphMode] = (),
     stream_limit: int = DEFAULT_MAX_STREAMS,
     hccl_op_expansion_mode: Optional[str] = None,
+    device_profile: Optional[object] = None,
 ) -> Resolution:
-    """Run the whole Ascend resolution pipeline (SEMANTICS §3) on a configuration.
+    """Run the whole Ascend resolution pipeline (docs/semantics.md §3) on a configuration.
 
     ``attention_support`` defaults to the support of the config's attention backend
     (``ascend`` -> ALWAYS for the default model). ``env`` defaults to the process
     environment (ASCEND_LAUNCH_BLOCKING, HCCL_OP_EXPANSION_MODE are read from it).
+    ``device_profile`` (an `ascendgraph.device.DeviceProfile`) narrows the SoC's capabilities
+    with its own fields (`Capabilities`): no npugraph_ex / static / super kernel, no task
+    update (FULL graphs fall back), at most ``max_piecewise_sizes`` piecewise sizes.
     Raises ConfigError or GraphModeError, and nothing else, for impossible configs.
     """
     if not isinstance(config, GraphConfig):
@@ -618,6 +665,7 @@ def resolve(
         npugraph_ex=acc.enable_npugraph_ex,
         static_kernel=acc.enable_static_kernel,
         super_kernel=acc.super_kernel,
+        capabilities=Capabilities.of(config.soc, device_profile),
     )
     state.warnings.extend(config.parse_warnings)
     for _name, rule, _why in RULES:

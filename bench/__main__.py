@@ -1,22 +1,28 @@
-"""`python -m bench` (`make bench`): every benchmark of the project, side by side in one run.
+"""`python -m bench` (`make bench`): every figure of the performance issue beside its goal, in one run.
 
-Prints, and writes to ``bench/results.json`` (atomically; ``--out`` elsewhere):
+Sections (``--only NAME ...`` runs a subset; names in brackets):
 
-1. **replay vs eager per mode on tiny** (`bench_engine.bench_mode`): host CPU time of the
-   graph path (dispatch, replay, FULL-graph parameter update, synchronise) over the eager
-   reference's on the same batches, and the simulated device-time ratio graph / eager
-   (after `bench_engine.warm_up_process`, so one-time process costs are not timed);
-2. **simulator op-level replay vs eager** (`bench_sim.build` / `interleaved_us`): one
-   decoder-block op sequence, replayed vs issued eagerly, per batch size;
-3. **capture time for all default sizes of tiny** (`bench_engine.bench_capture`; ``--quick``
-   passes it a one-layer configuration);
-4. **padding waste** workload-aware / even sampling at equal budget on three workloads
-   (`bench_plan.bench_padding`: decode-heavy, mixed, bursty; in-sample and held-out);
-5. **test-suite wall time**: the default suite (`pytest -n auto`) in a subprocess
-   (``--skip-suite`` skips it; ``--quick`` implies it).
+1. [run] ``ascendgraph run`` (default: tiny, 4 layers, 35 sizes, 210 graphs, 16 requests) in a
+   fresh process: wall time and peak RSS (``bench_proc.run_measured``);
+2. [sim] simulator replay vs eager vs the floor, one decoder-block op sequence at batch
+   1 / 8 / 64 (`bench_sim`): replay / eager, floor / eager, and replay's fraction of the way
+   from eager to the floor;
+3. [capture] capture of the 210 graphs in a fresh process with an empty compile cache
+   (cold) and again with the cache the first one filled (warm; the goal is for warm, D10);
+4. [plan] the README's ``ascendgraph plan`` example in a fresh process;
+5. [api] ``ascendgraph.run(...)`` vs the same CLI run, idle and under a load the bench makes
+   itself (one busy process per core);
+6. [scale] the scaling grid: capture time, pool bytes and peak RSS for layers 4 / 16 / 28 x
+   sizes 35 / 67 of the qwen3-0.6b-shaped preset (meta tensors, raised stream limit), with
+   a line on how they grow (`bench_scale`);
+7. [modes] replay vs eager per graph mode on tiny (host CPU time and simulated device time);
+8. [padding] workload-aware / even-sampling padding waste (`bench_plan`);
+9. [suite] the default test suite's wall time, ``pytest -n auto`` — only with ``--suite``
+   ("not measured" otherwise).
 
-``--quick`` is a smoke run (few requests, two modes, one layer for the capture) that
-produces the same keys. No figure here is asserted anywhere: these are measurements.
+Results go to the file ``--out`` names, else to a new temporary file (printed at the end);
+the tracked ``bench/results.json`` is written only with ``--update-baseline``. ``--quick`` is a
+smoke run with the same keys (tiny inputs, one grid cell). No figure is asserted anywhere.
 """
 
 from __future__ import annotations
@@ -26,19 +32,28 @@ import datetime
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_OUT = os.path.join(ROOT, "bench", "results.json")
-SCHEMA_VERSION = 1
+from bench.bench_proc import ROOT, busy_load, python_command, run_measured
+
+BASELINE = os.path.join(ROOT, "bench", "results.json")
+SCHEMA_VERSION = 2
 NESTED_ENV = "ASCENDGRAPH_BENCH_NESTED"  # set in the suite's subprocess: never benchmark recursively
-QUICK_MODES = ("NONE", "FULL_DECODE_ONLY")
-RESULT_KEYS = ("schema_version", "quick", "started", "environment", "replay_vs_eager", "sim_replay_vs_eager",
-               "capture", "padding_waste", "suite", "seconds")
+QUICK_MODES = ("FULL_DECODE_ONLY",)
+SECTIONS = ("run", "sim", "capture", "plan", "api", "scale", "modes", "padding", "suite")
+RESULT_KEYS = ("schema_version", "quick", "started", "environment", "sections", "goals", "seconds")
+NOT_MEASURED = "not measured"
+MIB = 2**20
+
+RUN_ARGS: tuple[str, ...] = ()  # the default `ascendgraph run`
+QUICK_RUN_ARGS = ("--num-layers", "1", "--requests", "2", "--max-num-seqs", "4")
+PLAN_ARGS = ("--num-layers", "2", "-O1", "--stream-limit", "40", "--requests", "64", "--budget", "8")
+QUICK_PLAN_ARGS = ("--num-layers", "1", "-O1", "--stream-limit", "40", "--requests", "8", "--budget", "2")
 
 
 def write_json_atomic(path: str, document: dict[str, Any]) -> None:
@@ -64,27 +79,37 @@ def _fmt(value: Optional[float], digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _env(**extra: str) -> dict[str, str]:
+    env = {**os.environ, **extra}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def _proc_row(figures: Any) -> dict[str, Any]:
+    return {"command": figures.command, "exit_code": figures.exit_code, "wall_s": figures.wall_s,
+            "cpu_s": figures.cpu_s, "peak_rss_bytes": figures.peak_rss_bytes}
+
+
 # --------------------------------------------------------------------------- sections
 
 
-def section_modes(modes: Sequence[str], requests: int, seed: int) -> dict[str, Any]:
-    from bench.bench_engine import bench_mode
-
-    rows = {mode: bench_mode(mode, requests, seed) for mode in modes}
-    print(f"\n1. replay vs eager per mode, tiny ({requests} requests; host CPU time and simulated device time)")
-    print(f"   {'mode':<20} {'steps':>5} {'graph CPU ms':>13} {'eager CPU ms':>13} {'CPU ratio':>10} {'sim ratio':>10}")
-    for mode, row in rows.items():
-        print(f"   {mode:<20} {row['steps']:>5} {row['graph_cpu_ms']:>13.1f} {row['eager_cpu_ms']:>13.1f} "
-              f"{_fmt(row['cpu_ratio']):>10} {_fmt(row['sim_ratio']):>10}{'' if row['ok'] else '   FAILED'}")
-    return {"model": "tiny", "requests": requests, "modes": rows}
+def section_run(quick: bool) -> dict[str, Any]:
+    args = QUICK_RUN_ARGS if quick else RUN_ARGS
+    figures = run_measured(python_command("-m", "ascendgraph", "run", *args), env=_env())
+    row = {**_proc_row(figures), "args": list(args)}
+    print(f"\n1. ascendgraph run {' '.join(args) or '(default)'}: {figures.wall_s:.1f} s wall, "
+          f"{figures.cpu_s:.1f} s CPU, peak RSS {figures.peak_rss_bytes / MIB:.0f} MiB, exit {figures.exit_code}")
+    return row
 
 
-def section_sim(batches: Sequence[int], repeats: int) -> dict[str, Any]:
+def section_sim(quick: bool, repeats: Optional[int] = None) -> dict[str, Any]:
     import torch
 
     from ascendgraph.device import get_device
-    from bench.bench_sim import build, interleaved_us
+    from bench.bench_sim import build, floor_calls, interleaved_many, make_floor
 
+    batches, default_repeats = ([1, 8], 5) if quick else ([1, 8, 64], 200)
+    repeats = repeats or default_repeats
     rows = []
     for batch in batches:
         device = get_device("sim")
@@ -97,59 +122,241 @@ def section_sim(batches: Sequence[int], repeats: int) -> dict[str, Any]:
                 step()
             capture_ms = (time.perf_counter() - start) * 1e3
             graph.replay()
-            eager, replay, ratio = interleaved_us(step, graph.replay, repeats)
+            floor = make_floor(floor_calls(graph))
+            (eager, replay, floor_us), (_, ratio, floor_ratio) = interleaved_many([step, graph.replay, floor], repeats)
+        gap = eager - floor_us
         rows.append({"batch": batch, "tasks": graph.num_tasks, "eager_us": eager, "replay_us": replay,
-                     "ratio": ratio, "capture_ms": capture_ms})
-    print(f"\n2. simulator replay vs eager, one decoder-block op sequence (median of {repeats} interleaved rounds)")
-    print(f"   {'batch':>5} {'tasks':>5} {'eager us':>9} {'replay us':>10} {'ratio':>6}")
+                     "floor_us": floor_us, "ratio": ratio, "floor_ratio": floor_ratio,
+                     "fraction_to_floor": (eager - replay) / gap if gap > 0 else None, "capture_ms": capture_ms})
+    print(f"\n2. simulator replay vs eager vs floor, one decoder-block op sequence (median of {repeats} interleaved "
+          "rounds, CPU time)")
+    print(f"   {'batch':>5} {'tasks':>5} {'eager us':>9} {'replay us':>10} {'floor us':>9} {'replay/eager':>12} "
+          f"{'floor/eager':>11} {'way to floor':>12}")
     for row in rows:
         print(f"   {row['batch']:>5} {row['tasks']:>5} {row['eager_us']:>9.1f} {row['replay_us']:>10.1f} "
-              f"{row['ratio']:>6.2f}")
+              f"{row['floor_us']:>9.1f} {row['ratio']:>12.2f} {row['floor_ratio']:>11.2f} "
+              f"{_fmt(None if row['fraction_to_floor'] is None else row['fraction_to_floor'] * 100, 0):>11}%")
     return {"repeats": repeats, "batches": rows}
 
 
-def section_capture(seed: int, quick: bool) -> dict[str, Any]:
-    from ascendgraph.config import GraphConfig
-    from bench.bench_engine import bench_capture
-
-    if quick:  # the smoke version: tiny with one layer, few sizes
-        result = bench_capture(seed, GraphConfig.from_vllm_args(num_layers=1, max_num_seqs=8))
-        result["model"] = "tiny (1 layer, max_num_seqs 8; quick)"
+def _capture_once(cache_dir: str, quick: bool, out: str) -> dict[str, Any]:
+    argv = python_command("-m", "bench.bench_engine", "--modes", "--json", out) + (["--quick-capture"] if quick else [])
+    figures = run_measured(argv, env=_env(ASCENDGRAPH_CACHE_DIR=cache_dir))
+    row: dict[str, Any] = {"process": _proc_row(figures)}
+    if figures.exit_code == 0:
+        with open(out, encoding="utf-8") as handle:
+            row.update(json.load(handle)["capture_default_tiny"])
     else:
-        result = bench_capture(seed)
-        result["model"] = "tiny (4 layers)"
-    print(f"\n3. capture, all default sizes of {result['model']} ({result['mode']}): {result['capture_sizes']} sizes, "
-          f"{result['graphs']} graphs in {result['capture_seconds']:.2f} s "
-          f"({result['seconds_per_graph'] * 1e3:.1f} ms/graph); compile {result['compile_seconds']:.2f} s; "
-          f"pool {result['pool_bytes'] / 2**20:.1f} MiB")
-    return result
+        row["error"] = figures.stderr_tail
+    return row
 
 
-def section_padding(budget: int, requests: int, seed: int) -> dict[str, Any]:
+def section_capture(quick: bool) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="ascendgraph-bench-cache-") as cache_dir:
+        out = os.path.join(cache_dir, "capture.json")
+        cold = _capture_once(cache_dir, quick, out)
+        warm = _capture_once(cache_dir, quick, out)
+    print("\n3. capture of every default size of tiny" + (" (quick: 1 layer, max_num_seqs 8)" if quick else ""))
+    for name, row in (("cold", cold), ("warm", warm)):
+        if "capture_seconds" not in row:
+            print(f"   {name}: FAILED: {row.get('error', '')}")
+            continue
+        total = row["capture_seconds"] + row["compile_seconds"]
+        cpu = row.get("capture_cpu_seconds", 0.0) + row.get("compile_cpu_seconds", 0.0)
+        print(f"   {name} compile cache: {row['graphs']} graphs, capture {row['capture_seconds']:.2f} s + compile "
+              f"{row['compile_seconds']:.2f} s = {total:.2f} s wall ({total / max(row['graphs'], 1) * 1e3:.1f} ms per "
+              f"graph), {cpu:.2f} s CPU; pool {row['pool_bytes'] / MIB:.1f} MiB; compile cache "
+              f"{row.get('compile_cache', '?')}")
+    return {"cold": cold, "warm": warm}
+
+
+def section_plan(quick: bool) -> dict[str, Any]:
+    args = QUICK_PLAN_ARGS if quick else PLAN_ARGS
+    figures = run_measured(python_command("-m", "ascendgraph", "plan", *args), env=_env())
+    print(f"\n4. ascendgraph plan {' '.join(args)}: {figures.wall_s:.1f} s wall, {figures.cpu_s:.1f} s CPU, "
+          f"exit {figures.exit_code}")
+    return {**_proc_row(figures), "args": list(args)}
+
+
+API_CODE = "import sys, ascendgraph; sys.exit(0 if ascendgraph.run({config}, device='sim'{extra}).ok else 1)"
+
+
+def section_api(quick: bool) -> dict[str, Any]:
+    cli_args = QUICK_RUN_ARGS if quick else RUN_ARGS
+    config, extra = ("{'num_layers': 1, 'max_num_seqs': 4}", ", requests=2") if quick else ("None", "")
+    api = python_command("-c", API_CODE.format(config=config, extra=extra))
+    cli = python_command("-m", "ascendgraph", "run", "--device", "sim", *cli_args)
+    rows: dict[str, Any] = {}
+    for load in ("idle", "loaded"):
+        if load == "idle":
+            pair = (run_measured(cli, env=_env()), run_measured(api, env=_env()))
+            pids: list[int] = []
+        else:
+            with busy_load(1 if quick else None) as pids:
+                pair = (run_measured(cli, env=_env()), run_measured(api, env=_env()))
+        rows[load] = {"cli": _proc_row(pair[0]), "api": _proc_row(pair[1]), "busy_processes": len(pids),
+                      "api_over_cli": pair[1].wall_s / pair[0].wall_s if pair[0].wall_s else None}
+    print("\n5. Python API vs CLI, the same run" + (" (quick config)" if quick else " (default config)"))
+    for load, row in rows.items():
+        busy = f", {row['busy_processes']} busy process(es)" if row["busy_processes"] else ""
+        print(f"   {load}{busy}: CLI {row['cli']['wall_s']:.1f} s, API {row['api']['wall_s']:.1f} s "
+              f"(API/CLI {_fmt(row['api_over_cli'])}; exits {row['cli']['exit_code']}/{row['api']['exit_code']})")
+    return rows
+
+
+def parse_cell(text: str) -> tuple[int, int]:
+    """``LAYERSxSIZES`` (e.g. ``28x67``) -> (layers, sizes)."""
+    from bench.bench_scale import GRID_SIZES
+
+    layers, _, sizes = text.lower().partition("x")
+    if not (layers.isdigit() and sizes.isdigit() and int(layers) >= 1 and int(sizes) in GRID_SIZES):
+        raise argparse.ArgumentTypeError(f"expected LAYERSxSIZES with SIZES in {GRID_SIZES}, got {text!r}")
+    return int(layers), int(sizes)
+
+
+def section_scale(quick: bool, grid: Optional[Sequence[tuple[int, int]]] = None) -> dict[str, Any]:
+    from bench.bench_scale import GRID_LAYERS, GRID_SIZES, growth_note
+
+    if grid:
+        cells = list(grid)
+    else:
+        cells = [(2, 35)] if quick else [(layers, sizes) for sizes in GRID_SIZES for layers in GRID_LAYERS]
+    rows = []
+    for layers, sizes in cells:
+        figures = run_measured(python_command("-m", "bench.bench_scale", str(layers), str(sizes)), env=_env())
+        row: dict[str, Any] = {"layers": layers, "sizes": sizes, "peak_rss_bytes": figures.peak_rss_bytes,
+                               "wall_s": figures.wall_s, "exit_code": figures.exit_code}
+        if figures.exit_code == 0:
+            row.update(json.loads(figures.stdout_tail.splitlines()[-1]))
+        else:
+            row["error"] = figures.stderr_tail
+        rows.append(row)
+    note = growth_note(rows)
+    print("\n6. scaling grid, qwen3-0.6b-shaped, FULL_AND_PIECEWISE, meta tensors, stream limit raised")
+    print(f"   {'layers':>6} {'sizes':>5} {'graphs':>6} {'compile s':>9} {'capture s':>9} {'ms/graph':>8} "
+          f"{'pool MiB':>9} {'peak RSS MiB':>12}")
+    for row in rows:
+        if "capture_seconds" not in row:
+            print(f"   {row['layers']:>6} {row['sizes']:>5} FAILED: {row.get('error', '')[-200:]}")
+            continue
+        print(f"   {row['layers']:>6} {row['sizes']:>5} {row['graphs']:>6} {row['compile_seconds']:>9.2f} "
+              f"{row['capture_seconds']:>9.2f} {row['ms_per_graph']:>8.1f} {row['pool_bytes'] / MIB:>9.1f} "
+              f"{row['peak_rss_bytes'] / MIB:>12.0f}")
+    if note:
+        print(f"   growth: {note}")
+    return {"cells": rows, "growth": note}
+
+
+def section_modes(quick: bool, seed: int) -> dict[str, Any]:
+    from bench.bench_engine import MODES, bench_mode
+
+    modes, requests = (QUICK_MODES, 1) if quick else (MODES, 16)
+    rows = {mode: bench_mode(mode, requests, seed) for mode in modes}
+    print(f"\n7. replay vs eager per mode, tiny ({requests} requests; host CPU time and simulated device time)")
+    print(f"   {'mode':<20} {'steps':>5} {'graph CPU ms':>13} {'eager CPU ms':>13} {'CPU ratio':>10} {'sim ratio':>10}")
+    for mode, row in rows.items():
+        print(f"   {mode:<20} {row['steps']:>5} {row['graph_cpu_ms']:>13.1f} {row['eager_cpu_ms']:>13.1f} "
+              f"{_fmt(row['cpu_ratio']):>10} {_fmt(row['sim_ratio']):>10}{'' if row['ok'] else '   FAILED'}")
+    return {"model": "tiny", "requests": requests, "modes": rows}
+
+
+def section_padding(quick: bool, seed: int) -> dict[str, Any]:
     from bench.bench_plan import bench_padding, format_padding
 
-    result = bench_padding(budget, requests, seed)
-    print("\n4. " + format_padding(result).replace("\n", "\n   "))
+    result = bench_padding(8, 24 if quick else 96, seed)
+    print("\n8. " + format_padding(result).replace("\n", "\n   "))
     return result
 
 
-def section_suite(skip_reason: Optional[str]) -> dict[str, Any]:
-    if skip_reason is None and os.environ.get(NESTED_ENV):
-        skip_reason = "running inside the test suite"
-    if skip_reason is not None:
-        print(f"\n5. test suite: skipped ({skip_reason})")
-        return {"skipped": True, "reason": skip_reason, "seconds": None}
+def section_suite(enabled: bool) -> dict[str, Any]:
+    reason = None if enabled else "opt-in: --suite"
+    if reason is None and os.environ.get(NESTED_ENV):
+        reason = "running inside the test suite"
+    if reason is not None:
+        print(f"\n9. test suite: {NOT_MEASURED} ({reason})")
+        return {"skipped": True, "reason": reason, "seconds": None}
     command = [sys.executable, "-m", "pytest", "-n", "auto", "-q", "-p", "no:cacheprovider"]
-    env = {**os.environ, NESTED_ENV: "1"}
     start = time.perf_counter()
-    completed = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    completed = subprocess.run(command, cwd=ROOT, env=_env(**{NESTED_ENV: "1"}), capture_output=True, text=True)
     seconds = time.perf_counter() - start
     tail = [line for line in completed.stdout.strip().splitlines() if line.strip()]
     summary = tail[-1] if tail else ""
-    print(f"\n5. test suite (pytest -n auto, default selection): {seconds:.1f} s wall, exit {completed.returncode}: "
+    print(f"\n9. test suite (pytest -n auto, default selection): {seconds:.1f} s wall, exit {completed.returncode}: "
           f"{summary}")
     return {"skipped": False, "seconds": seconds, "exit_code": completed.returncode, "summary": summary,
             "command": " ".join(command[1:]), "cpus": os.cpu_count()}
+
+
+# --------------------------------------------------------------------------- goals
+
+
+def goals(sections: dict[str, Any]) -> list[dict[str, Any]]:
+    """The issue's table: (figure, now, goal, met) for every figure measured in this run."""
+    rows: list[dict[str, Any]] = []
+
+    def add(figure: str, now: Optional[str], goal: str, met: Optional[bool]) -> None:
+        rows.append({"figure": figure, "now": now if now is not None else NOT_MEASURED, "goal": goal,
+                     "met": met})
+
+    run = sections.get("run")
+    if run:
+        wall, rss = run["wall_s"], run["peak_rss_bytes"] / MIB
+        add("ascendgraph run default, wall / peak RSS", f"{wall:.1f} s / {rss:.0f} MiB (CPU {run['cpu_s']:.1f} s)",
+            "<= 4 s / <= 800 MB",
+            wall <= 4 and run["peak_rss_bytes"] <= 800e6)
+    else:
+        add("ascendgraph run default, wall / peak RSS", None, "<= 4 s / <= 800 MB", None)
+    capture = sections.get("capture")
+    if capture and "capture_seconds" in capture.get("warm", {}):
+        def total(row: dict[str, Any]) -> float:
+            return row["capture_seconds"] + row["compile_seconds"]
+
+        def cpu(row: dict[str, Any]) -> float:
+            return row.get("capture_cpu_seconds", 0.0) + row.get("compile_cpu_seconds", 0.0)
+
+        warm, cold = capture["warm"], capture["cold"]
+        per = total(warm) / max(warm["graphs"], 1) * 1e3
+        cold_text = f"{total(cold):.2f} s cold" if "capture_seconds" in cold else "cold failed"
+        add(f"capture of the {warm['graphs']} graphs incl. compile (warm cache)",
+            f"{total(warm):.2f} s ({per:.1f} ms/graph, CPU {cpu(warm):.2f} s); {cold_text}", "<= 1 s (<= 4 ms/graph)",
+            total(warm) <= 1)
+    else:
+        add("capture of the 210 graphs incl. compile (warm cache)", None, "<= 1 s (<= 4 ms/graph)", None)
+    sim = sections.get("sim")
+    targets = {1: 0.5, 8: 0.7, 64: 0.9}
+    if sim:
+        ratios = {row["batch"]: row for row in sim["batches"]}
+        now = " / ".join(f"{ratios[b]['ratio']:.2f}" if b in ratios else "-" for b in targets)
+        floor = " / ".join(f"{ratios[b]['floor_ratio']:.2f}" if b in ratios else "-" for b in targets)
+        met = all(b in ratios and ratios[b]["ratio"] <= goal for b, goal in targets.items())
+        add("sim replay / eager, batch 1 / 8 / 64", f"{now} (floor {floor})", "<= 0.5 / 0.7 / 0.9", met)
+    else:
+        add("sim replay / eager, batch 1 / 8 / 64", None, "<= 0.5 / 0.7 / 0.9", None)
+    suite = sections.get("suite")
+    if suite and not suite.get("skipped"):
+        add("default suite, pytest -n auto", f"{suite['seconds']:.0f} s", "<= 75 s idle", suite["seconds"] <= 75)
+    else:
+        add("default suite, pytest -n auto", None, "<= 75 s idle", None)
+    plan = sections.get("plan")
+    add("ascendgraph plan README example", f"{plan['wall_s']:.1f} s (CPU {plan['cpu_s']:.1f} s)" if plan else None,
+        "<= 2 s",
+        plan["wall_s"] <= 2 if plan else None)
+    api = sections.get("api")
+    if api:
+        loaded, idle = api["loaded"]["api_over_cli"], api["idle"]["api_over_cli"]
+        add("API vs CLI run, loaded / idle (API/CLI wall)", f"{_fmt(loaded)} / {_fmt(idle)}", "<= 1.10 both",
+            loaded is not None and idle is not None and loaded <= 1.1 and idle <= 1.1)
+    else:
+        add("API vs CLI run, loaded / idle (API/CLI wall)", None, "<= 1.10 both", None)
+    return rows
+
+
+def print_goals(rows: list[dict[str, Any]]) -> None:
+    print("\nfigure vs goal")
+    width = max(len(r["figure"]) for r in rows)
+    for row in rows:
+        verdict = {True: "met", False: "NOT met", None: ""}[row["met"]]
+        print(f"   {row['figure']:<{width}}  {row['now']:<52}  goal {row['goal']:<24} {verdict}")
 
 
 # --------------------------------------------------------------------------- main
@@ -157,49 +364,75 @@ def section_suite(skip_reason: Optional[str]) -> dict[str, Any]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke run: 1 request, modes NONE and FULL_DECODE_ONLY, a 1-layer capture, no suite")
-    parser.add_argument("--skip-suite", action="store_true", help="do not time the test suite")
-    parser.add_argument("--modes", nargs="*", default=None, metavar="MODE",
-                        help="graph modes of section 1 (default: all five; --quick: NONE FULL_DECODE_ONLY)")
-    parser.add_argument("--requests", type=int, default=None, help="requests per mode in section 1 (default 16)")
-    parser.add_argument("--budget", type=int, default=8, help="capture sizes per selection in section 4 (default 8)")
+    parser.add_argument("--quick", action="store_true", help="smoke run: tiny inputs, one grid cell, same keys")
+    parser.add_argument("--only", nargs="+", choices=SECTIONS, metavar="SECTION",
+                        help=f"run only these sections ({', '.join(SECTIONS)})")
+    parser.add_argument("--suite", action="store_true", help="also time the default test suite (minutes)")
+    parser.add_argument("--grid", nargs="+", type=parse_cell, metavar="LxS",
+                        help="scaling-grid cells to measure, e.g. 4x35 28x67 (default: layers 4 16 28 x sizes 35 67)")
+    parser.add_argument("--repeats", type=int, default=None, metavar="N",
+                        help="interleaved rounds of the sim section (default 200; --quick: 5)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
-    parser.add_argument("--out", default=DEFAULT_OUT, metavar="FILE", help="results file (default bench/results.json)")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads in this process (default 1)")
+    parser.add_argument("--out", default=None, metavar="FILE", help="results file (default: a new temporary file)")
+    parser.add_argument("--update-baseline", action="store_true",
+                        help=f"also write the tracked baseline {os.path.relpath(BASELINE)}")
     args = parser.parse_args(argv)
 
     import torch
 
-    from bench.bench_engine import MODES
-
+    previous_threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
+    try:
+        return _run(args)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _run(args: argparse.Namespace) -> int:
+    import torch
+
     started = time.perf_counter()
     quick = args.quick
-    modes = args.modes if args.modes else list(QUICK_MODES if quick else MODES)
-    unknown = sorted(set(modes) - set(MODES))
-    if unknown:
-        parser.error(f"unknown mode(s) {', '.join(unknown)}; choose from {', '.join(MODES)}")
-    requests = args.requests or (1 if quick else 16)
-    print(f"ascendgraph bench: torch {torch.__version__}, {args.threads} thread(s), {os.cpu_count()} CPUs"
-          + (" (quick)" if quick else ""))
-
+    chosen = list(args.only) if args.only else list(SECTIONS)
+    if args.suite and "suite" not in chosen:
+        chosen.append("suite")
+    print(f"ascendgraph bench: torch {torch.__version__}, {args.threads} thread(s) here, {os.cpu_count()} CPUs, "
+          f"load average {', '.join(f'{x:.1f}' for x in os.getloadavg())}" + (" (quick)" if quick else ""))
+    runners: dict[str, Callable[[], dict[str, Any]]] = {
+        "run": lambda: section_run(quick),
+        "sim": lambda: section_sim(quick, args.repeats),
+        "capture": lambda: section_capture(quick),
+        "plan": lambda: section_plan(quick),
+        "api": lambda: section_api(quick),
+        "scale": lambda: section_scale(quick, args.grid),
+        "modes": lambda: section_modes(quick, args.seed),
+        "padding": lambda: section_padding(quick, args.seed),
+        "suite": lambda: section_suite(args.suite),
+    }
+    sections = {name: runners[name]() for name in SECTIONS if name in chosen}
+    table = goals(sections)
+    print_goals(table)
     results: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "quick": quick,
         "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "environment": {"python": platform.python_version(), "torch": torch.__version__, "threads": args.threads,
-                        "cpus": os.cpu_count(), "machine": platform.machine()},
+                        "cpus": os.cpu_count(), "machine": platform.machine(), "load_average": os.getloadavg()},
+        "sections": sections,
+        "goals": table,
+        "seconds": time.perf_counter() - started,
     }
-    results["replay_vs_eager"] = section_modes(modes, requests, args.seed)
-    results["sim_replay_vs_eager"] = section_sim([1, 8] if quick else [1, 8, 64], 5 if quick else 200)
-    results["capture"] = section_capture(args.seed, quick)
-    results["padding_waste"] = section_padding(args.budget, 24 if quick else 96, args.seed)
-    skip = "--quick" if quick else "--skip-suite" if args.skip_suite else None
-    results["suite"] = section_suite(skip)
-    results["seconds"] = time.perf_counter() - started
-    write_json_atomic(args.out, results)
-    print(f"\nresults: {os.path.relpath(args.out)} ({results['seconds']:.0f} s)")
+    out = args.out
+    if out is None:
+        handle, out = tempfile.mkstemp(prefix="ascendgraph-bench-", suffix=".json")
+        os.close(handle)
+    write_json_atomic(out, results)
+    targets = [out]
+    if args.update_baseline and os.path.abspath(out) != os.path.abspath(BASELINE):
+        write_json_atomic(BASELINE, results)
+        targets.append(BASELINE)
+    print(f"\nresults: {', '.join(targets)} ({results['seconds']:.0f} s)")
     return 0
 
 

@@ -61,10 +61,12 @@ def bench_capture(seed: int, config: Optional[GraphConfig] = None) -> dict[str, 
     config = config if config is not None else GraphConfig()
     engine = Engine(config, EngineOptions(device="sim", requests=1, seed=seed, progress=False))
     try:
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         engine.compile()
-        compile_s = time.perf_counter() - start
+        compile_s, compile_cpu = time.perf_counter() - start, time.process_time() - start_cpu
+        start_cpu = time.process_time()
         engine.capture()
+        capture_cpu = time.process_time() - start_cpu
         stats = engine.device.stats()
         return {
             "mode": engine.mode.name,
@@ -72,9 +74,12 @@ def bench_capture(seed: int, config: Optional[GraphConfig] = None) -> dict[str, 
             "graphs": engine.capture_state.graphs_captured,
             "compile_seconds": compile_s,
             "capture_seconds": engine.capture_seconds,
+            "compile_cpu_seconds": compile_cpu,  # host CPU time: what wall time is on an idle machine
+            "capture_cpu_seconds": capture_cpu,
             "seconds_per_graph": engine.capture_seconds / max(engine.capture_state.graphs_captured, 1),
             "pool_bytes": stats.pool_bytes,
             "streams_in_use": stats.streams_in_use,
+            "compile_cache": getattr(engine.pass_manager, "cache_status", "none"),  # hit | miss | off (ascendgraph.compile.cache)
         }
     finally:
         engine.close()
@@ -122,13 +127,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--modes", nargs="*", default=list(MODES))
     parser.add_argument("--skip-capture", action="store_true", help="skip the default-sizes capture benchmark")
+    parser.add_argument("--quick-capture", action="store_true", help="capture tiny with 1 layer and max_num_seqs 8")
     parser.add_argument("--json", default=None, metavar="FILE")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     results: dict[str, Any] = {"threads": args.threads}
 
     if not args.skip_capture:
-        capture = bench_capture(args.seed)
+        quick = GraphConfig.from_vllm_args(num_layers=1, max_num_seqs=8) if args.quick_capture else None
+        capture = bench_capture(args.seed, quick)
         results["capture_default_tiny"] = capture
         print(
             f"capture, default tiny ({capture['mode']}): {capture['capture_sizes']} sizes, {capture['graphs']} graphs "

@@ -9,8 +9,13 @@ batches of 1, 8 and 64 tokens, and reports the median host CPU time of
 * replay: ``graph.replay()`` of the same sequence captured on a SimDevice (timed in
   alternation with eager, so machine noise hits both alike),
 
-their ratio (goal: <= 1.0), the number of recorded tasks, and the capture time per graph
-(median of 5 captures, wall clock).
+* floor: the same aten overloads the graph recorded, called directly in a loop (the C++
+  overload handles, no dispatch mode, no Python wrapper, no copy into captured outputs) —
+  what the kernels cost on their own (DECISIONS D10),
+
+their ratios to eager (goals: replay <= 0.5 / 0.7 / 0.9 at batch 1 / 8 / 64), replay's
+fraction of the way from eager to the floor, the number of recorded tasks, and the capture
+time per graph (median of 5 captures, wall clock).
 No assertions: this is a measurement. Run: ``python bench/bench_sim.py [--repeats N]``.
 """
 
@@ -84,6 +89,48 @@ def build(batch: int, seed: int = 0) -> tuple[Callable[[], torch.Tensor], dict[s
         return h + residual
 
     return step, inputs
+
+
+def floor_calls(graph: object) -> list[tuple[Callable[..., object], tuple, dict]]:
+    """The recorded ops of a captured SimGraph as (C++ overload handle, args, kwargs)."""
+    program = getattr(graph, "program")
+    calls = []
+    for record in program.records:
+        func = getattr(record, "func", None)
+        if func is not None:  # OpRecord (ControlRecords carry no kernel)
+            calls.append((func._op, record.args, dict(record.kwargs)))
+    return calls
+
+
+def make_floor(calls: list[tuple[Callable[..., object], tuple, dict]]) -> Callable[[], None]:
+    """The floor: the kernels called back to back, nothing else (below autograd, as replay)."""
+
+    def floor() -> None:
+        with torch._C._AutoDispatchBelowADInplaceOrView():
+            for op, args, kwargs in calls:
+                op(*args, **kwargs)
+
+    return floor
+
+
+def interleaved_many(callables: list[Callable[[], object]], repeats: int) -> tuple[list[float], list[float]]:
+    """Median CPU time (us) of each callable, and the median per-round ratio of each to the
+    first; timed in alternation so machine noise hits all alike."""
+    for _ in range(5):
+        for fn in callables:
+            fn()
+    times: list[list[float]] = [[] for _ in callables]
+    ratios: list[list[float]] = [[] for _ in callables]
+    for _ in range(repeats):
+        marks = [time.process_time_ns()]
+        for fn in callables:
+            fn()
+            marks.append(time.process_time_ns())
+        spans = [max(1, b - a) for a, b in zip(marks, marks[1:])]
+        for index, span in enumerate(spans):
+            times[index].append(span / 1000.0)
+            ratios[index].append(span / spans[0])
+    return [statistics.median(t) for t in times], [statistics.median(r) for r in ratios]
 
 
 def interleaved_us(first: Callable[[], object], second: Callable[[], object], repeats: int) -> tuple[float, float, float]:

@@ -13,6 +13,7 @@ Numerics: norms, rope and attention compute in float32 and return the input dtyp
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -72,8 +73,11 @@ def paged_attention(
     seq_lens: list[int],
     scale: float,
     out: Tensor,
+    workspace: Optional[Tensor] = None,
+    softmax_lse: Optional[Tensor] = None,
 ) -> None:
-    """Causal attention over the paged cache, one request at a time (host lists drive the loop)."""
+    """Causal attention over the paged cache, one request at a time (host lists drive the loop).
+    ``workspace`` / ``softmax_lse`` (the caller's buffers for the fused kernel) are not used."""
     ends, lens = list(actual_seq_lengths), list(seq_lens)
     if len(ends) != len(lens):
         raise ValueError(

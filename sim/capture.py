@@ -30,13 +30,21 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ascendgraph.ops import collective_group
-from ascendgraph.errors import HOST_SYNC_DURING_CAPTURE, TASK_UPDATE_MISMATCH, CaptureConstraintError
+from ascendgraph.errors import (
+    HOST_SYNC_DURING_CAPTURE,
+    TASK_GROUP_NOT_A_KERNEL,
+    TASK_UPDATE_MISMATCH,
+    CaptureConstraintError,
+)
 from sim import kernels
 from sim.cost import CostModel, TaskInfo, super_kernel_task
 from sim.recorder import (
     ALIAS,
     ALLOC,
     HOST,
+    HOST_SYNC,
+    NO_KERNEL_OPS,
+    NO_META,
     OP,
     RNG,
     CaptureRecorder,
@@ -44,8 +52,8 @@ from sim.recorder import (
     OpInfo,
     UpdateCollector,
     draws_random,
+    meta_outputs,
     reject,
-    to_meta,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -60,6 +68,34 @@ __all__ = ["OpRecord", "ControlRecord", "TaskGroup", "Capture", "Update", "Segme
 Tensor = torch.Tensor
 _dispatch_stack_len = torch._C._len_torch_dispatch_stack
 NO_COPY, COPY_ONE, COPY_MANY = 0, 1, 2
+
+
+# What may not sit between task_group_begin and task_group_end (only single-operator kernel
+# tasks may: torch_npu's handler contract runs ``prepare_capture``, which queries workspaces
+# and allocates outputs, *before* graph_task_group_begin; vLLM Ascend does the same).
+# Kind of refusal -> the fix the message gives.
+TASK_GROUP_REFUSALS: dict[str, str] = {
+    "allocation": "Allocate outputs and scratch (out, softmax_lse) before graph_task_group_begin and pass them "
+    "with out= / as arguments.",
+    "workspace query": "Query the workspace before graph_task_group_begin (torch_npu's prepare_capture does) and "
+    "pass it to the kernel.",
+    "output allocation": "Call the op's out= form with an output allocated before graph_task_group_begin.",
+    "host synchronization": "Read host values before the capture; a graph cannot synchronize with the host.",
+    "ExternalEvent": "Wait on and reset the event before graph_task_group_begin; record it after the task update.",
+    "graph replay": "Replay other graphs outside the task group.",
+}
+
+
+def task_group_refusal(kind: str, what: str, group: str, graph: str) -> CaptureConstraintError:
+    """The error for something other than a kernel task inside an open task group."""
+    return CaptureConstraintError(
+        TASK_GROUP_NOT_A_KERNEL.format(what=f"{kind} ({what})", group=group, graph=graph, fix=TASK_GROUP_REFUSALS[kind])
+    )
+
+
+def _alloc_kind(func: Any) -> str:
+    reason = NO_KERNEL_OPS.get(func._schema.name, (ALLOC, ""))[1]
+    return "workspace query" if reason.startswith("a workspace query") else "allocation"
 
 
 class OpRecord:
@@ -90,7 +126,7 @@ class ControlRecord:
 class TaskGroup:
     """The handle task_group_end returns: a run of records of one graph capture."""
 
-    __slots__ = ("graph", "generation", "index", "record_indices", "name")
+    __slots__ = ("graph", "generation", "index", "record_indices", "name", "updated_stamp")
 
     def __init__(self, graph: "SimGraph", generation: int, index: int, record_indices: list[int]) -> None:
         self.graph = graph
@@ -98,6 +134,7 @@ class TaskGroup:
         self.index = index
         self.record_indices = record_indices
         self.name = f"task group {index} of {graph.name}"
+        self.updated_stamp = 0  # the device's event counter at its last applied task update
 
     def __repr__(self) -> str:
         return f"<{self.name}: {len(self.record_indices)} ops>"
@@ -151,9 +188,8 @@ def materialize(
     """
     func = info.func
     with torch._C.DisableTorchFunction(), modes_off():
-        try:
-            meta_out = func(*to_meta(args), **{k: to_meta(v) for k, v in kwargs.items()})
-        except (NotImplementedError, RuntimeError, TypeError):
+        meta_out = meta_outputs(func, args, kwargs)
+        if meta_out is NO_META:
             return None
         metas = _flatten_returns(func, meta_out)
         values: list[Any] = []
@@ -202,6 +238,7 @@ class Capture:
         self.records: list[Any] = []
         self.groups: list[TaskGroup] = []
         self.open_group: Optional[tuple["SimStream", int]] = None
+        self.super_kernel_scopes: list[str] = []  # names of the super_kernel_scope()s opened
         self.fresh_bytes = 0
         self.fallback_ops = 0
         self.recorder = CaptureRecorder(self)
@@ -225,12 +262,19 @@ class Capture:
             self.guard.__exit__(None, None, None)
 
     def host_sync_error(self, what: str) -> CaptureConstraintError:
+        if self.open_group is not None:
+            return self.refuse_in_group("host synchronization", what)
         return CaptureConstraintError(HOST_SYNC_DURING_CAPTURE.format(what=what, graph=self.graph.name))
+
+    def refuse_in_group(self, kind: str, what: str) -> CaptureConstraintError:
+        return task_group_refusal(kind, what, f"task group {len(self.groups)} (open)", self.graph.name)
 
     # -- ops
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
         info = self.device._op_info(func)
         kind = info.kind
+        if self.open_group is not None:
+            return self._dispatch_in_group(info, args, kwargs)
         if kind == OP:
             return self._record(info, args, kwargs)
         if kind == ALIAS or kind == HOST:
@@ -240,6 +284,28 @@ class Capture:
         if kind == RNG and (self.allow_rng or not draws_random(info, args, kwargs)):
             return self._record(info, args, kwargs)
         raise reject(kind, func, self.graph.name)
+
+    def _dispatch_in_group(self, info: OpInfo, args: tuple, kwargs: dict) -> Any:
+        """Inside a task group: kernel tasks writing into existing tensors, and aliases."""
+        kind = info.kind
+        if kind == ALIAS or kind == HOST:
+            return info.func(*args, **kwargs)
+        if kind == ALLOC:
+            raise self.refuse_in_group(_alloc_kind(info.func), str(info.func))
+        if kind == OP or (kind == RNG and (self.allow_rng or not draws_random(info, args, kwargs))):
+            func = info.func
+
+            def refuse(meta: Tensor) -> Tensor:
+                raise self.refuse_in_group("output allocation", f"{func} returns a new tensor")
+
+            made = materialize(info, args, kwargs, refuse)
+            if made is None:
+                return self._record_executed(info, args, kwargs)
+            self.records.append(OpRecord(func, args, dict(kwargs), made[1], self.device._current().stream_id))
+            return made[0]
+        if kind == HOST_SYNC:
+            raise self.refuse_in_group("host synchronization", str(info.func))
+        raise reject(kind, info.func, self.graph.name)
 
     def _allocate(self, meta: Tensor) -> Tensor:
         nbytes = meta.untyped_storage().nbytes() if meta.numel() else 0
@@ -287,6 +353,8 @@ class Capture:
         return out
 
     def control(self, kind: str, event: "SimExternalEvent") -> None:
+        if self.open_group is not None:
+            raise self.refuse_in_group("ExternalEvent", f"{kind} of {event}")
         self.records.append(ControlRecord(kind, event))
 
     # -- task groups
@@ -357,7 +425,7 @@ class Update:
 class Segment:
     """Calls run back to back, then an optional control node."""
 
-    __slots__ = ("entries", "tasks", "kernels", "runs", "time_us", "control")
+    __slots__ = ("entries", "tasks", "kernels", "runs", "time_us", "control", "groups")
 
     def __init__(self) -> None:
         self.entries: list[tuple] = []
@@ -366,6 +434,7 @@ class Segment:
         self.runs: list[tuple[int, int, str]] = []  # merged task ranges [start, end) and the kernel's name
         self.time_us = 0.0
         self.control: Optional[ControlRecord] = None
+        self.groups: tuple[TaskGroup, ...] = ()  # task groups whose first task is in this segment
 
     def retime(self, cost: Optional[CostModel] = None) -> None:
         if self.runs and cost is not None:
@@ -447,6 +516,13 @@ class Program:
             seg.retime()
         self.num_tasks = sum(len(seg.entries) for seg in self.segments)
         self.total_time_us = sum(seg.time_us for seg in self.segments)
+
+    def mark_groups(self, groups: Sequence[TaskGroup]) -> None:
+        """Note in which segment each task group starts (a replay checks it is up to date there)."""
+        for group in groups:
+            if group.record_indices:
+                segment = self.segments[self.positions[group.record_indices[0]][0]]
+                segment.groups = (*segment.groups, group)
 
     def replace(self, record_index: int, args: tuple, kwargs: dict) -> None:
         """Give one recorded op new arguments (a task update); its outputs stay in place."""

@@ -194,6 +194,7 @@ class CaptureMixin:
         try:
             self._fault("capture_end", stream_id=self._ledger.in_use)
             program = Program(capture.records, self.cost)
+            program.mark_groups(capture.groups)
         except BaseException:
             self._abort_capture(graph)
             raise
@@ -208,6 +209,7 @@ class CaptureMixin:
         graph._pool_handle = pool.handle
         graph.program = program
         graph.pool_bytes = capture.fresh_bytes
+        graph.super_kernel_scopes = tuple(capture.super_kernel_scopes)
         graph.capture = None
         graph.state = CAPTURED
         graph.capture_wall_s = time.perf_counter() - capture.started

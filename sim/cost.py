@@ -18,7 +18,7 @@ profile can replace them (see `sim.profiles.load_profile`).
 
 Hook: ``CostModel.task_adjust`` (None by default) may rescale a graph task's device time.
 
-Static and super kernels (SEMANTICS §10). ``CostModel.static_kernels`` maps a kernel
+Static and super kernels (docs/semantics.md §10). ``CostModel.static_kernels`` maps a kernel
 signature — (op name, input shapes, input dtypes), `task_signature` — to the id of a
 fixed-shape kernel a static-kernel build produced (`SimDevice.install_static_kernels`). A
 graph task whose signature was built runs as that static kernel: named
@@ -87,6 +87,7 @@ class TaskInfo(NamedTuple):
     duration_us: float
     block_dim: int = 0  # cores the kernel launches on
     parts: tuple[str, ...] = ()  # a super kernel: the names of the kernels merged into it
+    members: tuple["TaskInfo", ...] = ()  # a super kernel: the merged kernels themselves (profiles)
 
 
 def task_signature(info: TaskInfo) -> tuple:
@@ -194,6 +195,7 @@ def super_kernel_task(parts: Sequence[TaskInfo], name: str, params: CostParams) 
         duration_us=max(0.0, duration),
         block_dim=max(p.block_dim for p in parts),
         parts=tuple(p.name for p in parts),
+        members=tuple(parts),
     )
 
 

@@ -4,7 +4,7 @@ Theory of operation. Tensors live on the CPU and eager ops run when issued. What
 simulator adds is the device's *graph* behaviour, enforced the way torch_npu enforces it:
 
 * capture records instead of running (`sim.recorder`, `sim.capture`), rejects what the
-  device cannot capture (SEMANTICS §12), charges streams like the planner
+  device cannot capture (docs/semantics.md §12), charges streams like the planner
   (`sim.budget`) and accounts the graph pool;
 * replay re-runs the recording on the captured tensors with the captured host values,
   suspending at ExternalEvent waits nobody has recorded yet;
@@ -40,12 +40,11 @@ from ascendgraph.device import DeviceProfile, DeviceStats
 from ascendgraph.errors import (
     GRAPH_HANG_REPLAY,
     GRAPH_HANG_STREAM,
-    HOST_SYNC_DURING_CAPTURE,
     TEXT_DEVICE_LOST,
     ConfigError,
-    CaptureConstraintError,
     DeviceLost,
     GraphHang,
+    StaleGraphParams,
 )
 from sim.budget import StreamLedger
 from sim.capture import Capture, Update
@@ -78,6 +77,8 @@ OPTIONS = {
     "float16/bfloat16 (an NPU would refuse it; default False)",
     "lazy_kernel_init": "model the workspace allocation of a kernel's first launch per shape, refused "
     "inside a capture (so captures need warm-ups; default True)",
+    "require_task_updates": "a replay that executes a task group not updated since that replay began raises "
+    "StaleGraphParams (default True; False leaves stale parameters to the check against eager)",
     "hccl_op_expansion_mode": "HCCL's collective expansion (AIV, or anything else: FFTS+) pricing captured "
     "collectives in streams (default: HCCL_OP_EXPANSION_MODE of env)",
     "meta_tensors": "tensors live on the meta device: captures still count streams, pool bytes and "
@@ -157,6 +158,9 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
         self._graphs_alive = 0
         self._captured_total = 0
         self._replays = 0
+        self.require_task_updates = bool(options.get("require_task_updates", True))
+        self._stamps = itertools.count(1)  # orders replay launches and applied task updates
+        self._stale: list[StaleGraphParams] = []  # noted by replays, raised at the next host contact
         self._fallback_ops = 0
         self._lost_at: Optional[str] = None
 
@@ -295,7 +299,7 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
     def _host_sync_check(self, what: str) -> None:
         capture = self._capture
         if capture is not None:
-            raise CaptureConstraintError(HOST_SYNC_DURING_CAPTURE.format(what=what, graph=capture.graph.name))
+            raise capture.host_sync_error(what)
 
     def synchronize(self) -> None:
         """Wait for all streams. A replay suspended at an unrecorded ExternalEvent would
@@ -309,6 +313,7 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
     def _synchronize_streams(self, streams: list[SimStream], *, what: str) -> None:
         self._check_alive()
         self._host_sync_check(what)
+        self._surface_stale()
         for stream in streams:
             if not stream.pending:
                 continue

@@ -10,7 +10,7 @@ the plan's seeded generator) and otherwise behaves as ``off``.
     plan   := rule (";" rule)*
     rule   := site "=" term ("->" term)*
     term   := [count "*"] [percent "%"] action
-    action := "off" | "raise(" code ")" | "delay(" ms ")" | "hang" | "skip_update"
+    action := "off" | "raise(" code ")" | "delay(" ms ")" | "hang" | "skip_update" | "perturb(" x ")"
     code   := "207008" | "alloc_sq_cq" | "207005" | "oom" | "device_lost"
 
 A plan object carries its hit counters and generator; `FaultPlan.fresh()` gives an
@@ -42,7 +42,7 @@ from ascendgraph.readers import MAX_INT_DIGITS, check_text_size, read_float
 __all__ = ["MAX_DELAY_MS", "SITES", "ACTIONS", "CODES", "Action", "Term", "FaultPlan", "fault_error"]
 
 SITES = ("capture_begin", "capture_end", "replay", "task_update", "event_record", "malloc", "synchronize")
-ACTIONS = ("off", "raise(code)", "delay(ms)", "hang", "skip_update")
+ACTIONS = ("off", "raise(code)", "delay(ms)", "hang", "skip_update", "perturb(x)")
 CODES = ("207008", "alloc_sq_cq", "207005", "oom", "device_lost")
 
 
@@ -52,6 +52,7 @@ class Action(str, Enum):
     DELAY = "delay"
     HANG = "hang"
     SKIP_UPDATE = "skip_update"
+    PERTURB = "perturb"  # replay only: add x to the replayed graph's outputs (a planted divergence)
 
 
 @dataclass(frozen=True)
@@ -63,11 +64,13 @@ class Term:
     percent: Optional[float] = None
     code: Optional[str] = None
     delay_ms: float = 0.0
+    value: float = 0.0  # perturb(x)
 
     @property
     def action_text(self) -> str:
         """The action as written in a plan: ``raise(207008)``, ``delay(5)``, ``hang``."""
-        return {Action.RAISE: f"raise({self.code})", Action.DELAY: f"delay({self.delay_ms:g})"}.get(
+        return {Action.RAISE: f"raise({self.code})", Action.DELAY: f"delay({self.delay_ms:g})",
+                Action.PERTURB: f"perturb({self.value!r})"}.get(
             self.action, self.action.value
         )
 
@@ -128,13 +131,21 @@ def _parse_term(text: str, site: str) -> Term:
             f"fault plan: unknown action {_short(name)} in {_short(token)}; valid actions: {', '.join(ACTIONS)}"
         )
     action = Action(name)
-    takes_arg = action in (Action.RAISE, Action.DELAY)
+    takes_arg = action in (Action.RAISE, Action.DELAY, Action.PERTURB)
     if takes_arg and arg is None:
         raise _bad(f"fault plan: action {_short(name)} in {_short(token)} needs an argument: {name}(...)")
     if not takes_arg and arg is not None:
         raise _bad(f"fault plan: action {_short(name)} in {_short(token)} takes no argument")
     if action is Action.SKIP_UPDATE and site != "task_update":
         raise _bad(f"fault plan: skip_update only applies to site 'task_update', not {_short(site)}")
+    if action is Action.PERTURB:
+        if site != "replay":
+            raise _bad(f"fault plan: perturb only applies to site 'replay', not {_short(site)}")
+        try:
+            value = read_float(arg or "", "")
+        except ConfigError:
+            raise _bad(f"fault plan: perturb {_short(arg)} in {_short(token)} must be a finite number") from None
+        return Term(action, count, percent, value=value)
     if action is Action.RAISE:
         if arg not in CODES:
             raise _bad(f"fault plan: unknown code {_short(arg)} in {_short(token)}; valid codes: {', '.join(CODES)}")
@@ -147,7 +158,7 @@ def _parse_term(text: str, site: str) -> Term:
                 f"fault plan: delay {_short(arg)} in {_short(token)} must be a finite number of milliseconds"
             ) from None
         if not 0 <= delay <= MAX_DELAY_MS:
-            raise _bad(f"fault plan: delay {_short(arg)} in {_short(token)} must be between 0 and "
+            raise _bad(f"fault plan: delay {_short(arg)} in {_short(token)} must be >= 0 ms and at most "
                        f"{MAX_DELAY_MS} ms (one hour)")
         return Term(action, count, percent, delay_ms=delay)
     return Term(action, count, percent)

@@ -1,6 +1,6 @@
 """SimGraph: torch_npu's NPUGraph on the simulator — a capture-state machine and its replay.
 
-States and transitions, as data (SEMANTICS §12 texts for the refused ones):
+States and transitions, as data (docs/semantics.md §12 texts for the refused ones):
 
     idle      --capture_begin-->  capturing  --capture_end-->  captured
     captured  --replay-->         captured
@@ -76,13 +76,16 @@ class GraphHold:
 class ReplayRun:
     """One launched replay: where it is in the program and what it waits for."""
 
-    __slots__ = ("graph", "program", "segment", "waiting_on")
+    __slots__ = ("graph", "program", "segment", "waiting_on", "perturb", "stamp", "number")
 
-    def __init__(self, graph: "SimGraph", program: "Program") -> None:
+    def __init__(self, graph: "SimGraph", program: "Program", stamp: int = 0) -> None:
         self.graph = graph
         self.program = program
         self.segment = 0
         self.waiting_on: Optional["SimExternalEvent"] = None
+        self.stamp = stamp  # the device's event counter at launch (task updates after it are fresh)
+        self.number = graph.replays  # this graph's replay count, for messages
+        self.perturb = 0.0  # a fault plan's perturb(x): added to the outputs when the run finishes
 
 
 class SimGraph:
@@ -100,6 +103,7 @@ class SimGraph:
         self.capture_wall_s = 0.0
         self.pool_bytes = 0
         self.replays = 0
+        self.super_kernel_scopes: tuple[str, ...] = ()  # super_kernel_scope()s opened in the capture
         self._hold: Optional[GraphHold] = None
         self._finalizer: Optional[weakref.finalize] = None
         self._pool_handle: Optional["SimPoolHandle"] = None
@@ -163,6 +167,7 @@ class SimGraph:
             "capture_wall_s": self.capture_wall_s,
             "device_time_us": self.device_time_us(),
             "replays": self.replays,
+            "super_kernel_scopes": list(self.super_kernel_scopes),
         }
 
     def __repr__(self) -> str:

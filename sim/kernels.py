@@ -64,6 +64,7 @@ __all__ = [
     "muls_add_ref",
     "reshape_and_cache_ref",
     "paged_attention_ref",
+    "attention_workspace_ref",
 ]
 
 # The formulas live in ascendgraph.reference (shared with hw/'s fallbacks); the simulator's
@@ -196,7 +197,11 @@ def paged_attention_ref(
     seq_lens: list[int],
     scale: float,
     out: Tensor,
+    workspace: Optional[Tensor] = None,
+    softmax_lse: Optional[Tensor] = None,
 ) -> None:
+    # workspace / softmax_lse: the caller's buffers (see ops.paged_attention); the CPU
+    # reference needs no scratch and does not produce the log-sum-exp.
     ends = list(actual_seq_lengths)
     lens = list(seq_lens)
     _check_attention_args(query, key_cache, block_table, ends, lens)
@@ -364,6 +369,19 @@ def _checked(name: str, kernel: Callable[..., Any]) -> Callable[..., Any]:
     run.__name__ = f"checked_{name}"
     return run
 
+def attention_workspace_ref(
+    query: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    block_table: Tensor,
+    actual_seq_lengths: list[int],
+    seq_lens: list[int],
+    scale: float,
+) -> Tensor:
+    """A fresh buffer of the size the op's fake implementation declares (no kernel runs)."""
+    rows = query.shape[0] * query.shape[1]
+    return torch.empty(rows * ops.ATTENTION_WORKSPACE_BYTES_PER_ROW, dtype=torch.uint8, device=query.device)
+
 
 # --------------------------------------------------------------------------- registration
 
@@ -379,6 +397,7 @@ _KERNELS = {
     "muls_add": muls_add_ref,
     "reshape_and_cache": reshape_and_cache_ref,
     "paged_attention": paged_attention_ref,
+    "attention_workspace": attention_workspace_ref,
 }
 
 

@@ -49,7 +49,8 @@ under them and they see the compiled code's ops at run time.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+import contextlib
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -82,6 +83,8 @@ __all__ = [
     "OpInfo",
     "classify",
     "to_meta",
+    "meta_outputs",
+    "NO_META",
     "CaptureRecorder",
     "HostSyncGuard",
     "UpdateCollector",
@@ -108,6 +111,9 @@ NO_KERNEL_OPS: dict[str, tuple[int, str]] = {
     "aten::empty_permuted": (ALLOC, "an allocation from the caching allocator / graph pool, no kernel"),
     "aten::new_empty": (ALLOC, "an allocation from the caching allocator / graph pool, no kernel"),
     "aten::new_empty_strided": (ALLOC, "an allocation from the caching allocator / graph pool, no kernel"),
+    "ascendgraph::attention_workspace": (
+        ALLOC, "a workspace query: a host-side size computation and an allocation, no kernel"
+    ),
 }
 # Classes that never launch a kernel (no task, no device time, no launch cost, no record).
 _NO_KERNEL_KINDS = frozenset({ALIAS, HOST, ALLOC})
@@ -228,6 +234,60 @@ def to_meta(value: Any) -> Any:
     return value
 
 
+# --------------------------------------------------------------------------- meta outputs, memoised
+#
+# Capture computes every recorded op's outputs on the meta device. The same op with the same
+# argument shapes comes back again and again (each layer's piece, each size's FULL graph
+# re-issuing its pieces' ops), so the meta outputs are memoised on (op, argument signature):
+# a tensor's signature is its sizes, strides, storage offset and dtype — all a meta kernel can
+# see — and a host value's is its type and value. Arguments without a signature (symbolic
+# sizes, opaque objects) are never memoised. Meta kernels are pure functions of that
+# signature, so a hit hands back what a fresh call would compute; the returned meta tensors
+# are only read (sizes, strides, dtype, byte counts), never written.
+
+NO_META = object()  # the op has no meta kernel (the caller runs it for real)
+_MISS = object()
+META_CACHE_LIMIT = 20_000
+_meta_cache: dict[tuple, Any] = {}
+_HOST_TYPES = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
+
+
+class _NoSignature(Exception):
+    pass
+
+
+def _signature(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return (0, tuple(value.shape), value.stride(), value.storage_offset(), value.dtype)
+    if isinstance(value, (list, tuple)):
+        return (1, type(value), tuple(_signature(v) for v in value))
+    if isinstance(value, _HOST_TYPES):
+        return (2, type(value), value)
+    raise _NoSignature
+
+
+def meta_outputs(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """``func``'s outputs on the meta device for these arguments (NO_META without a meta
+    kernel); memoised on the arguments' signature. Call with torch-function handling and
+    the simulator's modes off."""
+    try:
+        key: Optional[tuple] = (func, _signature(tuple(args)), _signature(tuple(sorted(kwargs.items()))))
+        cached = _meta_cache.get(key, _MISS)  # type: ignore[arg-type]
+        if cached is not _MISS:
+            return cached
+    except (_NoSignature, TypeError):
+        key = None
+    try:
+        result = func(*to_meta(args), **{k: to_meta(v) for k, v in kwargs.items()})
+    except (NotImplementedError, RuntimeError, TypeError):
+        result = NO_META
+    if key is not None:
+        if len(_meta_cache) >= META_CACHE_LIMIT:
+            _meta_cache.clear()
+        _meta_cache[key] = result
+    return result
+
+
 def constraint_message(kind: int, func: Any, graph: str) -> str:
     name = str(func)
     if kind == HOST_SYNC:
@@ -237,6 +297,27 @@ def constraint_message(kind: int, func: Any, graph: str) -> str:
     if kind == METADATA_CHANGE:
         return METADATA_CHANGE_DURING_CAPTURE.format(what=name, graph=graph)
     return RNG_DURING_CAPTURE.format(what=name, graph=graph)
+
+
+@contextlib.contextmanager
+def wrapper_reentry() -> Iterator[None]:
+    """Run a wrapper op's Python implementation as if called from Python.
+
+    A custom op reaches a dispatch mode *below* autograd (its autograd kernel redispatches
+    with the autograd keys excluded). Left so, the CompositeImplicitAutograd ops its
+    implementation issues (``Tensor.to(dtype)``, ``reshape`` of a non-contiguous tensor,
+    ``contiguous()``...) decompose without ever reaching the mode: they would run at capture
+    and their results be frozen into the graph instead of being recorded.
+    """
+    key = torch._C.DispatchKey.AutogradFunctionality
+    excluded = torch._C._dispatch_tls_is_dispatch_key_excluded(key)
+    if excluded:
+        torch._C._dispatch_tls_set_dispatch_key_excluded(key, False)
+    try:
+        yield
+    finally:
+        if excluded:
+            torch._C._dispatch_tls_set_dispatch_key_excluded(key, True)
 
 
 class _Mode(TorchDispatchMode):
@@ -256,7 +337,7 @@ class _Mode(TorchDispatchMode):
         kwargs = kwargs or {}
         impl = ag_ops._WRAPPER_OPS.get(func)
         if impl is not None:
-            with self:
+            with self, wrapper_reentry():
                 return impl(*args, **kwargs)
         return self.handle(func, args, kwargs)
 

@@ -51,6 +51,7 @@ class ReplayMixin:
             raise RuntimeError(EXTERNAL_EVENT_NOT_RESET.format(event=event))
         event.flag = True
         self._wake(event)
+        self._surface_stale()
 
     def _external_wait(self, event: SimExternalEvent, stream: Optional[SimStream]) -> None:
         self._check_alive()
@@ -103,13 +104,18 @@ class ReplayMixin:
         self._check_alive()
         graph._transition("replay")
         stream = self._current()
+        capture = self._capture
+        if capture is not None and capture.open_group is not None and stream is capture.stream:
+            raise capture.refuse_in_group("graph replay", f"replay of {graph.name}")
         term = self._fault("replay", stream_id=stream.stream_id)
         program = graph.program
         assert program is not None
         graph.replays += 1
         self._replays += 1
         self._host_us += self.cost.graph_launch_us(program.num_kernels)
-        run = ReplayRun(graph, program)
+        run = ReplayRun(graph, program, next(self._stamps))
+        if term is not None and term.action is Action.PERTURB:
+            run.perturb = term.value
         if term is not None and term.action is Action.HANG:
             run.waiting_on = SimExternalEvent(self, f"an injected hang at replay of {graph.name}")
         if run.waiting_on is not None or stream.pending:
@@ -119,6 +125,7 @@ class ReplayMixin:
         if not self._advance(run, stream):
             stream.pending.append(run)
             self._busy.add(stream)
+        self._surface_stale()
 
     def _advance(self, run: ReplayRun, stream: SimStream) -> bool:
         """Run a replay from where it stands; False when it suspends at a wait."""
@@ -133,6 +140,8 @@ class ReplayMixin:
         with quiet, torch._C._AutoDispatchBelowADInplaceOrView(), kernels.replaying():
             while index < count:
                 segment = segments[index]
+                if segment.groups and self.require_task_updates:
+                    self._check_fresh(run, segment)
                 for call, args, kwargs, mode, target in segment.entries:
                     result = call(*args, **kwargs) if kwargs else call(*args)
                     if mode == COPY_ONE:
@@ -160,11 +169,27 @@ class ReplayMixin:
                     event.flag = True
                     recorded.append(event)
         run.segment = index
+        if finished and run.perturb:
+            _perturb_outputs(run.program, run.perturb)
         if self._profiling:
             self._end_replay_part(run, stream, finished)
         for event in recorded:
             self._wake(event)
         return finished
+
+
+def _perturb_outputs(program: Any, value: float) -> None:
+    """Add ``value`` to the graph's output: what the last kernel writing a fresh floating
+    tensor wrote (a planted divergence of known size, `perturb(x)` of the fault plan)."""
+    for segment in reversed(program.segments):
+        for *_, mode, target in reversed(segment.entries):
+            targets = (target,) if mode == COPY_ONE else tuple(target or ()) if mode == COPY_MANY else ()
+            written = [t for t in targets if isinstance(t, torch.Tensor) and t.is_floating_point()]
+            if written:
+                with torch.no_grad():
+                    for tensor in written:
+                        tensor.add_(value)
+                return
 
 
 def _copy_many(targets: tuple, results: Any) -> None:

@@ -6,10 +6,16 @@ graph_task_update_*).
 
 from __future__ import annotations
 
-from ascendgraph.errors import TASK_GROUP_MISUSE, TASK_UPDATE_MISMATCH, CaptureConstraintError
-from sim.capture import TaskGroup, Update
+from ascendgraph.errors import (
+    STALE_GRAPH_PARAMS,
+    TASK_GROUP_MISUSE,
+    TASK_UPDATE_MISMATCH,
+    CaptureConstraintError,
+    StaleGraphParams,
+)
+from sim.capture import Segment, TaskGroup, Update
 from sim.faults import Action
-from sim.graph import CAPTURED
+from sim.graph import CAPTURED, ReplayRun
 from sim.streams import SimStream
 from sim.tracing import TraceSpan
 
@@ -17,7 +23,31 @@ __all__ = ["TaskGroupMixin"]
 
 
 class TaskGroupMixin:
-    """Open / close task groups while capturing; update them after capture."""
+    """Open / close task groups while capturing; update them after capture; catch replays
+    that execute a task group nobody updated (stale parameters)."""
+
+    def _check_fresh(self, run: ReplayRun, segment: Segment) -> None:
+        """Note every task group starting in ``segment`` not updated since ``run`` was launched.
+
+        vLLM Ascend updates every attention task group after every FULL replay, so a group
+        executed without an update since its replay began ran with an earlier batch's
+        parameters (DECISIONS D3). The replay still completes (the device does not stop for
+        it); the error surfaces at the next point the host hears from the device."""
+        for group in segment.groups:
+            if group.updated_stamp < run.stamp:
+                op = str(group.graph.program.records[group.record_indices[0]].func) if group.graph.program else "?"
+                self._stale.append(
+                    StaleGraphParams(
+                        STALE_GRAPH_PARAMS.format(replay=run.number, graph=run.graph.name, group=f"task group {group.index}", op=op)
+                    )
+                )
+
+    def _surface_stale(self) -> None:
+        """Raise the first stale-parameter error noted so far (each is reported once)."""
+        if self._stale:
+            first = self._stale[0]
+            self._stale.clear()
+            raise first
 
     def _misuse(self, what: str, detail: str) -> CaptureConstraintError:
         return CaptureConstraintError(TASK_GROUP_MISUSE.format(what=what, detail=detail))
@@ -81,6 +111,7 @@ class TaskGroupMixin:
             raise CaptureConstraintError(TASK_UPDATE_MISMATCH.format(group=update.group.name, detail=detail))
         for record_index, (_, args, kwargs) in zip(update.group.record_indices, update.calls):
             program.replace(record_index, args, kwargs)
+        update.group.updated_stamp = next(self._stamps)
         cost_us = self.cost.params.host_launch_us * len(update.calls)
         if self._profiling:
             self.trace_spans.append(

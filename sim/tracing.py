@@ -51,6 +51,9 @@ class KernelRecord(NamedTuple):
     bytes: float
     block_dim: int = 0  # cores the kernel launched on (a super kernel: the largest of its parts)
     parts: tuple = ()  # a super kernel: names of the kernels merged into it
+    # A super kernel: a KernelRecord per merged kernel, each named after the super kernel and
+    # given its slice of the launch (in proportion to what it would take alone).
+    members: tuple = ()
 
 
 class TraceSpan(NamedTuple):
@@ -87,6 +90,23 @@ class SimProfileSession:
 
 
 
+def _member_records(task: Any, start: float, stream_id: int, graph: Optional[str]) -> tuple[KernelRecord, ...]:
+    """The merged kernels of a super-kernel launch, named after it, sharing its duration."""
+    alone = sum(member.duration_us for member in task.members) or 1.0
+    records = []
+    clock = start
+    for member in task.members:
+        share = task.duration_us * member.duration_us / alone
+        records.append(
+            KernelRecord(
+                task.name, member.op_type, stream_id, clock, share, member.input_shapes, member.input_dtypes,
+                member.output_shapes, member.output_dtypes, graph, member.flops, member.bytes, member.block_dim,
+            )
+        )
+        clock += share
+    return tuple(records)
+
+
 class TracingMixin:
     """Kernel log, trace spans, eager pricing, profiling sessions, static and super kernels."""
 
@@ -118,11 +138,12 @@ class TracingMixin:
         clock = start
         append = self.kernel_records.append
         for task in tasks:
+            members = _member_records(task, clock, stream_id, graph) if task.members else ()
             append(
                 KernelRecord(
                     task.name, task.op_type, stream_id, clock, task.duration_us, task.input_shapes,
                     task.input_dtypes, task.output_shapes, task.output_dtypes, graph, task.flops, task.bytes,
-                    task.block_dim, task.parts,
+                    task.block_dim, task.parts, members,
                 )
             )
             clock += task.duration_us
@@ -194,6 +215,18 @@ class TracingMixin:
     @property
     def static_kernels(self) -> dict[tuple, str]:
         return dict(self.cost.static_kernels)
+
+    @contextmanager
+    def super_kernel_scope(self, scope_name: Optional[str] = None) -> Iterator[None]:
+        """torch_npu's ``super_kernel_scope_begin/end`` around a captured region. The
+        simulator notes the scope on the capture (``graph.info()["super_kernel_scopes"]``);
+        `super_kernel_optimize` merges runs of static kernels whether or not a scope was open."""
+        if scope_name is not None and (not isinstance(scope_name, str) or not scope_name.strip()):
+            raise RuntimeError("scope_name should be None or a non-empty string.")
+        capture = self._capture
+        if capture is not None:
+            capture.super_kernel_scopes.append(scope_name or "")
+        yield
 
     def super_kernel_optimize(self, graph: SimGraph, optimize_options: Optional[dict[str, Any]] = None) -> int:
         """Merge each run of two or more consecutive static kernels of a captured graph into one

@@ -19,6 +19,7 @@ from ascendgraph.config import SOCS, GraphConfig, parse_json_argument
 from ascendgraph.errors import ConfigError
 from ascendgraph.models.backends import ATTENTION_BACKENDS
 from ascendgraph.models.presets import PRESETS
+from ascendgraph.readers import read_int
 
 __all__ = ["LIMITS", "MAX_SEED", "MODELLED_SPECULATIVE_KEYS", "positive_int", "non_negative_int", "bounded_int",
            "seed_int", "limit_error", "non_empty_text", "json_object_text", "add_config_arguments",
@@ -56,8 +57,8 @@ def _shown(text: str) -> str:
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1."""
     try:
-        value = int(text)
-    except ValueError:
+        value = read_int(text, "")  # ASCII digits only: "²" and "١٢" are not numbers here
+    except ConfigError:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {_shown(text)}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
@@ -67,8 +68,8 @@ def positive_int(text: str) -> int:
 def non_negative_int(text: str) -> int:
     """argparse type: an integer >= 0."""
     try:
-        value = int(text)
-    except ValueError:
+        value = read_int(text, "")  # ASCII digits only: "²" and "١٢" are not numbers here
+    except ConfigError:
         raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {_shown(text)}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
@@ -133,19 +134,20 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
                             f"at most {LIMITS['num_layers'][1]})")
     model.add_argument("--attention-backend", choices=sorted(ATTENTION_BACKENDS), default=None,
                        help="attention backend (default: the model's own: mla for MLA models, else ascend)")
-    vllm = parser.add_argument_group("vLLM configuration (same spelling as `vllm serve`)")
+    vllm = parser.add_argument_group(
+        "vLLM configuration (every `vllm serve` spelling: --flag V, --flag=V, --flag_name, -cc.key=V, "
+        "--no-switch)")
     vllm.add_argument("--compilation-config", "-cc", type=json_object_text, default=None, metavar="JSON",
                       help='CompilationConfig as JSON, e.g. \'{"cudagraph_mode": "FULL_DECODE_ONLY"}\'')
     vllm.add_argument("--additional-config", type=json_object_text, default=None, metavar="JSON",
                       help='vLLM Ascend additional_config as JSON, e.g. \'{"ascend_compilation_config": {"enable_static_kernel": true}}\'')
-    vllm.add_argument("-O", dest="optimization_level", default=None, metavar="LEVEL",
-                      help="optimisation level 0-3 as in vLLM (-O0 eager ... -O3; vLLM also spells it "
-                           "--optimization-level); default 2")
+    vllm.add_argument("-O", "--optimization-level", dest="optimization_level", default=None, metavar="LEVEL",
+                      help="optimisation level 0-3 as in vLLM (-O0 eager ... -O3; also -O 3, -O=3); default 2")
     vllm.add_argument("--max-num-seqs", type=positive_int, default=None, metavar="N", help="default 256")
     vllm.add_argument("--max-num-batched-tokens", type=positive_int, default=None, metavar="N", help="default 8192")
     vllm.add_argument("--num-speculative-tokens", type=non_negative_int, default=None, metavar="K",
                       help="speculative decoding: K draft tokens per step (q = 1 + K tokens per decoding request)")
-    vllm.add_argument("--speculative-config", type=json_object_text, default=None, metavar="JSON",
+    vllm.add_argument("--speculative-config", "-sc", type=json_object_text, default=None, metavar="JSON",
                       help='vLLM SpeculativeConfig as JSON, e.g. \'{"method": "mtp", "num_speculative_tokens": 1}\'; '
                            "only num_speculative_tokens (and draft_num_hidden_layers) matter to graph mode")
     parallel = LIMITS["tensor_parallel_size"][1]
@@ -160,11 +162,12 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
                       default=None, metavar="N", help=f"prefill context parallel ranks (default 1, at most {parallel})")
     vllm.add_argument("--decode-context-parallel-size", "-dcp", type=bounded_int("decode_context_parallel_size"),
                       default=None, metavar="N", help=f"decode context parallel ranks (default 1, at most {parallel})")
-    vllm.add_argument("--enable-expert-parallel", action="store_true", default=None,
+    vllm.add_argument("--enable-expert-parallel", "-ep", action=argparse.BooleanOptionalAction, default=None,
                       help="expert parallelism for MoE models (vLLM's -ep; adds communication streams)")
-    vllm.add_argument("--enable-sequence-parallel", action="store_true", default=None,
+    vllm.add_argument("--enable-sequence-parallel", action=argparse.BooleanOptionalAction, default=None,
                       help="sequence parallelism (Ascend then keeps only capture sizes divisible by tp)")
-    vllm.add_argument("--enforce-eager", action="store_true", default=None, help="no compilation, no graphs")
+    vllm.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=None,
+                      help="no compilation, no graphs")
     vllm.add_argument("--block-size", type=bounded_int("block_size"), default=None, metavar="N",
                       help=f"KV cache block size (default 128, at most {LIMITS['block_size'][1]})")
     vllm.add_argument("--max-loras", type=bounded_int("max_loras"), default=None, metavar="N",

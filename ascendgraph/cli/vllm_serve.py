@@ -31,7 +31,8 @@ from ascendgraph.models.backends import ATTENTION_BACKENDS
 from ascendgraph.models.presets import PRESETS, preset_for_architecture
 from ascendgraph.cli.vllm_flags import VLLM_FLAGS, VLLM_FLAGS_WITH_VALUE, VLLM_SWITCHES, VLLM_VERSION
 
-__all__ = ["PASTE_COMMANDS", "PastedCommand", "translate_vllm_command", "resolve_model_argument"]
+__all__ = ["PASTE_COMMANDS", "PastedCommand", "translate_vllm_command", "resolve_model_argument", "dashed",
+           "normalize_spellings"]
 
 PASTE_COMMANDS = ("explain", "run", "plan")
 
@@ -161,6 +162,70 @@ def _set_dotted(target: dict[str, Any], dotted: str, value: Any, flag: str) -> N
     node[keys[-1]] = value
 
 
+def dashed(flag: str) -> str:
+    """A long flag's name with underscores as dashes, up to the first dot, as vLLM's parser reads
+    it (``--max_num_seqs=8`` -> ``--max-num-seqs=8``, ``--compilation_config.cudagraph_mode``
+    -> ``--compilation-config.cudagraph_mode``); anything else unchanged."""
+    if not flag.startswith("--"):
+        return flag
+    name, dot, rest = flag[2:].partition(".")
+    return "--" + name.replace("_", "-") + dot + rest
+
+
+def normalize_spellings(tokens: Sequence[str], known: Callable[[str], bool]) -> list[str]:
+    """ascendgraph's own flags in every spelling vLLM's parser accepts, rewritten to the one
+    argparse knows: underscores in a long name (``--max_num_seqs``) become dashes when the
+    dashed flag is ``known``, and dotted keys of the JSON flags (``-cc.cudagraph_mode=FULL``,
+    ``--compilation-config.cudagraph_capture_sizes "[1,2]"``, ``-sc.num_speculative_tokens 1``)
+    merge into that flag's JSON, over a JSON value given whole. ``-O3``, ``-O=3`` and
+    ``--no-enforce-eager`` need no rewriting (argparse reads them as they are)."""
+    out: list[str] = []
+    dotted: dict[str, dict[str, Any]] = {}
+    index = 0
+    while index < len(tokens):
+        token = tokens[index]
+        index += 1
+        if not token.startswith("-") or _NUMBER.match(token):
+            out.append(token)
+            continue
+        name, has_inline, inline = token.partition("=")
+        if dashed(name) != name and known(dashed(name).partition(".")[0]):
+            name = dashed(name)
+        base, dot, keys = name.partition(".")
+        target = JSON_FLAGS.get(base) if base != "-O" else None
+        if dot and target is not None and known(target):
+            if not has_inline:
+                inline = _value_after(name, tokens, index)
+                index += 1
+            _set_dotted(dotted.setdefault(target, {}), keys, _json_value(inline, name), name)
+            continue
+        out.append(name + (has_inline + inline if has_inline else ""))
+    if not dotted:
+        return out
+    # A JSON flag given whole and key by key: one value, the keys over the whole (as vLLM merges).
+    merged_out: list[str] = []
+    index = 0
+    while index < len(out):
+        name, has_inline, inline = out[index].partition("=")
+        target = JSON_FLAGS.get(name) if name != "-O" else None
+        if target in dotted:
+            text = inline if has_inline else (out[index + 1] if index + 1 < len(out) else "")
+            index += 1 if has_inline else 2
+            base_value = _json_object(name, text)
+            for key, item in dotted[target].items():
+                if isinstance(item, dict) and isinstance(base_value.get(key), dict):
+                    base_value[key] = {**base_value[key], **item}
+                else:
+                    base_value[key] = item
+            dotted[target] = base_value
+            continue
+        merged_out.append(out[index])
+        index += 1
+    for target, value in dotted.items():
+        merged_out += [target, json.dumps(value)]
+    return merged_out
+
+
 def _closest(flag: str) -> str:
     close = difflib.get_close_matches(flag, sorted(VLLM_FLAGS), n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else ""
@@ -231,10 +296,14 @@ def translate_vllm_command(
             result.model = token
             continue
         flag, has_inline, inline = token.partition("=")
-        # -O3, -O 3: the optimisation level.
+        flag = dashed(flag)
+        # -O3, -O=3, -O 3: the optimisation level.
         if flag.startswith("-O") and not flag.startswith("-O.") and flag != "-O":
             level = flag[2:]
             add("-O", level)
+            continue
+        if flag == "-O" and has_inline:
+            add("-O", inline)
             continue
         if flag == "-O" and not has_inline:
             add("-O", _value_after("-O", rest, index, "a level (0-3)"))

@@ -10,7 +10,7 @@ At run time the op looks up the current forward context (`ascendgraph.runtime.fo
 for the layer's backend, its KV cache and the batch's metadata, writes the new keys and
 values into the paged cache (``reshape_and_cache``) and issues the FIA-like kernel
 ``paged_attention`` with *host* sequence lengths. Under a FULL-graph capture the kernel is
-launched through `GraphParams.capture_attention` (external event + task group, SEMANTICS
+launched through `GraphParams.capture_attention` (external event + task group, docs/semantics.md
 §7) so the engine can update the frozen lengths after each replay.
 
 The op is registered as a *wrapper op* (SIMULATOR-NOTES recipe (a)): a graph recorder
@@ -26,7 +26,7 @@ resolution or dispatch bug would otherwise pass silently).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch
@@ -68,6 +68,20 @@ class AttentionCall:
     seq_lens: list[int]
     scale: float
     out: Tensor
+    workspace: Optional[Tensor] = None  # `prepared()`: the kernel's scratch, made before the task group
+    softmax_lse: Optional[Tensor] = None  # `prepared()`: the kernel's second output, likewise
+
+    def prepared(self) -> "AttentionCall":
+        """This call with its workspace queried and its softmax_lse allocated: what torch_npu's
+        graph handler does in ``prepare_capture``, *before* graph_task_group_begin (and vLLM
+        Ascend's ``full_graph_attention``: workspace, then ``softmax_lse = torch.empty(1, ...)``),
+        so only the kernel task sits inside the group. ``out`` is the caller's already."""
+        workspace = ops.attention_workspace(
+            self.query, self.key_cache, self.value_cache, self.block_table,
+            list(self.actual_seq_lengths), list(self.seq_lens), self.scale,
+        )
+        lse = torch.empty(1, dtype=self.query.dtype, device=self.query.device)
+        return replace(self, workspace=workspace, softmax_lse=lse)
 
     def launch(
         self,
@@ -85,6 +99,8 @@ class AttentionCall:
             list(self.seq_lens if seq_lens is None else seq_lens),
             self.scale,
             self.out,
+            self.workspace,
+            self.softmax_lse,
         )
 
 

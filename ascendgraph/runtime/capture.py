@@ -1,4 +1,4 @@
-"""ACL graph capture and replay per batch descriptor (SEMANTICS §6), and capture errors (§8).
+"""ACL graph capture and replay per batch descriptor (docs/semantics.md §6), and capture errors (§8).
 
 Theory of operation. A `GraphWrapper` wraps one runnable (a piecewise submodule, or the
 whole model) for one runtime mode, PIECEWISE or FULL. On every call it reads the forward
@@ -38,7 +38,7 @@ import gc
 import inspect
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Optional
 
 import torch
 
@@ -111,6 +111,9 @@ class CaptureState:
     # Called after every successful capture with (wrapper, entry): the place for post-capture
     # graph optimisations (e.g. super kernel on FULL graphs).
     after_capture: list[Callable[["GraphWrapper", "GraphEntry"], None]] = field(default_factory=list)
+    # Opened inside every capture block, around the runnable, with the wrapper: the place for
+    # capture-scoped device regions (e.g. super_kernel_scope around FULL captures).
+    capture_scopes: list[Callable[["GraphWrapper"], ContextManager[Any]]] = field(default_factory=list)
     _graph_kind_supported: Optional[bool] = None
 
     def graph_pool(self) -> "PoolHandle":
@@ -266,8 +269,15 @@ class GraphWrapper:
         graph = device.new_graph()
         disable_gc = self.options.gc_disable
         try:
-            with _gc_and_empty_cache_disabled(device) if disable_gc else contextlib.nullcontext():
-                with state.graph_context(graph, self.runtime_mode):
+            # The outer stream context makes the caller's stream current again on every path,
+            # also when the device's graph context fails to (torch_npu's graph.__exit__ skips
+            # its stream restore when capture_end raises).
+            with device.stream(device.current_stream()), (
+                _gc_and_empty_cache_disabled(device) if disable_gc else contextlib.nullcontext()
+            ):
+                with state.graph_context(graph, self.runtime_mode), contextlib.ExitStack() as scopes:
+                    for scope in state.capture_scopes:
+                        scopes.enter_context(scope(self))
                     output = self.runnable(*args)
                     if self.options.weak_ref_output:
                         output = weak_ref_tensors(device, output)

@@ -48,7 +48,7 @@ from ascendgraph.compile.pass_manager import PassManager
 from ascendgraph.compile.static_kernel import attach_static_kernels
 from ascendgraph.compile.super_kernel import attach_super_kernel
 from ascendgraph.config import GraphConfig
-from ascendgraph.device import Device
+from ascendgraph.device import Device, soc_generation
 from ascendgraph.errors import ConfigError, NumericalMismatch
 from ascendgraph.models.build import DecoderModel, build_model, parse_dtype
 from ascendgraph.modes import GraphMode
@@ -122,7 +122,7 @@ class EngineOptions:
     pass_manager: Optional[PassManager] = None
     quantization: Optional[str] = None  # None | "w8a8" | "w8a8_dynamic": the W8A8-like model variant
     profile_dir: Optional[str] = None  # `run()` profiles capture + serving into this directory
-    # Failure-mode switches for tests of SEMANTICS §7 (never use them to "fix" a run).
+    # Failure-mode switches for tests of docs/semantics.md §7 (never use them to "fix" a run).
     skip_param_update: bool = False  # the kernel is not re-issued: stale lengths -> wrong results
     record_update_events: bool = True  # False: replays wait for ever -> GraphHang
     # Simulated data parallelism (the engine is one process): the token counts of the OTHER
@@ -190,18 +190,27 @@ class Engine(BuildStage, ForwardPlumbing, CaptureStage, ServeStage, CheckStage, 
         self.options = options
         self.dtype = parse_dtype(options.dtype)
         self.atol = options.atol if options.atol is not None else default_atol(self.dtype)
-        self.stream_limit = options.stream_limit or DEFAULT_MAX_STREAMS
+        self.lenient: list[str] = []  # declared leniencies of the device (report "lenient")
+        self.device: Device = self._make_device()
+        profile = getattr(self.device, "profile", None)
+        if options.sim_profile is not None and profile is not None:
+            # --sim-profile X resolves as X's SoC does (the CLI refuses a different --soc)
+            generation = soc_generation(profile.soc)
+            if generation is not None and generation != config.soc:
+                config = self.config = config.replace(soc=generation)
+        # the stream limit: --stream-limit > the device's own (a profile's stream_limit) > 1800
+        device_limit = self.device.stats().stream_limit if profile is not None else None
+        self.stream_limit = options.stream_limit or device_limit or DEFAULT_MAX_STREAMS
         self.resolution: Resolution = resolve(
             config,
             env=options.env,
             stream_limit=self.stream_limit,
             hccl_op_expansion_mode=options.hccl_op_expansion_mode,
+            device_profile=profile,
         )
         for warning in self.resolution.warnings:
             log.warning("%s", warning)
         self.decisions: list[Decision] = list(self.resolution.decisions)
-        self.lenient: list[str] = []  # declared leniencies of the device (report "lenient")
-        self.device: Device = self._make_device()
         # HCCL's expansion mode is a fact of the process (flag or HCCL_OP_EXPANSION_MODE): the
         # simulator prices captured collectives with it (sim/budget.py), never with the plan's figures.
         set_expansion = getattr(self.device, "set_hccl_op_expansion_mode", None)
@@ -279,7 +288,7 @@ class Engine(BuildStage, ForwardPlumbing, CaptureStage, ServeStage, CheckStage, 
         self.kernel_counter = KernelCounter.attach(self)
         # route name -> runner; `route(batch)` picks one per batch (xlite adds its own).
         self.runners: dict[str, Callable[[ScheduledBatch], RunResult]] = {"native": self._run_native}
-        # XliteGraph (SEMANTICS §11): router, the device's runtime, served batches per route and
+        # XliteGraph (docs/semantics.md §11): router, the device's runtime, served batches per route and
         # the full-mode start-up profile run; router/runtime are None when xlite is off.
         self.batches_by_route: dict[str, int] = {XLITE: 0, NATIVE: 0}
         self.xlite_router: Optional[XliteRouter] = None
@@ -290,6 +299,7 @@ class Engine(BuildStage, ForwardPlumbing, CaptureStage, ServeStage, CheckStage, 
         self._has_clock = getattr(self.device, "track_eager", None) is not None
         self.capture_seconds = 0.0
         self.capture_fallback: Optional[BaseException] = None
+        self.graphs_captured_before_failure: Optional[int] = None  # set when a capture fails
         self.captured = False
         self.error: Optional[BaseException] = None
         self.first_mismatch: Optional[NumericalMismatch] = None
@@ -338,9 +348,10 @@ def run(
             report = _capture_and_serve(engine)
         if profile is not None:
             report.extensions["profile"] = profile.summary()
-        return report
     finally:
         engine.close()
+    report.settle_after_release(engine.device)  # a failed capture: what the device holds now
+    return report
 
 
 def _capture_and_serve(engine: Engine) -> Report:

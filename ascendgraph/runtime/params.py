@@ -1,20 +1,26 @@
-"""FULL-graph attention parameter update (SEMANTICS §7).
+"""FULL-graph attention parameter update (docs/semantics.md §7).
 
 Theory of operation. Attention kernels take host-side sequence lengths, which a captured
 FULL graph freezes. So during a FULL capture every attention call goes through
 `GraphParams.capture_attention`, which, on the capture stream:
 
+    workspace query, softmax_lse allocation   (before the group: torch_npu's prepare_capture)
     ExternalEvent: wait, reset   (the graph will stall here at replay until the event is recorded)
     task_group_begin
-    launch the kernel (out= a buffer inside the graph)
+    launch the kernel (out=, workspace, softmax_lse: buffers inside the graph)
     task_group_end -> handle     (kept, with the call's arguments and the event)
+
+Only the kernel task sits inside the group (a device refuses allocations, workspace
+queries, event nodes and host syncs there); a launch that fails still closes its group.
 
 After each replay of that graph is *launched*, the engine calls `update(...)`, which on a
 separate update stream, layer by layer: ``task_update_begin(handle)``, re-issues the
 kernel with the batch's real (padded) lengths, ``task_update_end``, records the event — and
-the replay proceeds past its wait with fresh parameters. Forgetting the update leaves the
-frozen lengths in place (wrong results, which the engine's check against eager catches);
-never recording the event leaves the replay waiting (a hang the device reports).
+the replay proceeds past its wait with fresh parameters. An update that fails still ends
+the update and records every event, then raises the first error. Forgetting the update
+leaves the frozen lengths in place: the simulator raises StaleGraphParams (DECISIONS D3),
+and the engine's check against eager is the second line; never recording the event leaves
+the replay waiting (a hang the device reports).
 
 Padding (`padded_attention_lengths`, vLLM Ascend's rule in
 `ascendgraph.runtime.forward_context.fia_padded_lengths`): the last query end always equals
@@ -29,15 +35,18 @@ be called once per engine; a second call is the documented error.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from ascendgraph.dispatch import BatchDescriptor
-from ascendgraph.errors import GRAPH_PARAMS_ALREADY_SET
+from ascendgraph.errors import GRAPH_PARAMS_ALREADY_SET, StaleGraphParams
 from ascendgraph.runtime.forward_context import AttentionMetadata, fia_padded_lengths
 
 if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
     from ascendgraph.device import Device, ExternalEvent, Stream, TaskGroupHandle
     from ascendgraph.models.attention import AttentionCall
 
@@ -147,12 +156,24 @@ class GraphParams:
             )
         device = self.device
         stream = device.current_stream()
+        # Before the group, as torch_npu's handler contract (prepare_capture) and vLLM Ascend:
+        # the workspace query and the softmax_lse allocation; then the event wait and reset.
+        call = call.prepared()
         event = device.new_external_event()
         event.wait(stream)
         event.reset(stream)
         device.task_group_begin(stream)
-        call.launch()
+        try:
+            call.launch()
+        except BaseException:
+            # Close the group so the capture ends (and is discarded) cleanly; the launch's
+            # error is the one to report.
+            with contextlib.suppress(Exception):
+                device.task_group_end(stream)
+            raise
         handle = device.task_group_end(stream)
+        # The workspace and softmax_lse stay strongly referenced: the update re-issues the
+        # kernel with these very buffers (vLLM Ascend keeps its workspaces in GraphParams).
         stored = replace(call, query=device.weak_ref(call.query), out=device.weak_ref(call.out))
         self._records.setdefault(descriptor, []).append(AttentionRecord(stored, handle, event))
 
@@ -192,16 +213,45 @@ class GraphParams:
         )
         device = self.device
         stream = self.update_stream
+        errors: list[tuple[AttentionRecord, Exception]] = []
         with device.stream(stream):
             for record in records:
-                if not skip_kernel:
-                    device.task_update_begin(stream, record.handle)
-                    record.call.launch(actual, seq_lens, metadata.block_table_for(len(actual)))
-                    device.task_update_end(stream)
-                if record_events:
-                    record.event.record(stream)
+                # Exception safety: whatever fails, every open update is ended and every
+                # event recorded (the replay already launched waits on them: an unrecorded
+                # event would hang the next synchronize), then the first error is raised.
+                try:
+                    if not skip_kernel:
+                        self._update_one(record, actual, seq_lens, metadata.block_table_for(len(actual)))
+                except Exception as exc:
+                    errors.append((record, exc))
+                finally:
+                    if record_events:
+                        try:
+                            record.event.record(stream)
+                        except Exception as exc:
+                            errors.append((record, exc))
         self.updates += 1
+        if errors:
+            record, first = errors[0]
+            if isinstance(first, StaleGraphParams):
+                raise StaleGraphParams(f"{first} (layer {record.call.layer_name}, batch {descriptor})") from first
+            raise first
         return len(records)
+
+    def _update_one(
+        self, record: AttentionRecord, actual: list[int], seq_lens: list[int], block_table: "torch.Tensor"
+    ) -> None:
+        """One task update: begin, re-issue the kernel, end (also when the re-issue fails)."""
+        device = self.device
+        stream = self.update_stream
+        device.task_update_begin(stream, record.handle)
+        try:
+            record.call.launch(actual, seq_lens, block_table)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                device.task_update_end(stream)
+            raise
+        device.task_update_end(stream)
 
     def __repr__(self) -> str:
         calls = sum(len(r) for r in self._records.values())

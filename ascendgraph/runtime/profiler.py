@@ -8,15 +8,18 @@ exit it writes the three files into a torch_npu-shaped directory,
 
     <output_dir>/<host>_<pid>_<YYYYmmddHHMMSSmmm>_ascend_pt/ASCEND_PROFILER_OUTPUT/
         op_statistic.csv    one row per (OP Type, Core Type): count, total/avg/min/max, ratio
-        kernel_details.csv  one row per kernel launch, in launch order
+                            (kernels merged into a super kernel keep their type's row; the
+                            launch adds a SuperKernel row)
+        kernel_details.csv  one row per kernel launch, in launch order, each super kernel
+                            followed by its merged kernels under the super kernel's name
         trace_view.json     Chrome trace events: one track per stream (Perfetto, chrome://tracing)
 
-with exactly the columns of SEMANTICS §13. Only the *served* path is profiled: the eager
+with exactly the columns of docs/semantics.md §13. Only the *served* path is profiled: the eager
 reference the engine checks every step against runs on the same device but is left out
 (``include_reference=True`` keeps it). The run directory is written under a temporary
 name and renamed when complete, so a failure leaves no partial profile. On a real NPU the
 engine's device delegates to torch_npu's profiler (`hw.profiler.npu_profile`), which writes
-the same file names itself (its kernel_details.csv says "Block Num" where SEMANTICS says
+the same file names itself (its kernel_details.csv says "Block Num" where docs/semantics.md §13 says
 "Block Dim"; `hw.profiler.KERNEL_DETAILS_ALIASES`).
 
 `KernelCounter` is the engine observer behind the report's ``kernels_per_step``.
@@ -146,10 +149,18 @@ class ProfileOutput:
 
 
 def _op_statistic_rows(records: Sequence[Any], device_id: int) -> list[list[str]]:
+    """One row per (OP Type, Core Type). A super-kernel launch counts in the SuperKernel row
+    *and* each kernel merged into it in its own type's row (with its slice of the launch), so
+    static kernels stay findable when merged; Ratio is over launched time, so the SuperKernel
+    rows repeat time already in their members' rows."""
     groups: dict[tuple[str, str], list[float]] = {}
+    grand_total = 0.0
     for record in records:
         groups.setdefault((record.op_type, accelerator_core(record.op_type)), []).append(record.duration_us)
-    grand_total = sum(sum(d) for d in groups.values()) or 1.0
+        grand_total += record.duration_us
+        for member in getattr(record, "members", ()):
+            groups.setdefault((member.op_type, accelerator_core(member.op_type)), []).append(member.duration_us)
+    grand_total = grand_total or 1.0
     rows = []
     for (op_type, core), durations in sorted(groups.items(), key=lambda item: (-sum(item[1]), item[0])):
         total = sum(durations)
@@ -163,12 +174,16 @@ def _op_statistic_rows(records: Sequence[Any], device_id: int) -> list[list[str]
 def _kernel_details_rows(records: Sequence[Any], step_ids: Sequence[Optional[int]], device_id: int) -> list[list[str]]:
     rows = []
     last_end: dict[int, float] = {}
+    expanded: list[tuple[Any, Optional[int]]] = []
     for record, step in zip(records, step_ids):
+        expanded.append((record, step))
+        expanded.extend((member, step) for member in getattr(record, "members", ()))
+    for record, step in expanded:
         core = accelerator_core(record.op_type)
         block_dim = max(1, int(getattr(record, "block_dim", 0) or 1))
         previous = last_end.get(record.stream_id)
         wait = max(0.0, record.start_us - previous) if previous is not None else 0.0
-        last_end[record.stream_id] = record.start_us + record.duration_us
+        last_end[record.stream_id] = max(previous or 0.0, record.start_us + record.duration_us)
         rows.append([
             "" if step is None else str(step), str(device_id), record.name, record.op_type, core,
             _us(record.start_us), _us(record.duration_us), _us(wait), str(block_dim),

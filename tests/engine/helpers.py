@@ -65,7 +65,8 @@ class EngineRun:
 
 def run_engine(config: GraphConfig, *, workload: WorkloadSpec = WORKLOAD, **options: Any) -> EngineRun:
     """Capture and serve on a fresh simulator; the engine's graphs are released afterwards."""
-    engine = Engine(config, EngineOptions(device="sim", workload_spec=workload, progress=False, **options))
+    options.setdefault("device", "sim")
+    engine = Engine(config, EngineOptions(workload_spec=workload, progress=False, **options))
     log = StepLog()
     engine.observers.append(log)
     before = engine.device.stats()
@@ -85,7 +86,7 @@ def run_engine(config: GraphConfig, *, workload: WorkloadSpec = WORKLOAD, **opti
 
 
 def expected_runtime_mode(mode: GraphMode, *, uniform: bool, num_tokens: int, max_size: int) -> GraphMode:
-    """SEMANTICS §5, written out per mode (q = 1, every decode size captured)."""
+    """docs/semantics.md §5, written out per mode (q = 1, every decode size captured)."""
     if mode is GraphMode.NONE or num_tokens > max_size:
         return GraphMode.NONE
     table = {

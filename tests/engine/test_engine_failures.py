@@ -6,10 +6,28 @@ import pytest
 
 from ascendgraph.errors import STREAM_EXHAUSTION_GUIDANCE, OLD_HDK_GUIDANCE
 from ascendgraph.modes import GraphMode
+from sim import SimDevice
 from tests.engine.helpers import LAYERS, run_engine, small_config
 
 DECODE_ONLY = small_config("FULL_DECODE_ONLY")
 PIECEWISE = small_config("PIECEWISE")
+
+
+ONE_SKIPPED_UPDATE = "task_update=3*off->1*skip_update->off"
+
+
+@pytest.mark.parametrize("check_eager", [True, False], ids=["eager-check", "no-eager-check"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_one_skipped_full_graph_update_fails_the_run_naming_the_stale_group(dtype, check_eager):
+    report = run_engine(DECODE_ONLY, faults=ONE_SKIPPED_UPDATE, dtype=dtype, check_eager=check_eager).report
+    assert not report.ok and report.exit_code == 1
+    assert report.error["type"] == "StaleGraphParams"
+    message = report.error["message"]
+    assert "executed task group" in message and "without a task update since that replay began" in message
+    # the 4th update (2 layers per replay) is skipped: replay 2, second layer
+    assert "replay 2 of graph#" in message and "executed task group 1 " in message
+    assert "(layer model.layers.1.self_attn.attn" in message
+    assert report.requests_failed > 0
 
 
 @pytest.mark.parametrize(
@@ -17,8 +35,16 @@ PIECEWISE = small_config("PIECEWISE")
     [{"skip_param_update": True}, {"faults": "task_update=skip_update"}],
     ids=["engine-skips-the-update", "device-drops-the-update"],
 )
-def test_skipping_the_full_graph_parameter_update_fails_the_check_against_eager(how):
+def test_skipping_the_full_graph_parameter_update_is_caught_by_the_device(how):
     report = run_engine(DECODE_ONLY, **how).report
+    assert not report.ok and report.exit_code == 1
+    assert report.error["type"] == "StaleGraphParams"
+    assert report.requests_failed > 0
+
+
+def test_without_required_updates_the_check_against_eager_catches_the_stale_parameters():
+    device = SimDevice(require_task_updates=False)
+    report = run_engine(DECODE_ONLY, device=device, faults="task_update=skip_update").report
     assert not report.ok and report.exit_code == 1
     assert report.error["type"] == "NumericalMismatch"
     assert "differs from eager" in report.error["message"]

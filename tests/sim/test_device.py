@@ -168,10 +168,11 @@ def test_an_open_task_group_at_capture_end_discards_the_capture():
     device = SimDevice()
     baseline = resources(device)
     graph = device.new_graph()
+    x = torch.ones(2)
     with pytest.raises(CaptureConstraintError, match="never closed"):
         with device.graph(graph):
             device.task_group_begin(device.current_stream())
-            torch.ones(2) + 1
+            x.add_(1)
     assert resources(device) == baseline and graph.state == "idle"
 
 
@@ -302,6 +303,7 @@ def test_the_stream_context_rejects_foreign_streams():
 def test_task_group_misuse_is_explained(misuse, fragment):
     device = SimDevice()
     graph = device.new_graph()
+    x = torch.ones(1)
     with pytest.raises(CaptureConstraintError, match=fragment):
         with device.graph(graph):
             stream = device.current_stream()
@@ -312,19 +314,20 @@ def test_task_group_misuse_is_explained(misuse, fragment):
                 device.task_group_begin(stream)
             else:
                 device.task_group_begin(stream)
-                torch.ones(1) + 1
+                x.add_(1)
                 handle = device.task_group_end(stream)
                 device.task_update_begin(stream, handle)
 
 
 def test_an_update_end_without_begin_and_a_second_open_update_are_refused():
-    device = SimDevice()
+    device = SimDevice(require_task_updates=False)  # the update precedes the replay here
     x = torch.ones(2)
+    y = torch.empty(2)
     graph = device.new_graph()
     with device.graph(graph):
         stream = device.current_stream()
         device.task_group_begin(stream)
-        x + 1
+        torch.add(x, 1, out=y)
         handle = device.task_group_end(stream)
     update = device.new_stream()
     with pytest.raises(CaptureConstraintError, match="no task update is open"):
@@ -334,24 +337,25 @@ def test_an_update_end_without_begin_and_a_second_open_update_are_refused():
         with pytest.raises(CaptureConstraintError, match="still open"):
             device.task_update_begin(update, handle)
     finally:
-        x + 2
+        torch.add(x, 2, out=y)
         device.task_update_end(update)
     graph.replay()
 
 
-def test_an_update_can_change_a_functional_op_and_keeps_its_output_address():
-    device = SimDevice()
+def test_an_update_can_change_an_out_op_and_keeps_its_output_address():
+    device = SimDevice(require_task_updates=False)  # the update precedes the replay here
     x = torch.ones(3)
+    out = torch.empty(3)
     graph = device.new_graph()
     with device.graph(graph):
         stream = device.current_stream()
         device.task_group_begin(stream)
-        out = x * 2.0
+        torch.mul(x, 2.0, out=out)
         handle = device.task_group_end(stream)
     update = device.new_stream()
     with device.stream(update):
         device.task_update_begin(update, handle)
-        x * 5.0
+        torch.mul(x, 5.0, out=out)
         device.task_update_end(update)
     graph.replay()
     torch.testing.assert_close(out, x * 5.0)

@@ -138,3 +138,49 @@ def test_eager_allocations_and_asserts_cost_nothing_and_leave_no_kernel_record(s
         torch.zeros(2, 4)  # a fill: the device runs a kernel for it
     assert [r.name for r in sim_device.kernel_records] == ["aten.zeros.default"]
     assert sim_device.clock()[0] > before[0]
+
+
+# --------------------------------------------------------------------------- memoised meta outputs
+
+
+def test_meta_outputs_are_memoised_on_the_argument_signature():
+    from sim import recorder
+
+    recorder._meta_cache.clear()
+    a, b = torch.randn(3, 4), torch.randn(4, 5)
+    first = recorder.meta_outputs(torch.ops.aten.mm.default, (a, b), {})
+    assert first.device.type == "meta" and first.shape == (3, 5)
+    # other data, same sizes / strides / dtype: the same answer, not recomputed
+    again = recorder.meta_outputs(torch.ops.aten.mm.default, (torch.zeros(3, 4), torch.ones(4, 5)), {})
+    assert again is first
+    # anything a meta kernel can see changes the key
+    transposed = torch.randn(5, 4).t()
+    strided = recorder.meta_outputs(torch.ops.aten.mm.default, (a, transposed), {})
+    assert strided is not first and strided.shape == (3, 5)
+    half = recorder.meta_outputs(torch.ops.aten.mm.default, (a.double(), b.double()), {})
+    assert half.dtype == torch.float64
+    summed = recorder.meta_outputs(torch.ops.aten.sum.dim_IntList, (a, [1]), {"keepdim": True})
+    assert summed.shape == (3, 1)
+    assert recorder.meta_outputs(torch.ops.aten.sum.dim_IntList, (a, [1]), {"keepdim": False}).shape == (3,)
+
+
+def test_ops_without_a_meta_kernel_and_unsignable_arguments():
+    from sim import recorder
+
+    class Opaque:
+        pass
+
+    def no_meta(*args, **kwargs):
+        raise NotImplementedError("no meta kernel")
+
+    assert recorder.meta_outputs(no_meta, (torch.randn(2),), {}) is recorder.NO_META
+    before = len(recorder._meta_cache)
+    calls = []
+
+    def counting(x, opaque):
+        calls.append(opaque)
+        return torch.empty_like(x)
+
+    recorder.meta_outputs(counting, (torch.randn(2), Opaque()), {})
+    recorder.meta_outputs(counting, (torch.randn(2), Opaque()), {})
+    assert len(calls) == 2 and len(recorder._meta_cache) == before  # never memoised

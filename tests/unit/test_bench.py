@@ -1,45 +1,56 @@
-"""`python -m bench`: the smoke run produces results.json with every section (no timing asserted)."""
+"""`python -m bench`: sections, the goals table, and hygiene (no timing is asserted anywhere)."""
 
 from __future__ import annotations
 
 import json
+import os
+import sys
 
 import pytest
 import torch
 
-from bench.__main__ import NESTED_ENV, RESULT_KEYS, section_suite, write_json_atomic
+from bench import bench_proc
+from bench.__main__ import BASELINE, NESTED_ENV, NOT_MEASURED, RESULT_KEYS, goals, section_suite, write_json_atomic
 from bench.__main__ import main as bench_main
+from bench.bench_scale import growth_note
 
 
-def test_quick_bench_writes_results_json_with_every_section(tmp_path, capsys):
+def test_quick_bench_writes_every_requested_section_and_the_goals_table(tmp_path, capsys):
     out = tmp_path / "results.json"
     threads = torch.get_num_threads()
-    try:
-        code = bench_main(["--quick", "--modes", "FULL_DECODE_ONLY", "--out", str(out)])
-    finally:
-        torch.set_num_threads(threads)
+    baseline_before = os.stat(BASELINE).st_mtime_ns if os.path.exists(BASELINE) else None
+    code = bench_main(["--quick", "--only", "sim", "padding", "--out", str(out)])
+    assert torch.get_num_threads() == threads  # the bench gives the process its thread count back
     stdout = capsys.readouterr().out
     assert code == 0
     results = json.loads(out.read_text())
     assert set(RESULT_KEYS) <= set(results)
-    assert results["schema_version"] == 1 and results["quick"] is True
-    mode = results["replay_vs_eager"]["modes"]["FULL_DECODE_ONLY"]
-    assert {"cpu_ratio", "sim_ratio", "graph_cpu_ms", "eager_cpu_ms", "steps", "ok"} <= set(mode)
-    assert mode["ok"] and mode["steps"] > 0
-    assert [row["batch"] for row in results["sim_replay_vs_eager"]["batches"]] == [1, 8]
-    capture = results["capture"]
-    assert capture["graphs"] > 0 and capture["capture_sizes"] > 0 and capture["pool_bytes"] > 0
-    # --quick hands bench_capture its own small configuration (not the default 35 sizes of tiny)
-    assert capture["model"] == "tiny (1 layer, max_num_seqs 8; quick)" and capture["capture_sizes"] < 35
-    padding = results["padding_waste"]
+    assert results["schema_version"] == 2 and results["quick"] is True
+    sim = results["sections"]["sim"]
+    assert [row["batch"] for row in sim["batches"]] == [1, 8]
+    for row in sim["batches"]:
+        assert {"eager_us", "replay_us", "floor_us", "ratio", "floor_ratio", "fraction_to_floor"} <= set(row)
+        assert row["tasks"] > 0 and row["floor_us"] > 0
+    padding = results["sections"]["padding"]
     assert set(padding["workloads"]) == {"decode-heavy", "mixed", "bursty"}
-    for row in padding["workloads"].values():
-        assert {"even", "workload_aware", "ratio", "held_out"} <= set(row)
-        assert row["workload_aware"]["padding_waste"] <= row["even"]["padding_waste"]
-    assert results["suite"]["skipped"] is True
-    for heading in ("1. replay vs eager", "2. simulator replay", "3. capture", "4. padding waste", "5. test suite"):
-        assert heading in stdout
+    figures = {row["figure"]: row for row in results["goals"]}
+    assert len(figures) == 6  # every row of the issue's table
+    assert figures["default suite, pytest -n auto"]["now"] == NOT_MEASURED  # opt-in
+    assert figures["ascendgraph run default, wall / peak RSS"]["now"] == NOT_MEASURED  # not run here
+    assert "floor" in figures["sim replay / eager, batch 1 / 8 / 64"]["now"]
+    assert "figure vs goal" in stdout and "9. test suite" not in stdout
     assert not list(tmp_path.glob(".results.*"))  # no temporary file left behind
+    # hygiene: the tracked baseline is never written without --update-baseline
+    assert (os.stat(BASELINE).st_mtime_ns if os.path.exists(BASELINE) else None) == baseline_before
+
+
+def test_without_out_the_results_go_to_a_new_temporary_file(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    assert bench_main(["--quick", "--only", "padding"]) == 0
+    written = list(tmp_path.glob("ascendgraph-bench-*.json"))
+    assert len(written) == 1
+    assert json.loads(written[0].read_text())["sections"]["padding"]["budget"] == 8
+    assert str(written[0]) in capsys.readouterr().out
 
 
 def test_results_are_written_atomically(tmp_path):
@@ -52,7 +63,59 @@ def test_results_are_written_atomically(tmp_path):
     assert [p.name for p in target.parent.iterdir()] == ["results.json"]
 
 
-def test_the_suite_is_never_benchmarked_from_inside_itself(monkeypatch):
+def test_the_suite_is_opt_in_and_never_benchmarked_from_inside_itself(monkeypatch, capsys):
+    result = section_suite(False)
+    assert result["skipped"] is True and result["reason"] == "opt-in: --suite"
+    assert NOT_MEASURED in capsys.readouterr().out
     monkeypatch.setenv(NESTED_ENV, "1")
-    result = section_suite(None)
+    result = section_suite(True)
     assert result["skipped"] is True and result["reason"] == "running inside the test suite"
+
+
+def test_goals_compare_each_figure_with_its_goal():
+    sections = {
+        "run": {"wall_s": 3.0, "cpu_s": 2.5, "peak_rss_bytes": 900e6},
+        "plan": {"wall_s": 1.5, "cpu_s": 1.2},
+        "api": {"loaded": {"api_over_cli": 1.05}, "idle": {"api_over_cli": 0.98}},
+        "sim": {"batches": [{"batch": 1, "ratio": 0.4, "floor_ratio": 0.3}, {"batch": 8, "ratio": 0.6, "floor_ratio": 0.5},
+                            {"batch": 64, "ratio": 0.95, "floor_ratio": 0.9}]},
+    }
+    rows = {row["figure"]: row for row in goals(sections)}
+    assert rows["ascendgraph run default, wall / peak RSS"]["met"] is False  # RSS over 800 MB
+    assert rows["ascendgraph plan README example"]["met"] is True
+    assert rows["API vs CLI run, loaded / idle (API/CLI wall)"]["met"] is True
+    assert rows["sim replay / eager, batch 1 / 8 / 64"]["met"] is False  # batch 64 over 0.9
+    assert rows["default suite, pytest -n auto"]["met"] is None
+
+
+def test_growth_note_names_the_factors():
+    rows = [
+        {"layers": 4, "sizes": 35, "capture_seconds": 1.0, "graphs": 210, "pool_bytes": 100, "peak_rss_bytes": 1000},
+        {"layers": 28, "sizes": 35, "capture_seconds": 7.0, "graphs": 1050, "pool_bytes": 100, "peak_rss_bytes": 1500},
+        {"layers": 4, "sizes": 67, "capture_seconds": 2.0, "graphs": 402, "pool_bytes": 300, "peak_rss_bytes": 1100},
+    ]
+    note = growth_note(rows)
+    assert "4->28 layers (7.0x) at 35 sizes: capture x7.0, graphs x5.0, pool x1.0, RSS x1.50" in note
+    assert "35->67 sizes (1.9x) at 4 layers: capture x2.0, pool x3.0" in note
+
+
+def test_run_measured_reports_the_child_alone_and_busy_load_stops_its_processes():
+    figures = bench_proc.run_measured([sys.executable, "-c", "x = bytearray(64 * 2**20); print('done')"])
+    assert figures.exit_code == 0 and figures.stdout_tail == "done"
+    assert figures.peak_rss_bytes >= 64 * 2**20
+    with bench_proc.busy_load(1) as pids:
+        assert len(pids) == 1
+        os.kill(pids[0], 0)  # alive while the block runs
+    with pytest.raises(ProcessLookupError):
+        os.kill(pids[0], 0)
+
+
+def test_grid_cells_are_parsed_and_checked():
+    import argparse
+
+    from bench.__main__ import parse_cell
+
+    assert parse_cell("28x67") == (28, 67) and parse_cell("4X35") == (4, 35)
+    for bad in ("28x50", "0x35", "x35", "28", "ax35"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_cell(bad)

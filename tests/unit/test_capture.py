@@ -1,4 +1,4 @@
-"""GraphWrapper (SEMANTICS §6) and capture-error rewriting (§8) on the simulator."""
+"""GraphWrapper (docs/semantics.md §6) and capture-error rewriting (§8) on the simulator."""
 
 from __future__ import annotations
 
@@ -113,6 +113,11 @@ def test_gc_and_empty_cache_are_stubbed_only_where_asked(state, inputs, sim_devi
     assert seen["later piece"][0] is not real_collect and seen["later piece"][0]() == 0
     assert gc.collect is real_collect
     assert "empty_cache" not in vars(sim_device)
+    # empty_cache: the device's own method where not asked, a stub (not bound to the device) where asked
+    real_empty, stub_empty = seen["first piece"][1], seen["later piece"][1]
+    assert getattr(real_empty, "__self__", None) is sim_device and real_empty.__func__ is type(sim_device).empty_cache
+    assert getattr(stub_empty, "__self__", None) is not sim_device and stub_empty() is None
+    assert sim_device.empty_cache.__func__ is type(sim_device).empty_cache  # restored
 
 
 def test_the_stored_output_is_a_weak_reference_and_capture_returns_the_strong_one(state, inputs):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import argparse
+import json
 import re
 import subprocess
 import sys
@@ -27,11 +27,8 @@ def _error(capsys, argv: list[str]) -> str:
     (["explain", "--num-layer", "2"], ["ascendgraph explain: error:", "did you mean '--num-layers'?"]),
     (["plan", "--stream-limt", "4"], ["ascendgraph plan: error:", "did you mean '--stream-limit'?"]),
     (["scenario", "run", "--jsn", "x"], ["ascendgraph scenario run: error:", "did you mean '--json'?"]),
-    (["explain", "--compilation_config", "{}"],
-     ["ascendgraph explain: error:", "ascendgraph spells it --compilation-config (dashes, not underscores)"]),
-    (["explain", "--optimization-level", "3"],
-     ["ascendgraph explain: error:", "--optimization-level is vLLM's spelling, ascendgraph takes -O LEVEL"]),
-    (["explain", "-ep"], ["-ep is vLLM's spelling, ascendgraph takes --enable-expert-parallel"]),
+    (["explain", "--num_layer", "2"], ["ascendgraph explain: error:", "did you mean '--num-layers'?"]),
+    (["explain", "--compilation-config.no_such_key=1"], ["ascendgraph explain: error:", "no_such_key"]),
     (["explain", "--gpu-memory-utilization", "0.9"],
      ["--gpu-memory-utilization is a vllm serve flag ascendgraph does not model", "paste the whole line after --"]),
     (["explain", "-q"], ["-q is an option of ascendgraph itself: put it before the command"]),
@@ -111,3 +108,21 @@ def test_version_from_the_console_entry_point():
     done = subprocess.run([sys.executable, "-m", "ascendgraph", "--version"], capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "ascendgraph 0.1.0", done.stderr
+
+
+@pytest.mark.parametrize("spelling, canonical", [
+    (["--compilation_config", '{"cudagraph_mode": "PIECEWISE"}'], ["-cc", '{"cudagraph_mode": "PIECEWISE"}']),
+    (["--optimization-level", "1"], ["-O", "1"]),
+    (["--optimization_level=1"], ["-O1"]),
+    (["-O=1"], ["-O", "1"]),
+    (["-ep", "-tp", "2"], ["--enable-expert-parallel", "-tp", "2"]),
+    (["--no-enforce-eager"], []),
+    (["-cc.cudagraph_mode=PIECEWISE"], ["--compilation-config", '{"cudagraph_mode": "PIECEWISE"}']),
+    (["-cc", '{"cudagraph_capture_sizes": [4]}', "--compilation-config.cudagraph_mode", "PIECEWISE"],
+     ["-cc", '{"cudagraph_capture_sizes": [4], "cudagraph_mode": "PIECEWISE"}']),
+])
+def test_vllm_spellings_given_directly_resolve_like_the_canonical_one(capsys, spelling, canonical):
+    assert main(["explain", "--json", *spelling]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert main(["explain", "--json", *canonical]) == 0
+    assert got == json.loads(capsys.readouterr().out)

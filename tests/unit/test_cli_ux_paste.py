@@ -148,7 +148,7 @@ def test_real_unmodelled_speculative_keys_are_warned_about_once(capsys):
 @pytest.mark.parametrize("argv, flag", [
     (["explain", "-cc", ""], "--compilation-config/-cc"),
     (["explain", "--additional-config", " "], "--additional-config"),
-    (["explain", "--speculative-config", ""], "--speculative-config"),
+    (["explain", "--speculative-config", ""], "--speculative-config/-sc"),
 ])
 def test_empty_json_flags_are_bad_input(capsys, argv, flag):
     err = _error(capsys, argv)

@@ -1,4 +1,4 @@
-"""FULL-graph attention parameter update (SEMANTICS §7) on the simulator."""
+"""FULL-graph attention parameter update (docs/semantics.md §7) on the simulator."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ import torch
 from ascendgraph import ops
 from ascendgraph.runtime.capture import CaptureState, GraphWrapper
 from ascendgraph.dispatch import BatchDescriptor
-from ascendgraph.errors import GRAPH_PARAMS_ALREADY_SET, GraphHang
+from ascendgraph.errors import GRAPH_PARAMS_ALREADY_SET, CaptureConstraintError, GraphHang, StaleGraphParams
 from ascendgraph.runtime.forward_context import AttentionMetadata, ForwardContext, set_forward_context
 from ascendgraph.models.attention import AttentionCall
 from ascendgraph.modes import GraphMode
 from ascendgraph.runtime.params import GraphParams, GraphParamsNotSet, padded_attention_lengths
+from sim import SimDevice
 
 SCALE = 0.35
 
@@ -162,8 +163,30 @@ def test_the_update_gives_the_replay_the_new_sequence_lengths(sim_device):
     assert setup.params.updates == 1
 
 
-def test_skipping_the_update_replays_the_frozen_lengths_and_gives_wrong_results(sim_device):
+def test_skipping_the_update_is_caught_by_the_device_naming_graph_group_layer_and_replay(sim_device):
     setup = _Setup(sim_device)
+    setup.capture()
+    with pytest.raises(StaleGraphParams) as excinfo:
+        setup.replay([5, 3, 8], skip_kernel=True)
+    message = str(excinfo.value)
+    assert "replay 1 of graph#1 executed task group 0 (ascendgraph.paged_attention.default)" in message
+    assert "layer layer" in message and "without a task update since that replay began" in message
+    # the event was recorded anyway: nothing hangs, and the next replay with its update is right
+    sim_device.synchronize()
+    torch.testing.assert_close(setup.replay([5, 3, 8]), setup.eager([1, 2, 3, 4], [5, 3, 8, 0]), rtol=0, atol=0)
+
+
+def test_an_update_for_an_earlier_replay_does_not_count_for_the_next_one(sim_device):
+    setup = _Setup(sim_device)
+    setup.capture()
+    setup.replay([5, 3, 8])
+    with pytest.raises(StaleGraphParams, match="replay 2 of graph#1"):
+        setup.replay([5, 3, 8], skip_kernel=True)
+
+
+def test_skipping_the_update_replays_the_frozen_lengths_and_gives_wrong_results():
+    # require_task_updates=False: the device lets stale parameters through (the numeric path)
+    setup = _Setup(SimDevice(require_task_updates=False))
     setup.capture()
     stale = setup.replay([5, 3, 8], skip_kernel=True)
     torch.testing.assert_close(stale, setup.eager([1, 2, 3, 4], [1, 1, 1, 1]), rtol=0, atol=0)
@@ -197,3 +220,69 @@ def test_a_failed_capture_discards_its_records(sim_device):
         setup.capture()
     assert setup.params.records(setup.descriptor) == []
     assert sim_device.stats().graphs_alive == 0
+
+
+def test_a_failing_update_ends_the_update_records_every_event_and_raises(sim_device, monkeypatch):
+    setup = _Setup(sim_device)
+    setup.capture()
+    original = AttentionCall.launch
+
+    def fail_when_updating(self, *args, **kwargs):
+        if args:  # the update re-issues with new lengths
+            raise RuntimeError("kernel launch failed")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(AttentionCall, "launch", fail_when_updating)
+    with pytest.raises(RuntimeError, match="kernel launch failed"):
+        setup.replay([5, 3, 8])
+    monkeypatch.setattr(AttentionCall, "launch", original)
+    sim_device.synchronize()  # every event was recorded: no GraphHang
+    # the update was ended: the next one can begin, and the replay after it is right
+    torch.testing.assert_close(setup.replay([2, 2]), setup.eager([1, 2, 3, 4], [2, 2, 0, 0]), rtol=0, atol=0)
+
+
+def test_the_workspace_and_softmax_lse_are_made_before_the_task_group_and_reused_by_updates(sim_device):
+    setup = _Setup(sim_device)
+    setup.capture()
+    (record,) = setup.params.records(setup.descriptor)
+    assert record.call.workspace is not None and record.call.workspace.dtype == torch.uint8
+    assert record.call.softmax_lse is not None and record.call.softmax_lse.dtype == setup.query.dtype
+    workspace = record.call.workspace
+    setup.replay([5, 3, 8])
+    assert setup.params.records(setup.descriptor)[0].call.workspace is workspace
+
+
+def test_a_capture_failing_inside_the_task_group_closes_it_gives_everything_back_and_restores_the_stream(
+    sim_device, monkeypatch
+):
+    setup = _Setup(sim_device)
+    before = sim_device.stats()
+    stream = sim_device.current_stream()
+
+    def fail(self, *args, **kwargs):
+        raise RuntimeError("kernel launch failed")
+
+    monkeypatch.setattr(AttentionCall, "launch", fail)
+    with pytest.raises(RuntimeError, match="kernel launch failed"):
+        setup.capture()
+    after = sim_device.stats()
+    assert (after.streams_in_use, after.pool_bytes, after.graphs_alive, after.extra["capturing"]) == (
+        before.streams_in_use, before.pool_bytes, before.graphs_alive, False
+    )
+    assert sim_device.current_stream() is stream
+    assert setup.params.records(setup.descriptor) == []
+    monkeypatch.undo()
+    setup.capture()  # the wrapper captures again
+    assert len(setup.params.records(setup.descriptor)) == 1
+
+
+def test_allocating_the_output_inside_the_task_group_is_refused(sim_device):
+    device = sim_device
+    x = torch.ones(4)
+    graph = device.new_graph()
+    with pytest.raises(CaptureConstraintError, match="only single-operator kernel tasks"):
+        with device.graph(graph):
+            stream = device.current_stream()
+            device.task_group_begin(stream)
+            x + 1
+    assert not graph.is_captured

@@ -227,3 +227,52 @@ def test_the_kernel_counter_drops_only_the_records_it_asked_for(recording_before
             x + 1
         counter.on_step(engine, SimpleNamespace(kind="decode", graph_kernels=1, eager_kernels=0))
         assert device.kernel_records, "never dropped while a profiling session reads them"
+
+
+def test_merged_static_kernels_keep_their_op_statistic_rows_and_kernel_details_name_the_super_kernel(tmp_path):
+    # The graph-mode guide's check (find static_kernel in op_statistic.csv) on its own example:
+    # static kernels on, super kernel on by default.
+    import torch
+
+    from sim.cost import task_signature
+    from sim.device import SimDevice
+
+    device = SimDevice()
+    x, w = torch.randn(4, 16), torch.randn(16, 16)
+
+    def block():
+        return torch.relu(torch.mm(x, w)) * 2.0  # mm, relu, mul: three static kernels
+
+    probe = device.new_graph()
+    with device.graph(probe):
+        block()
+    tasks = [t for seg in probe.program.segments for t in seg.tasks]
+    device.install_static_kernels({task_signature(t): f"k{i}" for i, t in enumerate(tasks)})
+    graph = device.new_graph()
+    with device.graph(graph):
+        block()
+    assert device.super_kernel_optimize(graph) == 1
+    with device.profiling(str(tmp_path)) as session:
+        graph.replay()
+        graph.replay()
+        device.synchronize()
+    (launch, _) = session.records
+    assert launch.op_type == "SuperKernel" and len(launch.members) == 3
+    assert sum(m.duration_us for m in launch.members) == pytest.approx(launch.duration_us)
+    written = write_profile(tmp_path / "out", session.records, step_ids=[1, 2], spans=[], stream_names={})
+
+    _, statistic = _read(written.op_statistic)
+    counts = {row["OP Type"]: int(row["Count"]) for row in statistic}
+    assert counts == {"SuperKernel": 2, "mm_static_kernel": 2, "relu_static_kernel": 2, "mul_static_kernel": 2}
+    assert any("static_kernel" in row["OP Type"] for row in statistic), "the guide's check finds them"
+    ratio = {row["OP Type"]: float(row["Ratio(%)"]) for row in statistic}
+    assert ratio["SuperKernel"] == pytest.approx(100.0)
+    assert sum(ratio[t] for t in counts if t != "SuperKernel") == pytest.approx(100.0, abs=0.05)
+
+    _, details = _read(written.kernel_details)
+    assert [row["Type"] for row in details[:4]] == ["SuperKernel", "mm_static_kernel", "relu_static_kernel",
+                                                   "mul_static_kernel"]
+    assert len({row["Name"] for row in details}) == 1, "constituents carry the super kernel's name"
+    assert details[1]["Start Time(us)"] == details[0]["Start Time(us)"]
+    assert all(row["Wait Time(us)"] == "0.000" for row in details[1:4])
+    assert details[1]["Input Shapes"] == "4,16;16,16"

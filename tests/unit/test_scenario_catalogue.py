@@ -31,7 +31,10 @@ REQUIRED = {
     "capture on the default stream": ["capture_on_default_stream"],
     "replay before capture": ["replay_before_capture"],
     "changed input addresses in debug mode": ["changed_input_addresses_debug"],
-    "FULL parameter update skipped (wrong result detected)": ["full_param_update_skipped"],
+    "FULL parameter update skipped (stale task group caught by the device)": [
+        "full_param_update_skipped", "full_param_update_skipped_once_bfloat16"
+    ],
+    "FULL parameter update skipped, device check off (wrong result detected)": ["full_param_update_skipped_numeric_check"],
     "external event never recorded (hang reported)": ["external_event_never_recorded"],
     "device lost during replay (requests failed, not wrong)": ["device_lost_during_replay"],
     "ASCEND_LAUNCH_BLOCKING=1": ["ascend_launch_blocking"],

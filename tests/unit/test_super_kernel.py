@@ -127,6 +127,9 @@ def test_the_engine_optimises_every_full_graph_and_logs_once(tmp_path, monkeypat
         lines = [r.getMessage() for r in caplog.records if r.name == "ascendgraph.compile.super_kernel"]
         assert lines == [SUPER_KERNEL_LOG]
         assert SUPER_KERNEL_LOG == "Super kernel optimization is enabled for ACL graph capture."
+        # every FULL capture ran inside super_kernel_scope("full_model"), as vLLM Ascend's wrapper opens it
+        scopes = [entry.graph.info()["super_kernel_scopes"] for entry in engine.capture_state.entries()]
+        assert scopes == [["full_model"]] * 3
         engine.serve()
         assert engine.report().ok
 
@@ -140,6 +143,7 @@ def test_super_kernel_follows_the_static_kernel_flag_and_can_be_turned_off(tmp_p
     assert default.ascend_compilation_config.super_kernel is True
     with _engine(super_kernel=False) as engine:
         assert engine.super_kernel is None and not engine.capture_state.after_capture
+        assert not engine.capture_state.capture_scopes
 
 
 def test_piecewise_modes_never_optimise():

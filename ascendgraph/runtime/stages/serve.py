@@ -18,7 +18,7 @@ import torch
 from ascendgraph.config import GraphConfig
 from ascendgraph.device import Device
 from ascendgraph.dispatch import BatchDescriptor, GraphDispatcher
-from ascendgraph.errors import ConfigError, DeviceLost, GraphHang, NumericalMismatch
+from ascendgraph.errors import ConfigError, DeviceLost, GraphHang, NumericalMismatch, StaleGraphParams
 from ascendgraph.models.build import DecoderModel
 from ascendgraph.modes import GraphMode
 from ascendgraph.runtime.params import GraphParams
@@ -175,6 +175,7 @@ class ServeStage:
                 counters.graphed_real_tokens += batch.num_tokens
                 counters.graphed_padded_tokens += result.padded_tokens
             counters.max_abs_diff = max(counters.max_abs_diff, diff)
+            counters.checked_steps += int(self.options.check_eager)
             counters.graph_time_us += result.measure.device_us
             counters.eager_time_us += eager.device_us if eager is not None else 0.0
             self._judge(batch, result, diff)
@@ -213,7 +214,7 @@ class ServeStage:
             idle = 0
             try:
                 self.step(batch)
-            except (GraphHang, DeviceLost) as exc:
+            except (GraphHang, DeviceLost, StaleGraphParams) as exc:
                 log.error("%s: %s", type(exc).__name__, exc)
                 self.error = exc
                 self.scheduler.fail_all(f"{type(exc).__name__}: {exc}")

@@ -50,6 +50,7 @@ class DeviceSpec:
     faults: Optional[str] = None
     env: Mapping[str, str] = field(default_factory=dict)
     stream_error: Optional[str] = None  # "207008" | "el0009" (which CANN line exhaustion carries)
+    require_task_updates: Optional[bool] = None  # None: the device's default (True, DECISIONS D3)
     stream_limit: Optional[int] = None  # device scenarios only (engine ones use [config] stream_limit)
 
 
@@ -166,3 +167,17 @@ def _mode_name() -> Check:
 
     names = tuple(m.name for m in GraphMode)
     return (lambda v: v in names, "a graph mode name: " + ", ".join(names))
+
+
+def config_namespace(config: Mapping[str, Any]) -> Any:
+    """The `ascendgraph run` argument namespace a checked [config] table stands for."""
+    import argparse
+
+    from ascendgraph.cli.args import add_config_arguments
+
+    parser = argparse.ArgumentParser(add_help=False)
+    add_config_arguments(parser)
+    namespace = parser.parse_args([])
+    for key, value in config.items():
+        setattr(namespace, key, value)
+    return namespace

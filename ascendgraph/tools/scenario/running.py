@@ -46,7 +46,7 @@ def _run_engine(scenario: Scenario) -> _Observation:
             skip_param_update=run.skip_param_update,
             record_update_events=run.record_update_events,
         )
-        if isinstance(spec.profile, dict) or spec.stream_error is not None:
+        if isinstance(spec.profile, dict) or spec.stream_error is not None or spec.require_task_updates is not None:
             options["device"] = _sim_device(scenario, soc=config.soc, stream_limit=stream_limit)
         else:  # the path `ascendgraph run --device sim --sim-profile P --faults F` takes
             options.update(device="sim", sim_profile=spec.profile, faults=spec.faults)
@@ -84,6 +84,7 @@ def _run_engine(scenario: Scenario) -> _Observation:
             obs.report = engine.report()
         finally:
             engine.close()
+        obs.report.settle_after_release(device)  # as `run` reports it: what the device holds now
     except Exception as exc:  # escaped the engine's own handling: an error outcome with its traceback
         obs.error, obs.traceback = exc, traceback.format_exc()
     if _device_lost(device):
