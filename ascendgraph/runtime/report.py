@@ -12,8 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ascendgraph.explanation import count_noun
-
 __all__ = ["Report", "SCHEMA_VERSION", "RUNTIME_MODE_KEYS"]
 
 SCHEMA_VERSION = 1
@@ -116,7 +114,7 @@ class Report:
 
     def format_text(self) -> str:
         lines = [
-            f"ascendgraph run: {self.model} ({self.architecture}, {count_noun(self.num_layers, 'layer')}), attention "
+            f"ascendgraph run: {self.model} ({self.architecture}, {self.num_layers} layer{'s' if self.num_layers != 1 else ''}), attention "
             f"{self.attention_backend}, {self.dtype}, device {self.device}",
         ]
         mode_line = f"  mode       requested {self.requested_mode} -> effective {self.effective_mode}"
