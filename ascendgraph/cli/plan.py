@@ -9,7 +9,9 @@ import logging
 from typing import Optional
 
 from ascendgraph.cli.app import CliUsageError, Command, emit_json, emit_result
-from ascendgraph.cli.args import add_config_arguments, config_from_args, env_from_args, hccl_mode_from_args, positive_int
+from ascendgraph.cli.args import (
+    add_config_arguments, config_from_args, env_from_args, hccl_mode_from_args, positive_int, seed_int,
+)
 from ascendgraph.sizes import DEFAULT_MAX_STREAMS
 from ascendgraph.tools.plan import (
     DEFAULT_REQUESTS,
@@ -40,7 +42,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--requests", type=positive_int, default=None, metavar="N",
                         help=f"generate the workload: N requests through the engine's scheduler "
                              f"(default {DEFAULT_REQUESTS}, as `ascendgraph run`)")
-    group.add_argument("--seed", type=int, default=0, help="seed of the generated workload (default 0)")
+    group.add_argument("--seed", type=seed_int, default=0, help="seed of the generated workload (default 0)")
     group.add_argument("--budget", type=positive_int, default=None, metavar="N",
                        help="number of capture sizes each selection may keep (each size costs the stream plan's "
                             "graphs and streams per size); default: as many as the streams allow")

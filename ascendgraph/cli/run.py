@@ -28,6 +28,8 @@ from ascendgraph.cli.args import (
     seed_int,
 )
 from ascendgraph.errors import ConfigError
+from ascendgraph.api import MAX_RUN_ATOL as MAX_ATOL  # a tolerance above 1 checks nothing
+from ascendgraph.readers import read_float
 
 __all__ = ["add_run_arguments", "run_command", "DEFAULT_REQUESTS", "ON_CAPTURE_ERROR"]
 
@@ -41,11 +43,15 @@ ON_CAPTURE_ERROR = ("raise", "eager")
 
 def _non_negative_float(text: str) -> float:
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+        value = read_float(text, "")
+    except ConfigError:
+        shown = text if len(text) <= 40 else text[:37] + "..."
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0 in ASCII digits, got {shown!r}") from None
     if not value >= 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text}")
+    if value > MAX_ATOL:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_ATOL:g} (a tolerance above 1 checks nothing), "
+                                         f"got {text}")
     return value
 
 

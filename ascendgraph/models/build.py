@@ -430,6 +430,7 @@ def build_model(
     if isinstance(tensor_parallel_size, bool) or not isinstance(tensor_parallel_size, int) or tensor_parallel_size < 1:
         raise ConfigError(f"tensor_parallel_size must be an integer >= 1, got {tensor_parallel_size!r}",
                           key="tensor_parallel_size")
+    spec.require_dimensions()
     options = ModelOptions(
         attention_backend=attention_backend or spec.natural_attention_backend,
         dtype=parse_dtype(dtype),

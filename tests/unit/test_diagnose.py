@@ -132,7 +132,7 @@ def test_different_failure_kinds_in_one_log_are_all_reported():
 
 
 def test_207008_alone_is_a_capture_error_but_not_stream_exhaustion():
-    # SEMANTICS §8: "207008" alone is not enough for the stream signature.
+    # docs/semantics.md §8: "207008" alone is not enough for the stream signature.
     diagnosis = diagnose_lines(["RuntimeError: " + TEXT_207008_CAPTURE_BEGIN])
     (failure,) = diagnosis.failures
     assert failure.classification == "capture_error" and "207008" in failure.guidance

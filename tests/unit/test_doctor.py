@@ -136,7 +136,7 @@ def test_launch_blocking_and_task_queue_messages_quote_the_real_refusals(cache):
 
 
 def test_ffts_warning_says_how_many_sizes_fit_with_and_without_aiv(cache):
-    # 28 layers, tp=2, 35 default sizes, FULL_AND_PIECEWISE: FFTS+ 19 fit, AIV 29 (SEMANTICS §9).
+    # 28 layers, tp=2, 35 default sizes, FULL_AND_PIECEWISE: FFTS+ 19 fit, AIV 29 (docs/semantics.md §9).
     report, _ = run_doctor({}, tmp_cache=cache)
     finding = next(f for f in report.findings if f.rule == "hccl_not_aiv")
     assert "only 19 of 35 capture sizes fit" in finding.message

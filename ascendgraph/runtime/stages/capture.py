@@ -58,6 +58,7 @@ class CaptureStage:
     captured: bool
     capture_seconds: float
     capture_fallback: Optional[BaseException]
+    graphs_captured_before_failure: Optional[int]
     _stats_before_capture: Optional[DeviceStats]
 
     def _dummy_layout(self, mode: GraphMode, descriptor: BatchDescriptor) -> list[int]:
@@ -140,6 +141,7 @@ class CaptureStage:
             raise
         except RuntimeError as exc:
             self.capture_seconds = time.perf_counter() - start
+            self.graphs_captured_before_failure = self.capture_state.graphs_captured
             if self.options.on_capture_error != "eager":
                 raise
             self._fall_back_to_eager(exc)
