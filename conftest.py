@@ -1,4 +1,8 @@
-"""Root conftest: load ascendgraph's pytest plugin, and give every test its own cache.
+"""Root conftest: load the project's pytest plugins, and give every test its own cache.
+
+The plugins (ascendgraph.testing.plugin, sim.facade.pytest_plugin) are ``pytest11`` entry
+points once the project is installed; from a checkout whose installed metadata predates
+them they are loaded here instead (never twice).
 
 INTERFACES.md: tests use a temporary ASCENDGRAPH_CACHE_DIR per test so xdist workers never
 share static-kernel builds. Downloads that are expensive and immutable (the torch-npu wheel
@@ -6,10 +10,12 @@ the contract test reads) keep using the user's persistent cache.
 """
 
 import os
+from importlib.metadata import entry_points
 
 import pytest
 
-pytest_plugins = ["ascendgraph.testing.plugin"]
+PLUGINS = ("ascendgraph.testing.plugin", "sim.facade.pytest_plugin")
+pytest_plugins = [name for name in PLUGINS if name not in {ep.value for ep in entry_points(group="pytest11")}]
 
 PERSISTENT_CACHE_DIR = os.environ.get("ASCENDGRAPH_CACHE_DIR") or os.path.join(
     os.path.expanduser("~"), ".cache", "ascendgraph"

@@ -12,7 +12,8 @@ nothing (the defaults). `run` imports the engine (and torch) only when called.
 from __future__ import annotations
 
 import difflib
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional, Sequence, Union
+import math
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 
 from ascendgraph.config import GraphConfig
 from ascendgraph.errors import ConfigError
@@ -66,8 +67,9 @@ def _check_resolve_options(
                 raise ConfigError(f"env: environment variables are strings, got {name!r}={value!r} "
                                   f"(write {name}={str(value)!r})", key="env")
     if stream_limit is not None and (isinstance(stream_limit, bool) or not isinstance(stream_limit, int)
-                                     or stream_limit < 1):
-        raise ConfigError(f"stream_limit must be an integer >= 1, got {stream_limit!r}", key="stream_limit")
+                                     or not 1 <= stream_limit <= MAX_STREAM_LIMIT):
+        shown = repr(stream_limit) if len(repr(stream_limit)) <= 40 else repr(stream_limit)[:37] + "..."
+        raise ConfigError(f"stream_limit must be an integer >= 1 (at most 2**63 - 1), got {shown}", key="stream_limit")
     if hccl_op_expansion_mode is not None and not isinstance(hccl_op_expansion_mode, str):
         raise ConfigError(
             f"hccl_op_expansion_mode must be a string such as 'AIV', got {hccl_op_expansion_mode!r}",
@@ -81,6 +83,64 @@ def _check_resolve_options(
     return tuple(GraphMode.parse(mode) for mode in other_rank_modes)
 
 
+MAX_STREAM_LIMIT = 2**63 - 1  # as the engine's stream_limit
+MAX_RUN_ATOL = 1.0  # a tolerance above 1 checks nothing (hidden states are O(1))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _finite_number(value: Any) -> bool:
+    return _is_int(value) or (isinstance(value, float) and math.isfinite(value))
+
+
+def _optional(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda value: value is None or check(value)
+
+
+def _run_option_checks() -> dict[str, tuple[Callable[[Any], bool], str]]:
+    """`run()` option -> (check, what is expected): checked before the engine sees them, so a
+    wrong type is a ConfigError naming the option, never a TypeError from deep inside."""
+    from ascendgraph.compile.pass_manager import PassManager
+    from ascendgraph.runtime.workload import Request, WorkloadSpec
+
+    return {
+        "workload": (
+            _optional(lambda v: isinstance(v, Sequence) and not isinstance(v, (str, bytes)) and len(v) > 0
+                      and all(isinstance(r, Request) for r in v)),
+            "a non-empty list of Request objects (or None: generated from requests and seed)",
+        ),
+        "workload_spec": (_optional(lambda v: isinstance(v, WorkloadSpec)), "a WorkloadSpec (or None)"),
+        "pass_manager": (_optional(lambda v: isinstance(v, PassManager)), "a PassManager (or None)"),
+        "atol": (_optional(lambda v: _finite_number(v) and v >= 0), "a finite number >= 0"),
+        "check_eager": (lambda v: isinstance(v, bool), "true or false"),
+        "debug": (lambda v: isinstance(v, bool), "true or false"),
+        "progress": (_optional(lambda v: isinstance(v, bool)), "true, false or None"),
+        "faults": (_optional(lambda v: isinstance(v, str)), "a fault plan string (or None)"),
+        "hccl_op_expansion_mode": (_optional(lambda v: isinstance(v, str)), "a string such as 'AIV' (or None)"),
+        "quantization": (_optional(lambda v: v in ("w8a8", "w8a8_dynamic")), "'w8a8', 'w8a8_dynamic' or None"),
+        "skip_param_update": (lambda v: isinstance(v, bool), "true or false"),
+        "record_update_events": (lambda v: isinstance(v, bool), "true or false"),
+        "dp_peer_tokens": (_optional(callable), "a function of a batch returning the other ranks' token counts"),
+        "dtype": (lambda v: isinstance(v, str) or type(v).__name__ == "dtype", "'float32' or 'bfloat16'"),
+    }
+
+
+def _check_run_options(options: Mapping[str, Any]) -> None:
+    checks = _run_option_checks()
+    for name, value in options.items():
+        check = checks.get(name)
+        if check is not None and not check[0](value):
+            shown = repr(value)
+            shown = shown if len(shown) <= 40 else shown[:37] + "..."
+            raise ConfigError(f"{name} must be {check[1]}, got {shown}", key=name)
+    atol = options.get("atol")
+    if atol is not None and atol > MAX_RUN_ATOL:
+        raise ConfigError(f"atol must be at most {MAX_RUN_ATOL:g} (a tolerance above 1 checks nothing), got {atol!r}",
+                          key="atol")
+
+
 def explain(
     config_or_args: ConfigOrArgs = None,
     *,
@@ -91,7 +151,7 @@ def explain(
     attention_support: Any = None,
     **vllm_args: Any,
 ) -> Resolution:
-    """Resolve a configuration (SEMANTICS §3): effective mode, sizes, flags and the decisions.
+    """Resolve a configuration (docs/semantics.md §3): effective mode, sizes, flags and the decisions.
 
     Give a GraphConfig, a mapping of vLLM-style arguments, or those arguments as keywords:
     ``explain(compilation_config={"cudagraph_mode": "FULL"}, attention_backend="mla")``.
@@ -137,6 +197,7 @@ def run(
     for name in options:
         if name not in valid:
             raise ConfigError(f"unknown run option {name!r}; {_closest_hint(name, valid)}", key=name)
+    _check_run_options(options)
     if requests is None:
         requests = engine.DEFAULT_REQUESTS
     return engine.run(as_config(config_or_args), device=device, requests=requests, seed=seed, **options)

@@ -4,7 +4,7 @@
 (or dicts) of ``--compilation-config`` and ``--additional-config``, the model, and engine
 arguments by their vLLM names. Every check that needs nothing but the configuration
 itself lives here (types, ranges, unknown keys, the npugraph_ex -> static kernel -> super
-kernel chain of SEMANTICS §10); rules that change the mode live in `ascendgraph.resolve`.
+kernel chain of docs/semantics.md §10); rules that change the mode live in `ascendgraph.resolve`.
 
 Unknown keys: a top-level engine argument or a ``--compilation-config`` key that vLLM does
 not have is a ConfigError suggesting the closest valid key; a real vLLM compilation key
@@ -94,9 +94,33 @@ MODELLED_ADDITIONAL_KEYS = (
 )
 
 
+class _KeywordChecked:
+    """Refuses an unknown keyword with a ConfigError and a "did you mean" (instead of the
+    TypeError a dataclass constructor raises), so the API raises only ascendgraph's errors."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+        for key in kwargs:
+            if key not in names:
+                raise ConfigError(_unknown_key_message(f"{cls.__name__} field", key, frozenset(names)), key=key)
+        if len(args) > len(names):
+            raise ConfigError(f"{cls.__name__} takes at most {len(names)} values, got {len(args)}")
+        return super().__new__(cls)
+
+
+def _check_bools(owner: Any, where: str) -> None:
+    for item in fields(owner):
+        value = getattr(owner, item.name)
+        if value is None and item.name == "enable_super_kernel":
+            continue
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}.{item.name} must be true or false, got {_short(value)}",
+                              key=f"{where}.{item.name}")
+
+
 @dataclass(frozen=True)
-class AscendCompilationConfig:
-    """``additional_config.ascend_compilation_config`` (SEMANTICS §10)."""
+class AscendCompilationConfig(_KeywordChecked):
+    """``additional_config.ascend_compilation_config`` (docs/semantics.md §10)."""
 
     enable_npugraph_ex: bool = True
     enable_static_kernel: bool = False
@@ -105,21 +129,27 @@ class AscendCompilationConfig:
     fuse_qknorm_rope: bool = True
     fuse_muls_add: bool = True
 
+    def __post_init__(self) -> None:
+        _check_bools(self, "ascend_compilation_config")
+
     @property
     def super_kernel(self) -> bool:
         return self.enable_static_kernel if self.enable_super_kernel is None else self.enable_super_kernel
 
 
 @dataclass(frozen=True)
-class XliteGraphConfig:
-    """``additional_config.xlite_graph_config`` (SEMANTICS §11)."""
+class XliteGraphConfig(_KeywordChecked):
+    """``additional_config.xlite_graph_config`` (docs/semantics.md §11)."""
 
     enabled: bool = False
     full_mode: bool = False
 
+    def __post_init__(self) -> None:
+        _check_bools(self, "xlite_graph_config")
+
 
 @dataclass(frozen=True)
-class GraphConfig:
+class GraphConfig(_KeywordChecked):
     """The configuration graph mode depends on, with vLLM's field names.
 
     ``None`` in a field means "not set by the user"; resolution fills the default and
@@ -215,7 +245,7 @@ class GraphConfig:
                     values["max_loras"] = 1
                 continue
             if key not in _ENGINE_KEYS:
-                raise ConfigError(_unknown_key_message("engine argument", key, _ENGINE_KEYS), key=key)
+                raise ConfigError(_unknown_key_message("engine argument", key, _ARGUMENT_NAMES), key=key)
             values[key] = value
         spec = model_spec_from(model)  # checks every field itself: a bad one is a ConfigError naming it
         if layers_override is not None:
@@ -230,6 +260,10 @@ class GraphConfig:
         return cls(**values)
 
 
+# Every argument name from_vllm_args takes (for the "did you mean" of an unknown one).
+_SPECIAL_ARGUMENTS = ("compilation_config", "additional_config", "model", "num_layers", "num_hidden_layers",
+                      "speculative_config", "optimization_level", "enable_lora")
+
 # Engine arguments accepted by from_vllm_args (vLLM spellings), besides those handled above.
 _ENGINE_KEYS = frozenset(
     f.name
@@ -243,6 +277,7 @@ _ENGINE_KEYS = frozenset(
         "optimization_level",
     )
 )
+_ARGUMENT_NAMES = _ENGINE_KEYS | frozenset(_SPECIAL_ARGUMENTS)
 
 
 def parse_json_argument(flag: str, value: Union[str, Mapping[str, Any], None]) -> dict[str, Any]:
@@ -512,6 +547,21 @@ def _validate(config: GraphConfig) -> None:
         )
     if not isinstance(config.model, ModelSpec):
         raise ConfigError(f"model must be a ModelSpec, got {type(config.model).__name__}", key="model")
+    for name, kind in (("ascend_compilation_config", AscendCompilationConfig),
+                       ("xlite_graph_config", XliteGraphConfig)):
+        if not isinstance(getattr(config, name), kind):
+            raise ConfigError(f"{name} must be an {kind.__name__} (or pass additional_config={{{name!r}: {{...}}}} "
+                              f"to GraphConfig.from_vllm_args), got {_short(getattr(config, name))}", key=name)
+    ops = config.splitting_ops
+    if ops is not None:
+        if isinstance(ops, list):
+            object.__setattr__(config, "splitting_ops", tuple(ops))
+            ops = config.splitting_ops
+        if not isinstance(ops, tuple) or not all(isinstance(op, str) for op in ops):
+            raise ConfigError(f"splitting_ops must be a list of op names, got {_short(ops)}", key="splitting_ops")
+    if not isinstance(config.parse_warnings, tuple):
+        raise ConfigError(f"parse_warnings must be a tuple of strings, got {_short(config.parse_warnings)}",
+                          key="parse_warnings")
     _check_kernel_chain(config.ascend_compilation_config)
 
 
@@ -527,7 +577,7 @@ def _check_token_budget(config: GraphConfig) -> None:
 
 
 def _check_kernel_chain(acc: AscendCompilationConfig) -> None:
-    """SEMANTICS §10: super kernel -> static kernel -> npugraph_ex, on the user's values."""
+    """docs/semantics.md §10: super kernel -> static kernel -> npugraph_ex, on the user's values."""
     if acc.enable_static_kernel and not acc.enable_npugraph_ex:
         raise ConfigError(STATIC_NEEDS_NPUGRAPH_EX, key="ascend_compilation_config.enable_static_kernel")
     if acc.super_kernel and not acc.enable_static_kernel:

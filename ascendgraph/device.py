@@ -224,7 +224,7 @@ class Device(Protocol):
 
     def profiling(self, output_dir: str, **options: Any) -> ContextManager[Any]: ...
 
-    # XliteGraph (SEMANTICS §11): the device's xlite runtime for a model — the simulator's
+    # XliteGraph (docs/semantics.md §11): the device's xlite runtime for a model — the simulator's
     # stand-in or the adapter over the `xlite` package (DeviceUnavailable when it is missing).
     def xlite_runtime(self, model: Any, spec: "XliteRuntimeSpec") -> "XliteRuntime": ...
 

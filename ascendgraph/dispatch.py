@@ -1,4 +1,4 @@
-"""The graph dispatcher: which graph (if any) a batch replays (SEMANTICS.md §5).
+"""The graph dispatcher: which graph (if any) a batch replays (docs/semantics.md §5).
 
 Theory of operation. At start-up the dispatcher derives the set of *keys* — padded
 batch descriptors — for each runtime mode (FULL, PIECEWISE) from the resolved mode, the

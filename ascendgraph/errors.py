@@ -1,6 +1,6 @@
 """Exceptions, the user-facing message texts, and the capture-error rewriter.
 
-Every string users grep for lives here (SEMANTICS.md quotes them verbatim), so the
+Every string users grep for lives here (docs/semantics.md cites their sources), so the
 simulator, the engine and the diagnostics tools can never drift apart.
 
 Hierarchy (INTERFACES.md, "Errors"):
@@ -37,7 +37,16 @@ __all__ = [
     "CaptureContext",
     "classify_capture_error",
     "rewrite_capture_error",
+    "OOM_DURING_CAPTURE_GUIDANCE",
 ]
+
+
+# What to do about an out-of-memory error while graphs are captured (`diagnose` and the run report).
+OOM_DURING_CAPTURE_GUIDANCE = (
+    "Device memory ran out while graphs were being captured: the graph pool is filled after the KV "
+    "cache has taken its share. Leave more room (a lower gpu_memory_utilization), capture fewer sizes "
+    "or lower max_cudagraph_capture_size, or capture decode batches only (FULL_DECODE_ONLY)."
+)
 
 
 class AscendGraphError(Exception):
@@ -56,7 +65,7 @@ class ConfigError(AscendGraphError, ValueError):
 
 
 class XliteConfigError(ConfigError, RuntimeError):
-    """XliteGraph validation failure (SEMANTICS §11 texts)."""
+    """XliteGraph validation failure (docs/semantics.md §11 texts)."""
 
 
 class GraphModeError(AscendGraphError, ValueError):
@@ -100,7 +109,7 @@ class ResourceAllocFailed(CaptureError):
 
 
 class CaptureConstraintError(CaptureError):
-    """A device graph constraint was broken (SEMANTICS §12): wrong stream, host sync, ..."""
+    """A device graph constraint was broken (docs/semantics.md §12): wrong stream, host sync, ..."""
 
 
 class GraphHang(AscendGraphError, RuntimeError):
@@ -139,7 +148,7 @@ class DeviceUnavailable(AscendGraphError, RuntimeError):
 
 
 # --------------------------------------------------------------------------- texts
-# Verbatim strings from vLLM / vLLM Ascend / torch_npu (SEMANTICS.md). Do not reword.
+# Verbatim strings from vLLM / vLLM Ascend / torch_npu (docs/semantics.md §8). Do not reword.
 
 OLD_HDK_GUIDANCE = (
     "ACL graph capture failed with an old Ascend HDK/CANN stack signature (`Alloc sq cq fail`). "
@@ -168,7 +177,7 @@ LAUNCH_BLOCKING_MESSAGE = (
     "for more information about runtime errors."
 )
 
-# torch_npu graph constraints (SEMANTICS §12).
+# torch_npu graph constraints (docs/semantics.md §12).
 DEFAULT_STREAM_CAPTURE = (
     "NPU graphs must be captured on a non-default stream. "
     "(However, after capture, it's ok to replay them on the default stream.)"
@@ -191,7 +200,7 @@ TASK_QUEUE_2_DURING_CAPTURE = (
 ADDRESS_MISMATCH = "Input addresses for aclgraphs are different during replay. Expected {expected}, got {got}"
 GRAPH_PARAMS_ALREADY_SET = "Graph parameters have already been set!"
 
-# Real runtime texts the simulator reproduces (SEMANTICS §8).
+# Real runtime texts the simulator reproduces (docs/semantics.md §8).
 TEXT_207008_CAPTURE_BEGIN = (
     "NPU function error: c10_npu::acl::AclmdlRICaptureBegin(capture_stream_, capture_mode), "
     "error code is 207008"

@@ -12,9 +12,14 @@ from ascendgraph.modes import AttentionGraphSupport, GraphMode
 from ascendgraph.resolve import Resolution
 from ascendgraph.xlite import describe_xlite
 
-__all__ = ["SCHEMA_VERSION", "resolution_to_json", "format_resolution", "format_sizes"]
+__all__ = ["SCHEMA_VERSION", "resolution_to_json", "format_resolution", "format_sizes", "count_noun"]
 
 SCHEMA_VERSION = 1
+
+
+def count_noun(count: int, noun: str, plural: str = "") -> str:
+    """``1 layer``, ``2 layers`` (``plural``: when it is not noun + s)."""
+    return f"{count} {noun if count == 1 else plural or noun + 's'}"
 
 
 def _stream_plan_json(resolution: Resolution) -> dict[str, Any]:
@@ -87,7 +92,7 @@ def format_resolution(resolution: Resolution) -> str:
     model = config.model
     support = resolution.attention_support
     lines = [
-        f"model {model.name} ({model.architecture}, {model.num_hidden_layers} layers) · "
+        f"model {model.name} ({model.architecture}, {count_noun(model.num_hidden_layers, 'layer')}) · "
         f"attention {resolution.attention_backend} ({support.name}) · SoC {config.soc}",
         "",
         f"  requested mode   {resolution.requested_mode.name}",

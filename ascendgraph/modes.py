@@ -1,4 +1,4 @@
-"""Graph modes, compilation modes and attention graph-support levels (SEMANTICS.md §1).
+"""Graph modes, compilation modes and attention graph-support levels (docs/semantics.md §1).
 
 A GraphMode is either a *runtime mode* (NONE, PIECEWISE, FULL: what a single forward
 runs in) or a *pair* (decode_mode, mixed_mode) that says which runtime mode uniform

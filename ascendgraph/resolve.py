@@ -1,12 +1,12 @@
-"""Mode resolution: from a GraphConfig to the settings that will really run (SEMANTICS §3, §4).
+"""Mode resolution: from a GraphConfig to the settings that will really run (docs/semantics.md §3, §4).
 
 Theory of operation. `resolve` threads a mutable working state through a *table of named
-rules* (`RULES`), in SEMANTICS §3's order. A rule that changes something records a
+rules* (`RULES`), in docs/semantics.md §3's order. A rule that changes something records a
 `Decision(rule, before, after, reason)`; warnings users would see in a vLLM Ascend log
 are collected verbatim. The result is a frozen `Resolution`: the effective mode, sizes
 and kernel flags, plus the trace that explains each of them.
 
-`narrow_for_attention` is vLLM 0.32's attention-support narrowing (SEMANTICS §4), kept as
+`narrow_for_attention` is vLLM 0.32's attention-support narrowing (docs/semantics.md §4), kept as
 its own function so it can be compared with vLLM's implementation directly.
 """
 
@@ -317,7 +317,7 @@ def _level_default_mode(level: int) -> GraphMode:
 
 
 # --------------------------------------------------------------------------- rules
-# Each rule: (name, function(state)). The order is SEMANTICS §3's.
+# Each rule: (name, function(state)). The order is docs/semantics.md §3's.
 
 
 def _rule_enforce_eager(s: _State) -> None:
@@ -630,7 +630,7 @@ def resolve(
     hccl_op_expansion_mode: Optional[str] = None,
     device_profile: Optional[object] = None,
 ) -> Resolution:
-    """Run the whole Ascend resolution pipeline (SEMANTICS §3) on a configuration.
+    """Run the whole Ascend resolution pipeline (docs/semantics.md §3) on a configuration.
 
     ``attention_support`` defaults to the support of the config's attention backend
     (``ascend`` -> ALWAYS for the default model). ``env`` defaults to the process

@@ -1,5 +1,5 @@
 """Capture sizes: defaults, validation, spec-decode rounding, TP alignment, padding, and the
-stream-budget planner (SEMANTICS.md §2 and §9).
+stream-budget planner (docs/semantics.md §2 and §9).
 
 Theory of operation. A *capture size* is a num_tokens value for which graphs are
 captured. A batch of t tokens (1 <= t <= max) is padded up to the smallest capture size
@@ -114,7 +114,7 @@ def compute_capture_sizes(
     max_capture_size: Optional[int] = None,
     performance_mode: str = "balanced",
 ) -> CaptureSizes:
-    """vLLM 0.32's capture-size rule (SEMANTICS §2, steps 1-3), for when graphs are on."""
+    """vLLM 0.32's capture-size rule (docs/semantics.md §2, steps 1-3), for when graphs are on."""
     mns = _check_positive_int("max_num_seqs", max_num_seqs)
     mnbt = _check_positive_int("max_num_batched_tokens", max_num_batched_tokens)
     k = _check_positive_int("num_speculative_tokens", num_speculative_tokens, allow_zero=True)
@@ -175,7 +175,7 @@ def compute_capture_sizes(
 
 
 def ascend_default_max_capture_size(max_num_seqs: int, num_speculative_tokens: int = 0) -> int:
-    """Ascend's default max when the user set neither max nor sizes: no `* 2` (SEMANTICS §2)."""
+    """Ascend's default max when the user set neither max nor sizes: no `* 2` (docs/semantics.md §2)."""
     mns = _check_positive_int("max_num_seqs", max_num_seqs)
     k = _check_positive_int("num_speculative_tokens", num_speculative_tokens, allow_zero=True)
     return min(mns * (1 + k), ASCEND_MAX_CAPTURE_SIZE_CAP)
@@ -197,7 +197,7 @@ def align_sizes_to_tp(sizes: Sequence[int], tensor_parallel_size: int) -> list[i
 def round_sizes_for_spec_decode(
     sizes: Sequence[int], max_size: int, *, query_len: int
 ) -> tuple[list[int], int]:
-    """Round sizes up to multiples of the decode query length q = 1 + k (SEMANTICS §2.5)."""
+    """Round sizes up to multiples of the decode query length q = 1 + k (docs/semantics.md §2.5)."""
     if not sizes or query_len <= 1:
         return list(sizes), max_size
     rounded = sorted({round_up(s, query_len) for s in sizes if round_up(s, query_len) <= max_size})
@@ -330,7 +330,7 @@ def plan_stream_budget(
     hccl_op_expansion_mode: Optional[str] = None,
     max_streams: int = DEFAULT_MAX_STREAMS,
 ) -> StreamPlan:
-    """SEMANTICS §9: the number of capture sizes the stack's streams allow."""
+    """docs/semantics.md §9: the number of capture sizes the stack's streams allow."""
     layers = _check_positive_int("num_hidden_layers", num_hidden_layers)
     budget = _check_positive_int("stream_limit", max_streams)
     mode = GraphMode.parse(mode)
@@ -402,7 +402,7 @@ def plan_stream_budget(
 
 
 # HCCL_OP_EXPANSION_MODE values HCCL itself knows (doctor checks the environment against the
-# same list), and the planner's names for the non-AIV expansion (SEMANTICS §9: "FFTS+/AICPU").
+# same list), and the planner's names for the non-AIV expansion (docs/semantics.md §9: "FFTS+/AICPU").
 HCCL_EXPANSION_MODES = ("AI_CPU", "AIV", "HOST", "HOST_TS")
 HCCL_PLANNER_MODES = ("FFTS+", "AICPU")
 
@@ -410,7 +410,7 @@ HCCL_PLANNER_MODES = ("FFTS+", "AICPU")
 def check_hccl_expansion_mode(value: object) -> Optional[str]:
     """An explicit expansion mode (a flag or argument), upper-cased; None/"" is unset.
 
-    Anything but AIV plans as FFTS+ (SEMANTICS §9), so a typo such as "aiv2" would silently
+    Anything but AIV plans as FFTS+ (docs/semantics.md §9), so a typo such as "aiv2" would silently
     cost streams: it is a ConfigError naming the valid values instead.
     """
     if value is None or (isinstance(value, str) and not value.strip()):

@@ -1,4 +1,4 @@
-"""XliteGraph: configuration checks and the architecture registry (SEMANTICS.md §11).
+"""XliteGraph: configuration checks and the architecture registry (docs/semantics.md §11).
 
 XliteGraph is an alternative graph path: batches that fit xlite's preallocated token
 budget run on the xlite runtime, larger ones on the native runnable (ACLGraph or eager).
@@ -122,7 +122,7 @@ class XliteRoute:
 
 @dataclass(frozen=True)
 class XliteRouter:
-    """The per-batch routing rules of SEMANTICS §11 for one configuration."""
+    """The per-batch routing rules of docs/semantics.md §11 for one configuration."""
 
     full_mode: bool
     budget: int
@@ -201,7 +201,7 @@ def _rule_within_budget(r: XliteRouter, tokens: int, reqs: int, prefill: bool, p
     return XliteRoute(XLITE, f"{kind} batch of {tokens} tokens{across} fits the xlite {r.mode_name} budget of {r.budget}", tokens)
 
 
-# In order; the first rule that decides wins (SEMANTICS §11).
+# In order; the first rule that decides wins (docs/semantics.md §11).
 ROUTING_RULES = (
     _rule_profile_run,
     _rule_over_budget,
@@ -269,7 +269,7 @@ class XliteRuntime(Protocol):
         ...
 
     def profile_run(self) -> "torch.Tensor":
-        """A profile run in full mode: no forward, the preallocated buffer itself (SEMANTICS §11)."""
+        """A profile run in full mode: no forward, the preallocated buffer itself (docs/semantics.md §11)."""
         ...
 
 

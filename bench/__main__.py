@@ -102,13 +102,14 @@ def section_run(quick: bool) -> dict[str, Any]:
     return row
 
 
-def section_sim(quick: bool) -> dict[str, Any]:
+def section_sim(quick: bool, repeats: Optional[int] = None) -> dict[str, Any]:
     import torch
 
     from ascendgraph.device import get_device
     from bench.bench_sim import build, floor_calls, interleaved_many, make_floor
 
-    batches, repeats = ([1, 8], 5) if quick else ([1, 8, 64], 200)
+    batches, default_repeats = ([1, 8], 5) if quick else ([1, 8, 64], 200)
+    repeats = repeats or default_repeats
     rows = []
     for batch in batches:
         device = get_device("sim")
@@ -203,10 +204,23 @@ def section_api(quick: bool) -> dict[str, Any]:
     return rows
 
 
-def section_scale(quick: bool) -> dict[str, Any]:
+def parse_cell(text: str) -> tuple[int, int]:
+    """``LAYERSxSIZES`` (e.g. ``28x67``) -> (layers, sizes)."""
+    from bench.bench_scale import GRID_SIZES
+
+    layers, _, sizes = text.lower().partition("x")
+    if not (layers.isdigit() and sizes.isdigit() and int(layers) >= 1 and int(sizes) in GRID_SIZES):
+        raise argparse.ArgumentTypeError(f"expected LAYERSxSIZES with SIZES in {GRID_SIZES}, got {text!r}")
+    return int(layers), int(sizes)
+
+
+def section_scale(quick: bool, grid: Optional[Sequence[tuple[int, int]]] = None) -> dict[str, Any]:
     from bench.bench_scale import GRID_LAYERS, GRID_SIZES, growth_note
 
-    cells = [(2, 35)] if quick else [(layers, sizes) for sizes in GRID_SIZES for layers in GRID_LAYERS]
+    if grid:
+        cells = list(grid)
+    else:
+        cells = [(2, 35)] if quick else [(layers, sizes) for sizes in GRID_SIZES for layers in GRID_LAYERS]
     rows = []
     for layers, sizes in cells:
         figures = run_measured(python_command("-m", "bench.bench_scale", str(layers), str(sizes)), env=_env())
@@ -354,6 +368,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--only", nargs="+", choices=SECTIONS, metavar="SECTION",
                         help=f"run only these sections ({', '.join(SECTIONS)})")
     parser.add_argument("--suite", action="store_true", help="also time the default test suite (minutes)")
+    parser.add_argument("--grid", nargs="+", type=parse_cell, metavar="LxS",
+                        help="scaling-grid cells to measure, e.g. 4x35 28x67 (default: layers 4 16 28 x sizes 35 67)")
+    parser.add_argument("--repeats", type=int, default=None, metavar="N",
+                        help="interleaved rounds of the sim section (default 200; --quick: 5)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads in this process (default 1)")
     parser.add_argument("--out", default=None, metavar="FILE", help="results file (default: a new temporary file)")
@@ -383,11 +401,11 @@ def _run(args: argparse.Namespace) -> int:
           f"load average {', '.join(f'{x:.1f}' for x in os.getloadavg())}" + (" (quick)" if quick else ""))
     runners: dict[str, Callable[[], dict[str, Any]]] = {
         "run": lambda: section_run(quick),
-        "sim": lambda: section_sim(quick),
+        "sim": lambda: section_sim(quick, args.repeats),
         "capture": lambda: section_capture(quick),
         "plan": lambda: section_plan(quick),
         "api": lambda: section_api(quick),
-        "scale": lambda: section_scale(quick),
+        "scale": lambda: section_scale(quick, args.grid),
         "modes": lambda: section_modes(quick, args.seed),
         "padding": lambda: section_padding(quick, args.seed),
         "suite": lambda: section_suite(args.suite),

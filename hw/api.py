@@ -52,6 +52,7 @@ __all__ = [
     "torch_npu_namespace",
     "unavailable_reason",
     "disable_backend_autoload",
+    "torch_device_type",
 ]
 
 # The torch_npu release this backend is written and contract-tested against (torch 2.13).
@@ -130,7 +131,9 @@ NPU_GRAPH_UPDATE = _api("torch_npu.npu.NPUGraph.update", role="read", optional=T
                         why="torch_npu's own parameter update (auto_dispatch_capture); detected, not used")
 NPU_GRAPH_SUPER_KERNEL_OPTIMIZE = _api("torch_npu.npu.NPUGraph.super_kernel_optimize", 1, "optimize_options",
                                        optional=True)
-SUPER_KERNEL_SCOPE_BEGIN = _api("torch_npu.npu.super_kernel_scope_begin", role="read", optional=True)
+SUPER_KERNEL_SCOPE_BEGIN = _api("torch_npu.npu.super_kernel_scope_begin", 1, optional=True,
+                                why="vLLM Ascend opens super_kernel_scope('full_model') around FULL captures")
+SUPER_KERNEL_SCOPE_END = _api("torch_npu.npu.super_kernel_scope_end", 1, optional=True)
 
 # What the core calls on the graph / event / stream objects hw hands out (Device protocol).
 NPU_GRAPH_CAPTURE_BEGIN = _api("torch_npu.npu.NPUGraph.capture_begin", 1, "pool", "capture_error_mode",
@@ -289,9 +292,29 @@ def _import_torch_npu(importer: Callable[[str], ModuleType] = importlib.import_m
 
 
 @lru_cache(maxsize=1)
-def load_torch_npu() -> tuple[Optional[ModuleType], str]:
-    """(torch_npu, "") or (None, why it cannot be used). Imports at most once per process."""
+def _load_once() -> tuple[Optional[ModuleType], str]:
     return _import_torch_npu()
+
+
+def load_torch_npu() -> tuple[Optional[ModuleType], str]:
+    """(torch_npu, "") or (None, why it cannot be used). Imports at most once per process;
+    a torch_npu already in ``sys.modules`` (the real one, or the simulator's facade put in
+    place by ``sim.facade.install()``) is used as it is."""
+    module = sys.modules.get("torch_npu")
+    if module is not None:
+        return module, ""
+    return _load_once()
+
+
+# The one seam between a real torch_npu and a stand-in: the torch device type tensors of
+# "the NPU" have. torch_npu registers "npu"; the simulator's facade (sim.facade) keeps
+# tensors on the CPU and says so with this module attribute.
+DEVICE_TYPE_ATTRIBUTE = "__ascendgraph_torch_device_type__"
+
+
+def torch_device_type(module: Any) -> str:
+    """"npu" for torch_npu; what a stand-in module declares otherwise ("cpu" for the facade)."""
+    return str(getattr(module, DEVICE_TYPE_ATTRIBUTE, "npu"))
 
 
 def torch_npu_namespace() -> TorchNpu:

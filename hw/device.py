@@ -16,10 +16,10 @@ hardware does not tell us is bookkept here, the way the simulator reports it:
 
 ``torch.npu.graph`` calls ``torch.npu.empty_cache()`` on entry. During `graph` that call
 is routed through ``self.empty_cache``, so the core's "no empty_cache between the pieces
-of one size" (SEMANTICS §6: it replaces ``device.empty_cache``) holds on hardware too.
+of one size" (docs/semantics.md §6: it replaces ``device.empty_cache``) holds on hardware too.
 
 Capture errors are raised as torch_npu raises them; the core's GraphWrapper classifies
-and rewrites them (SEMANTICS §8), exactly as it does for the simulator.
+and rewrites them (docs/semantics.md §8), exactly as it does for the simulator.
 """
 
 from __future__ import annotations
@@ -53,6 +53,15 @@ FEATURES = {
     "fia_workspace": api.NPU_FIA_MAX_WORKSPACE,
 }
 NEW, CAPTURING, CAPTURED, RESET = "new", "capturing", "captured", "reset"
+
+
+class _PendingTask:
+    """A task group or task update asked for and not necessarily opened yet."""
+
+    __slots__ = ("kind", "stream", "handle", "opened")
+
+    def __init__(self, kind: str, stream: Any, handle: Any) -> None:
+        self.kind, self.stream, self.handle, self.opened = kind, stream, handle, False
 
 
 class NpuGraph:
@@ -155,8 +164,9 @@ class NpuDevice:
             supports_task_update=self.features["task_update"],
             supports_super_kernel_api=self.features["super_kernel_optimize"],
         )
-        if router is None:  # the process-wide kernels of the real torch_npu
-            router = kernels.register_npu_kernels(self._npu)
+        self._device_type = api.torch_device_type(self._npu.module)
+        if router is None:  # the process-wide kernels of the torch_npu in use
+            router = kernels.register_npu_kernels(self._npu, self._device_type)
             kernels.prepare(self.torch_device)
         self.router = router
         self._plan: Any = None
@@ -166,6 +176,7 @@ class NpuDevice:
         self._captured_total = 0
         self._weak_ref_warned = False
         self._reserved_mark = 0
+        self._task: Optional[_PendingTask] = None
 
     def _version(self, module: str) -> str:
         if not self._npu.has(api.GET_CANN_VERSION):
@@ -177,7 +188,10 @@ class NpuDevice:
 
     @property
     def torch_device(self) -> torch.device:
-        # Built on use: the "npu" device type exists once torch_npu has registered it.
+        # Built on use: the "npu" device type exists once torch_npu has registered it. A
+        # stand-in that keeps tensors on the CPU (sim.facade) declares its device type.
+        if getattr(self, "_device_type", "npu") != "npu":
+            return torch.device(self._device_type)
         return torch.device("npu", self.index)
 
     # ------------------------------------------------------------------ streams and events
@@ -243,22 +257,28 @@ class NpuDevice:
             self._npu.call(api.SET_STREAM, previous_stream)
             raise
         reserved_before = self._reserved_mark
+        self._close_task()  # nothing pending from an earlier failure reaches this capture
         graph.kind = graph_kind
         graph.state = CAPTURING
         try:
             try:
                 yield
             except BaseException as exc:
+                self._abandon_group()  # else capture_end fails on the open group, hiding exc
                 context.__exit__(type(exc), exc, exc.__traceback__)
                 raise
             context.__exit__(None, None, None)  # capture_end
         except BaseException:
+            # torch_npu skips restoring the stream when capture_end raises (graphs.py __exit__).
+            with contextlib.suppress(Exception):
+                if self.current_stream() != previous_stream:
+                    self._npu.call(api.SET_STREAM, previous_stream)
             with contextlib.suppress(Exception):
                 graph.graph.reset()
             graph.state = NEW
             raise
         finally:
-            self.router.in_task_group = False
+            self._close_task()
         graph.pool_bytes = max(0, self._reserved_bytes() - reserved_before)
         self._captured(graph)
 
@@ -268,7 +288,7 @@ class NpuDevice:
         module = self._npu.get(api.NPU_MODULE)
 
         def routed() -> None:
-            self.empty_cache()  # a no-op when the core stubbed it (SEMANTICS §6)
+            self.empty_cache()  # a no-op when the core stubbed it (docs/semantics.md §6)
             self._reserved_mark = self._reserved_bytes()
 
         module.empty_cache = routed
@@ -297,24 +317,79 @@ class NpuDevice:
             )
         self._npu.call(api.NPU_GRAPH_SUPER_KERNEL_OPTIMIZE, graph.graph, optimize_options=optimize_options)
 
+    @contextlib.contextmanager
+    def super_kernel_scope(self, scope_name: Optional[str] = None) -> Iterator[None]:
+        """torch_npu's ``super_kernel_scope_begin/end`` around the block (the core opens it
+        around FULL captures when super kernel is on); nothing on a torch_npu without it."""
+        if not self.features["super_kernel_scope"]:
+            yield
+            return
+        self._npu.call(api.SUPER_KERNEL_SCOPE_BEGIN, scope_name)
+        try:
+            yield
+        finally:
+            self._npu.call(api.SUPER_KERNEL_SCOPE_END, scope_name)
+
     # ------------------------------------------------------------------ FULL-graph parameter update
-    # The router is told when kernels land in a task group: a fallback whose kernels follow
-    # host values must not be captured there (hw.kernels, "Graph safety").
+    # A task group (or task update) holds kernel tasks only: the workspace, softmax_lse and
+    # static buffers of the kernel must exist before it opens. So the torch_npu call that
+    # opens it is deferred until the router is about to issue the kernel (`KernelRouter.
+    # enter_task`); an empty group is opened at its end. The router is also told that
+    # kernels land in a task group: a fallback whose kernels follow host values must not be
+    # captured there (hw.kernels, "Graph safety").
     def task_group_begin(self, stream: Any) -> None:
-        self._npu.call(api.TASK_GROUP_BEGIN, stream)
-        self.router.in_task_group = True
+        if not self.is_current_stream_capturing():
+            self._npu.call(api.TASK_GROUP_BEGIN, stream)  # outside a capture: torch_npu's own refusal
+            return
+        self._open_task("group", stream, None)
 
     def task_group_end(self, stream: Any) -> Any:
-        self.router.in_task_group = False
+        task = self._task
+        self._close_task()
+        if task is not None and task.kind == "group" and not task.opened:
+            self._npu.call(api.TASK_GROUP_BEGIN, task.stream)
         return self._npu.call(api.TASK_GROUP_END, stream)
 
     def task_update_begin(self, stream: Any, handle: Any) -> None:
-        self._npu.call(api.TASK_UPDATE_BEGIN, stream, handle)
-        self.router.in_task_group = True
+        self._open_task("update", stream, handle)
 
     def task_update_end(self, stream: Any) -> None:
-        self.router.in_task_group = False
+        task = self._task
+        self._close_task()
+        if task is not None and task.kind == "update" and not task.opened:
+            return  # nothing was re-issued (the kernel failed its pre-check): no update to end
         self._npu.call(api.TASK_UPDATE_END, stream)
+
+    def _open_task(self, kind: str, stream: Any, handle: Any) -> None:
+        if self._task is not None:  # nested: let torch_npu refuse it with its own error
+            self._enter_task()
+        task = self._task = _PendingTask(kind, stream, handle)
+        self.router.in_task_group = True
+        self.router.defer_task(self._enter_task)
+        del task
+
+    def _enter_task(self) -> None:
+        task = self._task
+        if task is None or task.opened:
+            return
+        if task.kind == "group":
+            self._npu.call(api.TASK_GROUP_BEGIN, task.stream)
+        else:
+            self._npu.call(api.TASK_UPDATE_BEGIN, task.stream, task.handle)
+        task.opened = True
+
+    def _close_task(self) -> None:
+        self._task = None
+        self.router.in_task_group = False
+        self.router.defer_task(None)
+
+    def _abandon_group(self) -> None:
+        """A capture failed with a task group open: close it, so capture_end sees none."""
+        task = self._task
+        self._close_task()
+        if task is not None and task.kind == "group" and task.opened:
+            with contextlib.suppress(Exception):
+                self._npu.call(api.TASK_GROUP_END, task.stream)
 
     # ------------------------------------------------------------------ memory, sync, profiling
     def empty_cache(self) -> None:

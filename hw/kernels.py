@@ -128,9 +128,12 @@ def _quant_args(x: Tensor, scale: Tensor, offset: Optional[Tensor], kernel: str)
 
 
 def _channel_vector(values: Optional[Tensor], hidden: int) -> Optional[Tensor]:
+    """A per-tensor or per-channel scale / offset as the contiguous [hidden] vector the
+    kernels take (an ``expand`` would hand them a stride-0 tensor)."""
     if values is None:
         return None
-    return values.reshape(-1).expand(hidden) if values.numel() == 1 else values.reshape(hidden)
+    vector = values.reshape(-1).expand(hidden) if values.numel() == 1 else values.reshape(hidden)
+    return vector.contiguous()
 
 
 def _as_int8(y: Tensor) -> Tensor:
@@ -183,10 +186,11 @@ def _quantize_accepts(x: Tensor, scale: Tensor, offset: Optional[Tensor]) -> Opt
 def _add_rms_norm_dynamic_quant(
     router: "KernelRouter", x: Tensor, residual: Tensor, weight: Tensor, eps: float
 ) -> tuple[Tensor, Tensor, Tensor]:
-    # Outputs (y1, y2, x_out, scale1, scale2); the second quantisation path is unused
-    # without smooth scales (vLLM Ascend asks for both outputs the same way).
+    # Outputs (y1, y2, x_out, scale1, scale2); without smooth scales the second quantisation
+    # path means nothing, so only the first is asked for (output_mask=[True, False], as vLLM
+    # Ascend's callers without smooth_scale2 pass it; the op docs forbid only [False, False]).
     y1, _, x_sum, scale1, _ = router.npu.call(
-        api.NPU_ADD_RMS_NORM_DYNAMIC_QUANT, x, residual, weight.to(x.dtype), epsilon=eps, output_mask=[True, True]
+        api.NPU_ADD_RMS_NORM_DYNAMIC_QUANT, x, residual, weight.to(x.dtype), epsilon=eps, output_mask=[True, False]
     )
     return _as_int8(y1), x_sum, scale1
 
@@ -307,8 +311,11 @@ class GraphBuffers:
 
 
 def causal_mask(device: torch.device) -> Tensor:
-    """The compressed causal mask of FIA sparse_mode 3 (True = masked out)."""
-    return torch.triu(torch.ones(FIA_MASK_SIZE, FIA_MASK_SIZE, dtype=torch.bool, device=device), diagonal=1)
+    """The compressed causal mask of FIA sparse_mode 3 (True = masked out), built on the host
+    and copied to the device once, as vLLM Ascend builds its ``spec_attn_mask``
+    (vllm_ascend/worker/model_runner_v1.py@3e1f15f7): no kernels of its own on the device."""
+    host = torch.triu(torch.ones(FIA_MASK_SIZE, FIA_MASK_SIZE, dtype=torch.bool), diagonal=1)
+    return host.to(device)
 
 
 def _paged_attention(
@@ -348,7 +355,9 @@ def _paged_attention(
         if slot is None:
             table = table.to(torch.int32)
         else:  # one static int32 copy, refreshed in place (captured and re-issued alike)
-            table = slot.setdefault("block_table", torch.empty(block_table.shape, dtype=torch.int32, device=block_table.device))
+            table = slot.get("block_table")
+            if table is None:
+                table = slot["block_table"] = torch.empty(block_table.shape, dtype=torch.int32, device=block_table.device)
             table.copy_(block_table)
     keys = key_cache.view(num_blocks, block_size, kv_heads * head_dim)
     values = value_cache.view(num_blocks, block_size, kv_heads * head_dim)
@@ -364,6 +373,10 @@ def _paged_attention(
         sparse_mode=FIA_SPARSE_MODE,
         block_size=block_size,
     )
+    # Workspace and softmax_lse are allocated *before* the kernel's task group opens (torch_npu's
+    # npugraph handler contract: "prepare_capture ... runs before graph_task_group_begin";
+    # vLLM Ascend's full_graph_attention does the same): NpuDevice defers the group's begin
+    # until `router.enter_task()`, right before the kernel.
     if workspace is not None and workspace.numel() == 0:
         workspace = None  # attention_workspace's fallback: the kernel sizes its own
     if workspace is None and slot is not None:
@@ -380,6 +393,7 @@ def _paged_attention(
         )
         if slot is not None:
             slot["softmax_lse"] = lse
+    router.enter_task()
     router.npu.call(api.NPU_FIA_OUT, query, keys, values, **options, workspace=workspace, out=[out, lse])
 
 
@@ -452,7 +466,7 @@ def _split_qkv_rmsnorm_rope_composed(
     q = router.call("rms_norm", q.reshape(tokens, -1, head_dim), q_weight, eps).reshape(tokens, q_size)
     k = router.call("rms_norm", k.reshape(tokens, -1, head_dim), k_weight, eps).reshape(tokens, kv_size)
     q, k = router.call("rotary_embedding", positions, q, k, cos_sin_cache, head_dim, is_neox)
-    return q, k, v.contiguous()
+    return q, k, v.clone(memory_format=torch.contiguous_format)  # never an alias of qkv (custom-op rule)
 
 
 # --------------------------------------------------------------------------- the table
@@ -517,6 +531,26 @@ class KernelRouter:
         self.live_graphs = 0  # captured graphs of every NpuDevice not yet reset (GraphBuffers' lifetime)
         # Kernels issued now land in a task group (captured or being updated): set by NpuDevice.
         self.in_task_group = False
+        self.registered_for: Optional[str] = None  # the device type the router is registered on
+        # Opens the task group / task update NpuDevice deferred until the first kernel.
+        self._enter: Optional[Callable[[], None]] = None
+
+    def defer_task(self, enter: Optional[Callable[[], None]]) -> None:
+        """Set (or clear) what opens the pending task group or update (NpuDevice)."""
+        self._enter = enter
+
+    def enter_task(self) -> None:
+        """Open the pending task group / update now: what follows is the kernel task."""
+        enter, self._enter = self._enter, None
+        if enter is not None:
+            enter()
+
+    def pre_check(self, op: str, args: tuple[Any, ...]) -> None:
+        """The kernel-contract table, before any kernel: a violation is a hard error
+        (KernelContractError), never a fallback (DECISIONS D1)."""
+        check_op = _contract_check()
+        if check_op is not None:
+            check_op(op, args, in_graph=self.in_task_group or self.capturing())
 
     def graph_captured(self) -> None:
         self.live_graphs += 1
@@ -545,7 +579,10 @@ class KernelRouter:
         for binding in route.bindings:
             reason = self._unusable(binding, args)
             if reason is None:
+                self.pre_check(op, args)
                 try:
+                    if op != "paged_attention":  # attention prepares its buffers first, then enters
+                        self.enter_task()
                     return binding.adapter(self, *args)
                 except _MISSING_KERNEL_ERRORS as exc:  # e.g. an ATB op whose NNAL library is missing
                     self._broken[binding.api] = f"{binding.api.path} failed to load ({type(exc).__name__}: {exc})"
@@ -563,6 +600,7 @@ class KernelRouter:
         if (op, why) not in self._logged:
             self._logged.add((op, why))
             log.warning("ascendgraph::%s on npu runs the %s fallback: %s", op, route.fallback_kind, why)
+        self.enter_task()
         return route.fallback(self, *args)
 
     def kernel(self, op: str) -> Callable[..., Any]:
@@ -575,25 +613,64 @@ class KernelRouter:
         return run
 
 
+def _contract_check() -> Optional[Callable[..., None]]:
+    """`ascendgraph.kernel_calls.check_op` (the kernel-contract table applied to an op call
+    as hw/ maps it), or None while the table is not part of this checkout."""
+    try:
+        from ascendgraph.kernel_calls import check_op
+    except ImportError:
+        return _interim_check_op
+    return check_op
+
+
+def _interim_check_op(op: str, args: tuple[Any, ...], *, in_graph: bool) -> None:
+    # The two FIA rules hw/'s graph path depends on, until the contract table lands.
+    if op != "paged_attention":
+        return
+    query, _, _, block_table, ends = args[:5]
+    ends = [int(v) for v in ends]
+    if block_table.shape[0] != len(ends):
+        raise CaptureConstraintError(
+            f"npu_fused_infer_attention_score: block_table needs one row per request ({len(ends)}), got "
+            f"{block_table.shape[0]} (torch-npu 2.13.0 _op_plugin_docs.py:8223)"
+        )
+    if in_graph and ends and query.shape[0] != ends[-1]:
+        raise CaptureConstraintError(
+            f"npu_fused_infer_attention_score: TND needs query.shape[0] == actual_seq_lengths[-1], got "
+            f"{query.shape[0]} tokens and actual_seq_lengths {ends} (vLLM Ascend _pad_query_start_loc_for_fia)"
+        )
+
+
 _ROUTER: Optional[KernelRouter] = None
 
 
-def register_npu_kernels(npu: Optional[TorchNpu] = None) -> KernelRouter:
-    """Register the router for every ascendgraph op on the ``npu`` device type (idempotent).
+def register_npu_kernels(npu: Optional[TorchNpu] = None, device_type: str = "npu") -> KernelRouter:
+    """Register the router for every ascendgraph op on ``device_type`` (idempotent).
 
-    Registration is process-wide, as ``torch.library`` itself is.
+    Registration is process-wide, as ``torch.library`` itself is; a different torch_npu
+    module (the simulator's facade after the real one, or back) gets a router of its own.
+    On a stand-in whose tensors live on the CPU (``sim.facade``) the ops are also declared
+    *wrapper ops* with the router as implementation, and registered again on every call
+    (the facade hands the CPU kernels back to the simulator when it is uninstalled): so a
+    simulator capture records the torch_npu kernels hw/ issues, as a card's graph would.
     """
     global _ROUTER
-    if _ROUTER is None:
-        router = KernelRouter(npu or api.torch_npu_namespace())
+    npu = npu or api.torch_npu_namespace()
+    if _ROUTER is None or _ROUTER.npu.module is not npu.module:
+        _ROUTER = KernelRouter(npu)
+        _ROUTER.registered_for = None
+    router = _ROUTER
+    if device_type != "npu" or router.registered_for != device_type:
         for name in ops.OP_NAMES:
-            getattr(ops, name).register_kernel("npu")(router.kernel(name))
-        _ROUTER = router
-    return _ROUTER
+            getattr(ops, name).register_kernel(device_type)(router.kernel(name))
+            if device_type != "npu":
+                ops.register_wrapper_op(ops.kernel_op(name), router.kernel(name))
+        router.registered_for = device_type
+    return router
 
 
 def prepare(device: torch.device) -> None:
     """Create per-device constants (the causal mask) outside any capture."""
-    router = register_npu_kernels()
+    router = _ROUTER if _ROUTER is not None else register_npu_kernels()
     if device not in router.buffers.masks:
         router.buffers.masks[device] = causal_mask(device)

@@ -7,8 +7,8 @@ torch_npu writes one run directory per profiled session,
         kernel_details.csv
         trace_view.json, ...
 
-the same file names the simulator writes (SEMANTICS §13). torch_npu 2.13 names two
-kernel_details.csv columns "Block Num" / "Mix Block Num" where SEMANTICS (and the
+the same file names the simulator writes (docs/semantics.md §13). torch_npu 2.13 names two
+kernel_details.csv columns "Block Num" / "Mix Block Num" where docs/semantics.md §13 (and the
 simulator) say "Block Dim" / "Mix Block Dim": read columns by name, through
 `KERNEL_DETAILS_ALIASES`.
 """
@@ -36,7 +36,7 @@ OP_STATISTIC = "op_statistic.csv"
 KERNEL_DETAILS = "kernel_details.csv"
 TRACE_VIEW = "trace_view.json"
 PROFILER_LEVELS = {0: api.PROFILER_LEVEL_0, 1: api.PROFILER_LEVEL_1, 2: api.PROFILER_LEVEL_2}
-# torch_npu 2.13 column -> the SEMANTICS §13 name.
+# torch_npu 2.13 column -> the docs/semantics.md §13 name.
 KERNEL_DETAILS_ALIASES = {"Block Num": "Block Dim", "Mix Block Num": "Mix Block Dim"}
 
 

@@ -4,7 +4,7 @@ Theory of operation. torch_npu reports CANN's SoC name (``Ascend910B3``,
 ``Ascend910_9391``, ``Ascend310P3``, ``Ascend950PR`` ...). ascendgraph reasons about four
 generations (``ascendgraph.config.SOCS``): A2, A3, 310P, A5. `SOC_PREFIXES` maps name
 prefixes to a generation — longest prefix wins, case and surrounding blanks ignored —
-and `SOC_CAPABILITIES` says what each generation supports (SEMANTICS §2, §10). A real
+and `SOC_CAPABILITIES` says what each generation supports (docs/semantics.md §2, §10). A real
 stack's versions and memory come from torch_npu at run time (`hw.device`).
 """
 

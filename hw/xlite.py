@@ -11,7 +11,7 @@ the final hidden states into a tensor the caller owns. The adapter:
 2. describes the ascendgraph model to xlite (`_describe_model`) and hands it the weights
    of the model the engine built (`_hand_over_weights`); MHA models only (the Llama /
    Qwen dense and Qwen-MoE adapters of vLLM Ascend); MLA models are refused by name;
-3. allocates the hidden-state buffer once, ``budget`` rows (SEMANTICS §11);
+3. allocates the hidden-state buffer once, ``budget`` rows (docs/semantics.md §11);
 4. per batch: refuses more tokens than the budget (`XliteBudgetExceeded`), translates the
    forward context's metadata and runs ``Model.forward`` on the current stream.
 

@@ -18,7 +18,7 @@ profile can replace them (see `sim.profiles.load_profile`).
 
 Hook: ``CostModel.task_adjust`` (None by default) may rescale a graph task's device time.
 
-Static and super kernels (SEMANTICS §10). ``CostModel.static_kernels`` maps a kernel
+Static and super kernels (docs/semantics.md §10). ``CostModel.static_kernels`` maps a kernel
 signature — (op name, input shapes, input dtypes), `task_signature` — to the id of a
 fixed-shape kernel a static-kernel build produced (`SimDevice.install_static_kernels`). A
 graph task whose signature was built runs as that static kernel: named

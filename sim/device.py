@@ -4,7 +4,7 @@ Theory of operation. Tensors live on the CPU and eager ops run when issued. What
 simulator adds is the device's *graph* behaviour, enforced the way torch_npu enforces it:
 
 * capture records instead of running (`sim.recorder`, `sim.capture`), rejects what the
-  device cannot capture (SEMANTICS §12), charges streams like the planner
+  device cannot capture (docs/semantics.md §12), charges streams like the planner
   (`sim.budget`) and accounts the graph pool;
 * replay re-runs the recording on the captured tensors with the captured host values,
   suspending at ExternalEvent waits nobody has recorded yet;

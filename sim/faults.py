@@ -158,7 +158,7 @@ def _parse_term(text: str, site: str) -> Term:
                 f"fault plan: delay {_short(arg)} in {_short(token)} must be a finite number of milliseconds"
             ) from None
         if not 0 <= delay <= MAX_DELAY_MS:
-            raise _bad(f"fault plan: delay {_short(arg)} in {_short(token)} must be between 0 and "
+            raise _bad(f"fault plan: delay {_short(arg)} in {_short(token)} must be >= 0 ms and at most "
                        f"{MAX_DELAY_MS} ms (one hour)")
         return Term(action, count, percent, delay_ms=delay)
     return Term(action, count, percent)

@@ -1,6 +1,6 @@
 """SimGraph: torch_npu's NPUGraph on the simulator — a capture-state machine and its replay.
 
-States and transitions, as data (SEMANTICS §12 texts for the refused ones):
+States and transitions, as data (docs/semantics.md §12 texts for the refused ones):
 
     idle      --capture_begin-->  capturing  --capture_end-->  captured
     captured  --replay-->         captured

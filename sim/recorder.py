@@ -49,7 +49,8 @@ under them and they see the compiled code's ops at run time.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+import contextlib
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -298,6 +299,27 @@ def constraint_message(kind: int, func: Any, graph: str) -> str:
     return RNG_DURING_CAPTURE.format(what=name, graph=graph)
 
 
+@contextlib.contextmanager
+def wrapper_reentry() -> Iterator[None]:
+    """Run a wrapper op's Python implementation as if called from Python.
+
+    A custom op reaches a dispatch mode *below* autograd (its autograd kernel redispatches
+    with the autograd keys excluded). Left so, the CompositeImplicitAutograd ops its
+    implementation issues (``Tensor.to(dtype)``, ``reshape`` of a non-contiguous tensor,
+    ``contiguous()``...) decompose without ever reaching the mode: they would run at capture
+    and their results be frozen into the graph instead of being recorded.
+    """
+    key = torch._C.DispatchKey.AutogradFunctionality
+    excluded = torch._C._dispatch_tls_is_dispatch_key_excluded(key)
+    if excluded:
+        torch._C._dispatch_tls_set_dispatch_key_excluded(key, False)
+    try:
+        yield
+    finally:
+        if excluded:
+            torch._C._dispatch_tls_set_dispatch_key_excluded(key, True)
+
+
 class _Mode(TorchDispatchMode):
     """Base of the simulator's dispatch modes.
 
@@ -315,7 +337,7 @@ class _Mode(TorchDispatchMode):
         kwargs = kwargs or {}
         impl = ag_ops._WRAPPER_OPS.get(func)
         if impl is not None:
-            with self:
+            with self, wrapper_reentry():
                 return impl(*args, **kwargs)
         return self.handle(func, args, kwargs)
 

@@ -74,7 +74,7 @@ class SimXliteRuntime:
         return view
 
     def profile_run(self) -> torch.Tensor:
-        """Full-mode profile run: the preallocated buffer itself, no forward (SEMANTICS §11)."""
+        """Full-mode profile run: the preallocated buffer itself, no forward (docs/semantics.md §11)."""
         self.profile_runs += 1
         return self.hidden_states
 

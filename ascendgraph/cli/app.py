@@ -4,9 +4,10 @@ Each subcommand is a module of this package with a `COMMAND` (its name, help, fl
 runner), listed by `commands()`; the flags they share are `ascendgraph.cli.args`, the
 translation of a pasted ``vllm serve`` line `ascendgraph.cli.vllm_serve`.
 
-Conventions (README.md, "The commands"): human text and logs go to stderr, ``--json``
-documents go to stdout alone; exit 0 success, 1 the run failed, 2 bad input (a one-line
-error naming the value and the fix, never a traceback).
+Conventions (README.md, "The commands"): a command's result goes to stdout (`emit_result`),
+with ``--json`` the document alone (`emit_json`); logs, progress, warnings and errors go to
+stderr (logging, `emit_text`), every log line in one format (`LOG_FORMAT`). Exit 0 success,
+1 the run failed, 2 bad input (a one-line error naming the value and the fix, never a traceback).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from ascendgraph.errors import ConfigError, DeviceUnavailable, GraphModeError
 from ascendgraph.readers import dump_json
 
 __all__ = ["main", "build_parser", "parse_command_line", "commands", "Command", "Parser", "CliUsageError", "check_limits", "flag_hint",
-           "unrecognized_message", "format_warning", "cli_warnings", "package_version", "emit_json", "emit_text"]
+           "unrecognized_message", "format_warning", "cli_warnings", "package_version", "emit_json", "emit_result",
+           "emit_text"]
 
 PROG = "ascendgraph"
 BAD_INPUT = 2
@@ -178,7 +180,17 @@ def check_limits(parser: Parser, args: argparse.Namespace) -> None:
 
 
 def emit_json(document: dict[str, Any]) -> None:
-    text = dump_json(document) + "\n"
+    """The ``--json`` document on stdout: with ``--json`` it is the only thing there."""
+    _write_stdout(dump_json(document) + "\n")
+
+
+def emit_result(text: str) -> None:
+    """A command's result (its report, table or plan) on stdout, where ``| less`` and ``>``
+    find it; logs, progress and warnings go to stderr (`emit_text`, logging)."""
+    _write_stdout(text + "\n")
+
+
+def _write_stdout(text: str) -> None:
     try:
         sys.stdout.write(text)
         sys.stdout.flush()
@@ -190,7 +202,8 @@ def emit_json(document: dict[str, Any]) -> None:
 
 
 def emit_text(text: str) -> None:
-    """A line on stderr; best effort (a closed or full stderr must not turn into a traceback)."""
+    """A line on stderr (errors, notes, progress); best effort (a closed or full stderr must not
+    turn into a traceback)."""
     try:
         sys.stderr.write(text + "\n")
         sys.stderr.flush()
@@ -235,6 +248,13 @@ def build_parser() -> Parser:
         prog=PROG,
         description="vLLM graph mode on Ascend NPUs — explain, run, plan and test it on a CPU simulator "
         "or a real NPU.",
+        epilog="conventions:\n"
+        "  a command's result goes to stdout (with --json: one JSON document and nothing else);\n"
+        "  logs, progress and warnings go to stderr as `LEVEL ascendgraph: message`.\n"
+        "  Flags take every spelling `vllm serve` takes: --max_num_seqs=8, -O3, --optimization-level 3,\n"
+        "  -cc.cudagraph_mode=FULL, --no-enforce-eager.\n"
+        "  Exit codes: 0 success, 1 the run failed, 2 bad input.\n"
+        "  How the code is laid out: docs/ARCHITECTURE.md",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {package_version()}",
@@ -255,10 +275,15 @@ def build_parser() -> Parser:
     return parser
 
 
+# One format for every line ascendgraph logs, whichever module logs it, and for the Python
+# warnings printed while a command runs: ``LEVEL ascendgraph: message`` on stderr.
+LOG_FORMAT = "%(levelname)s ascendgraph: %(message)s"
+
+
 def _configure_logging(args: argparse.Namespace) -> None:
     level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
     root = logging.getLogger("ascendgraph")
     root.handlers[:] = [handler]
     root.setLevel(level)
@@ -267,10 +292,11 @@ def _configure_logging(args: argparse.Namespace) -> None:
 
 def format_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
                    line: Optional[str] = None) -> str:
-    """Python warnings as the CLI prints them: ``warning: <message>`` on one line, without
-    the source file and line (e.g. the static-kernel build notice)."""
+    """Python warnings as the CLI prints them: one line in the log format (``WARNING
+    ascendgraph: <message>``), without the source file and line (e.g. the static-kernel build
+    notice, whose text stays as it is)."""
     text = " ".join(str(message).split())
-    return f"warning: {text}\n"
+    return LOG_FORMAT % {"levelname": "WARNING", "message": text} + "\n"
 
 
 @contextmanager

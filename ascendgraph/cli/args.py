@@ -19,6 +19,7 @@ from ascendgraph.config import SOCS, GraphConfig, parse_json_argument
 from ascendgraph.errors import ConfigError
 from ascendgraph.models.backends import ATTENTION_BACKENDS
 from ascendgraph.models.presets import PRESETS
+from ascendgraph.readers import read_int
 
 __all__ = ["LIMITS", "MAX_SEED", "MODELLED_SPECULATIVE_KEYS", "positive_int", "non_negative_int", "bounded_int",
            "seed_int", "limit_error", "non_empty_text", "json_object_text", "add_config_arguments",
@@ -56,8 +57,8 @@ def _shown(text: str) -> str:
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1."""
     try:
-        value = int(text)
-    except ValueError:
+        value = read_int(text, "")  # ASCII digits only: "²" and "١٢" are not numbers here
+    except ConfigError:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {_shown(text)}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
@@ -67,8 +68,8 @@ def positive_int(text: str) -> int:
 def non_negative_int(text: str) -> int:
     """argparse type: an integer >= 0."""
     try:
-        value = int(text)
-    except ValueError:
+        value = read_int(text, "")  # ASCII digits only: "²" and "١٢" are not numbers here
+    except ConfigError:
         raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {_shown(text)}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")

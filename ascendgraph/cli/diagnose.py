@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from ascendgraph.cli.app import Command, emit_json, emit_text
+from ascendgraph.cli.app import Command, emit_json, emit_result
 from ascendgraph.cli.args import positive_int
 from ascendgraph.sizes import DEFAULT_MAX_STREAMS
 from ascendgraph.tools.diagnose import diagnose_file, diagnosis_to_json, format_diagnosis
@@ -19,7 +19,7 @@ __all__ = ["COMMAND"]
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("logfile", metavar="LOGFILE|-",
                         help="a vLLM / vLLM Ascend log (plain or .gz), or - to read standard input")
-    parser.add_argument("--json", action="store_true", help="print the diagnosis as JSON on stdout")
+    parser.add_argument("--json", action="store_true", help="print the diagnosis as JSON on stdout, instead of the text (nothing else on stdout)")
     parser.add_argument("--num-layers", type=positive_int, default=None, metavar="N",
                         help="num_hidden_layers for the stream plan (overrides the log; needed when it does not show it)")
     parser.add_argument("--stream-limit", type=positive_int, default=DEFAULT_MAX_STREAMS, metavar="N",
@@ -31,7 +31,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(diagnosis_to_json(diagnosis))
     else:
-        emit_text(format_diagnosis(diagnosis))
+        emit_result(format_diagnosis(diagnosis))
     return diagnosis.exit_code
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from ascendgraph.cli.app import Command, emit_json, emit_text
+from ascendgraph.cli.app import Command, emit_json, emit_result
 from ascendgraph.cli.args import positive_int
 from ascendgraph.tools.doctor import ReferenceConfig, doctor, format_report, report_to_json
 
@@ -14,7 +14,7 @@ __all__ = ["COMMAND"]
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON on stdout, instead of the text (nothing else on stdout)")
     defaults = ReferenceConfig()
     ref = parser.add_argument_group(
         "stream-budget reference (the config the HCCL_OP_EXPANSION_MODE check plans for)"
@@ -43,7 +43,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(report_to_json(report))
     else:
-        emit_text(format_report(report))
+        emit_result(format_report(report))
     return report.exit_code
 
 

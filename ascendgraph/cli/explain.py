@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from ascendgraph.cli.app import Command, emit_json, emit_text
+from ascendgraph.cli.app import Command, emit_json, emit_result
 from ascendgraph.cli.args import add_config_arguments, config_from_args, env_from_args, hccl_mode_from_args
 
 __all__ = ["COMMAND"]
@@ -14,7 +14,7 @@ __all__ = ["COMMAND"]
 
 def add_explain_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser)
-    parser.add_argument("--json", action="store_true", help="print the resolution as JSON on stdout")
+    parser.add_argument("--json", action="store_true", help="print the resolution as JSON on stdout, instead of the text (nothing else on stdout)")
 
 
 def run_explain(args: argparse.Namespace) -> int:
@@ -32,7 +32,7 @@ def run_explain(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(resolution_to_json(resolution))
     else:
-        emit_text(format_resolution(resolution))
+        emit_result(format_resolution(resolution))
     return 0
 
 

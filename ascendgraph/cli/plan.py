@@ -8,8 +8,10 @@ import argparse
 import logging
 from typing import Optional
 
-from ascendgraph.cli.app import CliUsageError, Command, emit_json, emit_text
-from ascendgraph.cli.args import add_config_arguments, config_from_args, env_from_args, hccl_mode_from_args, positive_int
+from ascendgraph.cli.app import CliUsageError, Command, emit_json, emit_result
+from ascendgraph.cli.args import (
+    add_config_arguments, config_from_args, env_from_args, hccl_mode_from_args, positive_int, seed_int,
+)
 from ascendgraph.sizes import DEFAULT_MAX_STREAMS
 from ascendgraph.tools.plan import (
     DEFAULT_REQUESTS,
@@ -40,7 +42,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--requests", type=positive_int, default=None, metavar="N",
                         help=f"generate the workload: N requests through the engine's scheduler "
                              f"(default {DEFAULT_REQUESTS}, as `ascendgraph run`)")
-    group.add_argument("--seed", type=int, default=0, help="seed of the generated workload (default 0)")
+    group.add_argument("--seed", type=seed_int, default=0, help="seed of the generated workload (default 0)")
     group.add_argument("--budget", type=positive_int, default=None, metavar="N",
                        help="number of capture sizes each selection may keep (each size costs the stream plan's "
                             "graphs and streams per size); default: as many as the streams allow")
@@ -57,7 +59,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--plot", default=None, metavar="FILE.png",
                        help="draw padding waste per batch size for both selections (needs matplotlib: "
                             "pip install 'ascendgraph[plot]')")
-    group.add_argument("--json", action="store_true", help="print the plan as JSON on stdout")
+    group.add_argument("--json", action="store_true", help="print the plan as JSON on stdout, instead of the text (nothing else on stdout)")
 
 
 def plan_command(args: argparse.Namespace) -> int:
@@ -90,9 +92,10 @@ def plan_command(args: argparse.Namespace) -> int:
         else:
             result.warnings.extend(plot_padding_waste(result, args.plot))
             result.plot = args.plot
-    emit_text(format_plan(result))
     if args.json:
         emit_json(plan_to_json(result))
+    else:
+        emit_result(format_plan(result))
     if args.check and ((result.plan is not None and not result.plan.fits) or result.measure_error):
         return 1
     return 1 if result.measure_error else 0

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-from ascendgraph.cli.app import Command, emit_text
+from ascendgraph.cli.app import Command, emit_result
 from ascendgraph.cli.run import add_run_arguments, run_command
 
 __all__ = ["DEFAULT_PROFILE_DIR", "DEFAULT_PROFILE_REQUESTS", "profile_command", "top_op_types"]
@@ -79,11 +79,11 @@ def profile_command(args: argparse.Namespace) -> int:
         if code != 0 and created is not None:
             remove_if_empty(created)
     op_statistic = _profile_file(captured)
-    if op_statistic is not None:
+    if op_statistic is not None and not args.json:
         rows = top_op_types(op_statistic)
-        emit_text(f"top kernel types by device time ({op_statistic}):")
+        emit_result(f"top kernel types by device time ({op_statistic}):")
         for row in rows:
-            emit_text(
+            emit_result(
                 f"  {row['OP Type']:<40} {row['Core Type']:<15} count {row['Count']:>5}  "
                 f"total {row['Total Time(us)']:>10} us  {row['Ratio(%)']:>6} %"
             )

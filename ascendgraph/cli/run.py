@@ -1,8 +1,8 @@
 """`ascendgraph run`: the main job — resolve, compile, capture, serve a workload, report.
 
 Its `COMMAND` is listed in `ascendgraph.cli.app.commands()`.
-Human text (progress bar, logs, the report) goes to stderr; ``--json`` prints the report
-document alone on stdout. Exit codes: 0 every request completed and matched eager;
+The report goes to stdout (``--json``: the report document alone); the progress bar and
+logs go to stderr. Exit codes: 0 every request completed and matched eager;
 1 the run failed (a request failed, a capture failed without ``--on-capture-error
 eager``, a hang); 2 bad input (handled by `ascendgraph.cli.app.main`).
 """
@@ -16,7 +16,7 @@ import sys
 import traceback
 from typing import Any, Callable, Optional
 
-from ascendgraph.cli.app import Command, emit_json, emit_text
+from ascendgraph.cli.app import Command, emit_json, emit_result, emit_text
 from ascendgraph.cli.args import (
     LIMITS,
     add_config_arguments,
@@ -28,6 +28,8 @@ from ascendgraph.cli.args import (
     seed_int,
 )
 from ascendgraph.errors import ConfigError
+from ascendgraph.api import MAX_RUN_ATOL as MAX_ATOL  # a tolerance above 1 checks nothing
+from ascendgraph.readers import read_float
 
 __all__ = ["add_run_arguments", "run_command", "DEFAULT_REQUESTS", "ON_CAPTURE_ERROR"]
 
@@ -41,11 +43,15 @@ ON_CAPTURE_ERROR = ("raise", "eager")
 
 def _non_negative_float(text: str) -> float:
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+        value = read_float(text, "")
+    except ConfigError:
+        shown = text if len(text) <= 40 else text[:37] + "..."
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0 in ASCII digits, got {shown!r}") from None
     if not value >= 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text}")
+    if value > MAX_ATOL:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_ATOL:g} (a tolerance above 1 checks nothing), "
+                                         f"got {text}")
     return value
 
 
@@ -70,7 +76,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     run_group.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     run_group.add_argument("--atol", type=_non_negative_float, default=None,
                            help="tolerance of the check against eager (default 1e-4 float32, 2e-2 bfloat16)")
-    run_group.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    run_group.add_argument("--json", action="store_true", help="print the report as JSON on stdout, instead of the text (nothing else on stdout)")
     # Workload-aware capture sizes (ascendgraph.tools.plan.sizes_from_plan; docs/plan.md).
     run_group.add_argument("--sizes-from-plan", action="store_true",
                            help="capture the sizes `ascendgraph plan` selects for this run's workload (--requests, "
@@ -159,9 +165,10 @@ def run_command(args: argparse.Namespace, on_report: Optional[Callable[[Any], No
         on_report(report)
     if debug and report.exception is not None:
         emit_text("".join(traceback.format_exception(report.exception)).rstrip())
-    emit_text(report.format_text())
     if args.json:
         emit_json(report.to_json())
+    else:
+        emit_result(report.format_text())
     return report.exit_code
 
 

@@ -5,7 +5,7 @@ Its `COMMAND` is listed in `ascendgraph.cli.app.commands()`:
     ascendgraph scenario run PATH... [--json] [-k TEXT]   run files or folders of *.toml
     ascendgraph scenario list PATH... [--json | --markdown]   check them and show the catalogue
 
-``run`` prints a table (scenario, outcome, expected, time, result) on stderr — or the
+``run`` prints a table (scenario, outcome, expected, time, result) on stdout — or the
 ``--json`` document alone on stdout — and exits 1 when any scenario missed its expectation.
 A missing path or a bad scenario file is bad input: one line naming the file, the key and
 what was expected, exit 2, before anything runs. Nothing heavy is imported at module top.
@@ -18,7 +18,7 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
-from ascendgraph.cli.app import CliUsageError, Command, emit_json, emit_text
+from ascendgraph.cli.app import CliUsageError, Command, emit_json, emit_result
 
 if TYPE_CHECKING:  # pragma: no cover
     from ascendgraph.tools.scenario import Scenario, ScenarioResult
@@ -36,7 +36,7 @@ def add_scenario_arguments(parser: argparse.ArgumentParser) -> None:
         "1 when any missed it, 2 for a missing path or a bad scenario file.",
     )
     run.add_argument("paths", nargs="+", metavar="PATH", help="a scenario .toml file or a folder of them")
-    run.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
+    run.add_argument("--json", action="store_true", help="print the results as JSON on stdout, instead of the text (nothing else on stdout)")
     run.add_argument("-k", dest="select", default=None, metavar="TEXT",
                      help="run only scenarios whose name contains TEXT")
     listing = actions.add_parser(
@@ -45,7 +45,7 @@ def add_scenario_arguments(parser: argparse.ArgumentParser) -> None:
     )
     listing.add_argument("paths", nargs="+", metavar="PATH", help="a scenario .toml file or a folder of them")
     style = listing.add_mutually_exclusive_group()
-    style.add_argument("--json", action="store_true", help="print the catalogue as JSON on stdout")
+    style.add_argument("--json", action="store_true", help="print the catalogue as JSON on stdout, instead of the text (nothing else on stdout)")
     style.add_argument("--markdown", action="store_true", help="print the Markdown table of docs/faults.md on stdout")
 
 
@@ -97,15 +97,15 @@ def _run(args: argparse.Namespace) -> int:
     widths = (width, 8, max(len("expected"), *(len(s.expected_text) for s in scenarios)), 7, 6)
     header = ("scenario", "outcome", "expected", "time", "result")
     if not args.json:
-        emit_text(format_row(header, widths))
-        emit_text(format_row(tuple("-" * w for w in widths), widths))
+        emit_result(format_row(header, widths))
+        emit_result(format_row(tuple("-" * w for w in widths), widths))
     results = []
     with _engine_logs_quiet(bool(getattr(args, "verbose", False))):
         for scenario in scenarios:
             result = run_scenario(scenario)
             results.append(result)
             if not args.json:
-                emit_text(format_row(
+                emit_result(format_row(
                     (scenario.name, result.outcome, scenario.expected_text, f"{result.seconds:.1f}s",
                      "PASS" if result.passed else "FAIL"),
                     widths,
@@ -116,9 +116,9 @@ def _run(args: argparse.Namespace) -> int:
     else:
         for result in results:
             if not result.passed:
-                emit_text("\n" + result.explain())
+                emit_result("\n" + result.explain())
         outcomes = ", ".join(f"{name} {count}" for name, count in summary["outcomes"].items())
-        emit_text(
+        emit_result(
             f"\n{summary['scenarios']} scenarios: {summary['passed']} passed, {summary['failed']} failed "
             f"({outcomes}) in {summary['seconds']:.1f} s"
         )
@@ -130,7 +130,7 @@ def _list(args: argparse.Namespace) -> int:
 
     scenarios = _load(args.paths)
     if args.markdown:
-        print(catalogue_table(scenarios))
+        emit_result(catalogue_table(scenarios))
     elif args.json:
         emit_json({
             "schema_version": 1,
@@ -143,8 +143,8 @@ def _list(args: argparse.Namespace) -> int:
     else:
         width = max(len(s.name) for s in scenarios)
         for s in scenarios:
-            emit_text(f"{s.name.ljust(width)}  {s.kind:<6}  {s.expected_text:<34}  {s.description}")
-        emit_text(f"{len(scenarios)} scenarios")
+            emit_result(f"{s.name.ljust(width)}  {s.kind:<6}  {s.expected_text:<34}  {s.description}")
+        emit_result(f"{len(scenarios)} scenarios")
     return 0
 
 

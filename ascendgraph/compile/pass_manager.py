@@ -3,7 +3,7 @@
 Theory of operation. The compile backend lowers the Dynamo graph to aten (aot_autograd),
 then hands it to a `PassManager`, which runs its passes in order and counts, per pass, how
 many matches each one replaced. Which passes run depends on the resolved mode
-(SEMANTICS §3 step 8 and §10): npugraph_ex passes for FULL / FULL_DECODE_ONLY when enabled,
+(docs/semantics.md §3 step 8 and §10): npugraph_ex passes for FULL / FULL_DECODE_ONLY when enabled,
 the basic fusion passes for piecewise modes, none for NONE.
 
 The pass list is built per pass-manager instance by `build_passes(resolution)`. This

@@ -1,4 +1,4 @@
-"""Static kernels (``enable_static_kernel``, SEMANTICS §10): fixed-shape kernels for the decode sizes.
+"""Static kernels (``enable_static_kernel``, docs/semantics.md §10): fixed-shape kernels for the decode sizes.
 
 Theory of operation. npugraph_ex's static-kernel compilation runs the optimised FX graph
 once per size of interest, dumps every kernel launch (op, input shapes and dtypes) and

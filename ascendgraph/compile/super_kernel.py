@@ -1,4 +1,4 @@
-"""Super kernel (``enable_super_kernel``, SEMANTICS §10): merging a captured graph's kernels.
+"""Super kernel (``enable_super_kernel``, docs/semantics.md §10): merging a captured graph's kernels.
 
 Theory of operation. Super kernel is a binary-level fusion applied *during capture*: once
 a FULL graph has been captured, its eligible kernels (fixed-shape static kernels, in runs

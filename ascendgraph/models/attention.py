@@ -10,7 +10,7 @@ At run time the op looks up the current forward context (`ascendgraph.runtime.fo
 for the layer's backend, its KV cache and the batch's metadata, writes the new keys and
 values into the paged cache (``reshape_and_cache``) and issues the FIA-like kernel
 ``paged_attention`` with *host* sequence lengths. Under a FULL-graph capture the kernel is
-launched through `GraphParams.capture_attention` (external event + task group, SEMANTICS
+launched through `GraphParams.capture_attention` (external event + task group, docs/semantics.md
 §7) so the engine can update the frozen lengths after each replay.
 
 The op is registered as a *wrapper op* (SIMULATOR-NOTES recipe (a)): a graph recorder

@@ -1,4 +1,4 @@
-"""Attention backends and the graph support each one declares (SEMANTICS.md §4, Ascend).
+"""Attention backends and the graph support each one declares (docs/semantics.md §4, Ascend).
 
 This table is data for resolution and the CLI; the engine binds each name to a kernel
 implementation in `ascendgraph.models.attention`.

@@ -281,7 +281,7 @@ class DecoderModel(nn.Module):
             _check_host_memory(
                 self.kv_cache_bytes(num_blocks, block_size),
                 f"the KV cache of model {self.spec.name!r} ({num_blocks} blocks of {block_size} tokens, "
-                f"{self.num_layers} layers)",
+                f"{self.num_layers} layer{'s' if self.num_layers != 1 else ''})",
                 "use --num-layers N to shorten the model, fewer requests or a smaller --max-num-seqs (the cache "
                 "holds the longest request for each concurrent sequence), or `ascendgraph plan`, which measures "
                 "with meta tensors",
@@ -430,6 +430,7 @@ def build_model(
     if isinstance(tensor_parallel_size, bool) or not isinstance(tensor_parallel_size, int) or tensor_parallel_size < 1:
         raise ConfigError(f"tensor_parallel_size must be an integer >= 1, got {tensor_parallel_size!r}",
                           key="tensor_parallel_size")
+    spec.require_dimensions()
     options = ModelOptions(
         attention_backend=attention_backend or spec.natural_attention_backend,
         dtype=parse_dtype(dtype),

@@ -49,6 +49,19 @@ class ModelSpec:
     is_pooling: bool = False
     max_position_embeddings: int = 4096
     rope_theta: float = 1_000_000.0
+    # Dimensions the model argument did not give (resolution needs only the architecture, the
+    # layer count and the model flags); placeholders stand in, and building weights refuses.
+    missing_dimensions: tuple[str, ...] = ()
+
+    def require_dimensions(self) -> None:
+        """Building weights needs real dimensions: ConfigError naming the first missing one."""
+        if self.missing_dimensions:
+            key = self.missing_dimensions[0]
+            raise ConfigError(
+                f"model {self.name!r}: missing {key!r} (an integer), needed to build the weights; give the model's "
+                f"dimensions ({', '.join(self.missing_dimensions)}) or a config.json that has them",
+                key=key,
+            )
 
     def __post_init__(self) -> None:
         check_model_dimensions({f.name: getattr(self, f.name) for f in fields(self)}, source=f"model {self.name!r}")
@@ -270,6 +283,11 @@ def _positive_number_field(raw: Mapping[str, Any], keys: tuple[str, ...], source
     return default
 
 
+# Dimensions a model argument may leave out (resolution does not need them; weights do).
+_REQUIRED_DIMENSIONS = ("hidden_size", "num_attention_heads", "vocab_size")
+_DIMENSION_FIELDS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
+                     "vocab_size")
+
 # Aliases Hugging Face configs use for the same field (first present wins).
 _EPS_KEYS = ("rms_norm_eps", "layer_norm_epsilon")
 _EXPERT_KEYS = ("num_experts", "n_routed_experts", "num_local_experts")
@@ -296,6 +314,10 @@ def spec_from_hf_config(raw: Mapping[str, Any], *, source: str = "model config")
         merged["architecture"] = architecture
         return spec_from_hf_config(merged, source=source)
     layers = _int_field(raw, "num_hidden_layers", source)
+    missing = tuple(key for key in _REQUIRED_DIMENSIONS if raw.get(key) is None)
+    if missing:  # not needed to resolve: placeholders of the default preset, refused when weights are built
+        reference = PRESETS[DEFAULT_PRESET]
+        raw = {**raw, **{key: getattr(reference, key) for key in _DIMENSION_FIELDS if raw.get(key) is None}}
     hidden = _int_field(raw, "hidden_size", source)
     heads = _int_field(raw, "num_attention_heads", source)
     kv_heads = _int_field(raw, "num_key_value_heads", source, default=heads)
@@ -338,6 +360,7 @@ def spec_from_hf_config(raw: Mapping[str, Any], *, source: str = "model config")
         is_pooling=bool(raw.get("is_pooling", architecture.endswith(_POOLING_SUFFIXES))),
         max_position_embeddings=max_positions,
         rope_theta=rope_theta,
+        missing_dimensions=missing,
     )
     check_model_dimensions(values, source=source)  # named after the file, before ModelSpec checks again
     return ModelSpec(**values)

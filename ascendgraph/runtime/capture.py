@@ -1,4 +1,4 @@
-"""ACL graph capture and replay per batch descriptor (SEMANTICS §6), and capture errors (§8).
+"""ACL graph capture and replay per batch descriptor (docs/semantics.md §6), and capture errors (§8).
 
 Theory of operation. A `GraphWrapper` wraps one runnable (a piecewise submodule, or the
 whole model) for one runtime mode, PIECEWISE or FULL. On every call it reads the forward

@@ -121,7 +121,7 @@ class EngineOptions:
     pass_manager: Optional[PassManager] = None
     quantization: Optional[str] = None  # None | "w8a8" | "w8a8_dynamic": the W8A8-like model variant
     profile_dir: Optional[str] = None  # `run()` profiles capture + serving into this directory
-    # Failure-mode switches for tests of SEMANTICS §7 (never use them to "fix" a run).
+    # Failure-mode switches for tests of docs/semantics.md §7 (never use them to "fix" a run).
     skip_param_update: bool = False  # the kernel is not re-issued: stale lengths -> wrong results
     record_update_events: bool = True  # False: replays wait for ever -> GraphHang
     # Simulated data parallelism (the engine is one process): the token counts of the OTHER
@@ -281,7 +281,7 @@ class Engine(BuildStage, ForwardPlumbing, CaptureStage, ServeStage, CheckStage, 
         self.kernel_counter = KernelCounter.attach(self)
         # route name -> runner; `route(batch)` picks one per batch (xlite adds its own).
         self.runners: dict[str, Callable[[ScheduledBatch], RunResult]] = {"native": self._run_native}
-        # XliteGraph (SEMANTICS §11): router, the device's runtime, served batches per route and
+        # XliteGraph (docs/semantics.md §11): router, the device's runtime, served batches per route and
         # the full-mode start-up profile run; router/runtime are None when xlite is off.
         self.batches_by_route: dict[str, int] = {XLITE: 0, NATIVE: 0}
         self.xlite_router: Optional[XliteRouter] = None
@@ -292,6 +292,7 @@ class Engine(BuildStage, ForwardPlumbing, CaptureStage, ServeStage, CheckStage, 
         self._has_clock = getattr(self.device, "track_eager", None) is not None
         self.capture_seconds = 0.0
         self.capture_fallback: Optional[BaseException] = None
+        self.graphs_captured_before_failure: Optional[int] = None  # set when a capture fails
         self.captured = False
         self.error: Optional[BaseException] = None
         self.first_mismatch: Optional[NumericalMismatch] = None
@@ -340,9 +341,10 @@ def run(
             report = _capture_and_serve(engine)
         if profile is not None:
             report.extensions["profile"] = profile.summary()
-        return report
     finally:
         engine.close()
+    report.settle_after_release(engine.device)  # a failed capture: what the device holds now
+    return report
 
 
 def _capture_and_serve(engine: Engine) -> Report:

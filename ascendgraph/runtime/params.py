@@ -1,4 +1,4 @@
-"""FULL-graph attention parameter update (SEMANTICS §7).
+"""FULL-graph attention parameter update (docs/semantics.md §7).
 
 Theory of operation. Attention kernels take host-side sequence lengths, which a captured
 FULL graph freezes. So during a FULL capture every attention call goes through

@@ -14,12 +14,12 @@ exit it writes the three files into a torch_npu-shaped directory,
                             followed by its merged kernels under the super kernel's name
         trace_view.json     Chrome trace events: one track per stream (Perfetto, chrome://tracing)
 
-with exactly the columns of SEMANTICS §13. Only the *served* path is profiled: the eager
+with exactly the columns of docs/semantics.md §13. Only the *served* path is profiled: the eager
 reference the engine checks every step against runs on the same device but is left out
 (``include_reference=True`` keeps it). The run directory is written under a temporary
 name and renamed when complete, so a failure leaves no partial profile. On a real NPU the
 engine's device delegates to torch_npu's profiler (`hw.profiler.npu_profile`), which writes
-the same file names itself (its kernel_details.csv says "Block Num" where SEMANTICS says
+the same file names itself (its kernel_details.csv says "Block Num" where docs/semantics.md §13 says
 "Block Dim"; `hw.profiler.KERNEL_DETAILS_ALIASES`).
 
 `KernelCounter` is the engine observer behind the report's ``kernels_per_step``.

@@ -12,7 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-__all__ = ["Report", "SCHEMA_VERSION", "RUNTIME_MODE_KEYS"]
+from ascendgraph.errors import OOM_DURING_CAPTURE_GUIDANCE  # what `diagnose` says for it
+from ascendgraph.explanation import count_noun
+
+__all__ = ["Report", "SCHEMA_VERSION", "RUNTIME_MODE_KEYS", "MISMATCH_CAUSES_GRAPH", "MISMATCH_CAUSES_EAGER",
+           "failure_notes"]
 
 SCHEMA_VERSION = 1
 RUNTIME_MODE_KEYS = ("NONE", "PIECEWISE", "FULL")
@@ -22,11 +26,12 @@ def _mib(nbytes: int) -> str:
     return f"{nbytes / 2**20:.1f} MiB"
 
 
-def _sizes_text(sizes: list[int], limit: int = 8) -> str:
+def _sizes_text(sizes: list[int], limit: int = 8, *, counted: bool = True) -> str:
     if len(sizes) <= limit:
         return str(sizes)
     head = ", ".join(str(s) for s in sizes[: limit - 2])
-    return f"[{head}, ..., {sizes[-2]}, {sizes[-1]}] ({len(sizes)} sizes)"
+    text = f"[{head}, ..., {sizes[-2]}, {sizes[-1]}]"
+    return f"{text} ({len(sizes)} sizes)" if counted else text
 
 
 @dataclass
@@ -62,6 +67,10 @@ class Report:
     requests_total: int = 0
     warnings: list[str] = field(default_factory=list)
     capture_fallback: Optional[dict[str, str]] = None
+    # Report honesty (DECISIONS D6): what happened, and only that.
+    graphs_captured_before_failure: Optional[int] = None  # a capture failed after this many graphs
+    eager_checked_steps: Optional[int] = None  # steps compared with eager (0: nothing was checked)
+    requested_mode_is_default: bool = False  # cudagraph_mode not set: the requested mode is the level's default
     notes: list[str] = field(default_factory=list)  # hints for the reader (text only)
     extensions: dict[str, Any] = field(default_factory=dict)
     # not serialised: the exception behind ``error`` (the CLI shows its traceback with --debug)
@@ -75,6 +84,38 @@ class Report:
     @property
     def exit_code(self) -> int:
         return 0 if self.ok else 1
+
+    @property
+    def eager_checked(self) -> bool:
+        """Whether any step was compared with eager (False: "not checked", never "0")."""
+        return self.eager_checked_steps is None or self.eager_checked_steps > 0
+
+    @property
+    def graph_batches(self) -> int:
+        """Batches served by replaying a graph (ACL graph modes, or XliteGraph)."""
+        acl = sum(int(self.batches_by_mode.get(k, 0)) for k in RUNTIME_MODE_KEYS if k != "NONE")
+        routes = self.extensions.get("batches_by_route")
+        xlite = int(routes.get("xlite", 0)) if isinstance(routes, dict) and "xlite" in self.extensions else 0
+        return acl + xlite
+
+    @property
+    def served_label(self) -> str:
+        """What served the batches: "graph path" only when a graph was replayed."""
+        return "graph path" if self.graph_batches else "served eagerly"
+
+    def settle_after_release(self, device: Any) -> None:
+        """Take the resource figures again once the engine released what a failed capture held,
+        so the report says what ``device`` holds now, not what it held before the release (a
+        lost device answers nothing: the figures stay as they were)."""
+        if self.graphs_captured_before_failure is None:
+            return
+        try:
+            held = device.stats()
+        except Exception:  # noqa: BLE001 - a lost device refuses every call
+            return
+        self.graphs_captured = int(getattr(held, "graphs_alive", 0))
+        self.streams_used = int(getattr(held, "streams_in_use", 0))
+        self.pool_bytes = int(getattr(held, "pool_bytes", 0))
 
     def to_json(self) -> dict[str, Any]:
         document: dict[str, Any] = {
@@ -92,7 +133,7 @@ class Report:
             "requests_failed": self.requests_failed,
             "batches_by_mode": {k: int(self.batches_by_mode.get(k, 0)) for k in RUNTIME_MODE_KEYS},
             "padding_waste": self.padding_waste,
-            "max_abs_diff_vs_eager": _finite_or_none(self.max_abs_diff_vs_eager),
+            "max_abs_diff_vs_eager": _finite_or_none(self.max_abs_diff_vs_eager) if self.eager_checked else None,
             "simulated_time_us": dict(self.simulated_time_us),
             "error": dict(self.error) if self.error else None,
             "device": self.device,
@@ -106,6 +147,8 @@ class Report:
             "steps": self.steps,
             "requests_total": self.requests_total,
             "capture_fallback": dict(self.capture_fallback) if self.capture_fallback else None,
+            "graphs_captured_before_failure": self.graphs_captured_before_failure,
+            "eager_checked_steps": self.eager_checked_steps,
             "warnings": list(self.warnings),
         }
         for key, value in self.extensions.items():
@@ -114,43 +157,33 @@ class Report:
 
     def format_text(self) -> str:
         lines = [
-            f"ascendgraph run: {self.model} ({self.architecture}, {self.num_layers} layers), attention "
+            f"ascendgraph run: {self.model} ({self.architecture}, {count_noun(self.num_layers, 'layer')}), attention "
             f"{self.attention_backend}, {self.dtype}, device {self.device}",
         ]
-        mode_line = f"  mode       requested {self.requested_mode} -> effective {self.effective_mode}"
-        changed = [d for d in self.decisions if d.get("rule") in _MODE_RULES]
-        if changed:
-            mode_line += f" ({changed[-1]['reason']})"
-        lines.append(mode_line)
+        lines.append(self._mode_line())
         if self.capture_fallback:
             lines.append(
                 f"  fallback   capture failed ({self.capture_fallback['type']}); served eagerly with every graph released"
             )
-        if self.capture_sizes or self.graphs_captured:
-            lines.append(
-                f"  capture    {self.graphs_captured} graphs for sizes {_sizes_text(self.capture_sizes)} in "
-                f"{self.capture_seconds:.2f} s (compile {self.compile_seconds:.2f} s)"
-            )
-            lines.append(
-                f"  resources  streams {self.streams_used}/{self.stream_limit}, graph pool {_mib(self.pool_bytes)}"
-            )
-        else:
-            lines.append(f"  capture    nothing captured (eager); compile {self.compile_seconds:.2f} s")
+        lines.extend(self._capture_lines())
         batches = sum(self.batches_by_mode.values())
         by_mode = ", ".join(f"{k} {self.batches_by_mode.get(k, 0)}" for k in RUNTIME_MODE_KEYS)
         lines.append(
             f"  serve      {self.requests_completed}/{self.requests_total} requests completed, "
             f"{self.requests_failed} failed; {batches} batches ({by_mode}); padding waste {self.padding_waste:.1%}"
         )
-        lines.append(f"  check      max |graph - eager| = {self.max_abs_diff_vs_eager:.3g} (atol {self.atol:g})")
+        lines.append(self._check_line())
         graph_us, eager_us = self.simulated_time_us.get("graph"), self.simulated_time_us.get("eager")
-        if graph_us is not None and eager_us is not None:
+        if graph_us is not None and eager_us is not None and self.steps > 0 and self.eager_checked:
             ratio = f" ({graph_us / eager_us:.2f}x)" if eager_us else ""
             lines.append(
-                f"  sim time   graph path {graph_us / 1000:.2f} ms vs eager reference {eager_us / 1000:.2f} ms{ratio}"
+                f"  sim time   {self.served_label} {graph_us / 1000:.2f} ms vs eager reference "
+                f"{eager_us / 1000:.2f} ms{ratio}"
             )
+        elif graph_us is not None and self.steps > 0:
+            lines.append(f"  sim time   {self.served_label} {graph_us / 1000:.2f} ms (no eager reference ran)")
         for key, value in self.extensions.items():
-            lines.extend(_extension_lines(key, value, self.extensions))
+            lines.extend(_extension_lines(key, value, self.extensions, replayed=bool(self.graph_batches)))
         for warning in self.warnings:
             lines.append(f"  warning    {warning}")
         if self.error:
@@ -160,6 +193,72 @@ class Report:
             lines.append(f"  note       {note}")
         lines.append(f"  result     {'OK' if self.ok else 'FAILED'}")
         return "\n".join(lines)
+
+
+    def _mode_line(self) -> str:
+        changed = [d for d in self.decisions if d.get("rule") in _MODE_RULES]
+        eager_forced = [d for d in changed if d.get("rule") == "enforce_eager"]
+        if eager_forced and self.requested_mode_is_default:
+            # --enforce-eager without a cudagraph_mode: nothing asked for graphs.
+            return (f"  mode       {self.effective_mode} (enforce_eager: {eager_forced[-1]['reason']}; the level's "
+                    f"default {self.requested_mode} does not apply)")
+        requested = "default" if self.requested_mode_is_default else "requested"
+        line = f"  mode       {requested} {self.requested_mode} -> effective {self.effective_mode}"
+        if changed:
+            line += f" ({changed[-1]['reason']})"
+        return line
+
+    def _capture_lines(self) -> list[str]:
+        before = self.graphs_captured_before_failure
+        sizes = _sizes_text(self.capture_sizes, counted=False)
+        count = f"{len(self.capture_sizes)} configured sizes"
+        if before is not None:
+            return [
+                f"  capture    failed after {before} graphs were captured (sizes configured: {count} {sizes})",
+                f"  resources  held after the release: {self.graphs_captured} graphs, streams "
+                f"{self.streams_used}/{self.stream_limit}, graph pool {_mib(self.pool_bytes)}",
+            ]
+        if self.capture_sizes or self.graphs_captured:
+            return [
+                f"  capture    {self.graphs_captured} graphs for all {count} {sizes} in "
+                f"{self.capture_seconds:.2f} s (compile {self.compile_seconds:.2f} s)",
+                f"  resources  streams {self.streams_used}/{self.stream_limit}, graph pool {_mib(self.pool_bytes)}",
+            ]
+        return [f"  capture    nothing captured (eager); compile {self.compile_seconds:.2f} s"]
+
+    def _check_line(self) -> str:
+        if not self.eager_checked:
+            why = "nothing was served" if self.steps == 0 else "the check against eager was off"
+            return f"  check      not checked ({why})"
+        what = "graph" if self.graph_batches else "served (eager)"
+        return f"  check      max |{what} - eager| = {self.max_abs_diff_vs_eager:.3g} (atol {self.atol:g})"
+
+
+# The likely causes of a NumericalMismatch, by what served the step (SEMANTICS §7).
+MISMATCH_CAUSES_GRAPH = (
+    "likely causes: stale attention parameters (a FULL graph replayed with the sequence lengths or block "
+    "tables of an earlier step: the per-step parameter update was skipped or did not reach the graph, "
+    "see StaleGraphParams), or an input written outside the graph's static buffers"
+)
+MISMATCH_CAUSES_EAGER = (
+    "likely causes: the served path and the eager reference ran different kernels (a fused or quantised "
+    "op), or a tolerance (atol) too tight for the dtype"
+)
+
+
+def failure_notes(report: "Report") -> list[str]:
+    """Notes a failure earns beyond its message: how far capture got, diagnose's guidance for
+    an OOM during capture, the likely causes of a numerical mismatch."""
+    notes: list[str] = []
+    error_type = (report.error or {}).get("type") or (report.capture_fallback or {}).get("type")
+    before = report.graphs_captured_before_failure
+    if before is not None and not any("captured before the failure" in n for n in report.notes):
+        notes.append(f"{before} graphs captured before the failure")
+    if error_type == "OutOfMemoryError" and before is not None:
+        notes.append(OOM_DURING_CAPTURE_GUIDANCE)
+    if error_type == "NumericalMismatch":
+        notes.append(MISMATCH_CAUSES_GRAPH if report.graph_batches else MISMATCH_CAUSES_EAGER)
+    return notes
 
 
 _MODE_RULES = {
@@ -175,7 +274,7 @@ _MODE_RULES = {
 }
 
 
-def _extension_lines(key: str, value: Any, extensions: dict[str, Any]) -> list[str]:
+def _extension_lines(key: str, value: Any, extensions: dict[str, Any], *, replayed: bool = True) -> list[str]:
     """Text lines of one extension; routing (xlite) has its own wording, others print as-is."""
     if key == "batches_by_route":
         if "xlite" not in extensions:  # xlite off: every batch is native, nothing to say
@@ -193,7 +292,7 @@ def _extension_lines(key: str, value: Any, extensions: dict[str, Any]) -> list[s
             lines.append(f"  {'':<10} profile run of {profile['num_tokens']} tokens -> {profile['route']} ({profile['reason']})")
         return lines
     if key in _NPUGRAPH_EX_KEYS:
-        return _npugraph_ex_lines(key, value)
+        return _npugraph_ex_lines(key, value, replayed)
     return [f"  {key:<10} {value}"]
 
 
@@ -201,7 +300,7 @@ def _extension_lines(key: str, value: Any, extensions: dict[str, Any]) -> list[s
 _NPUGRAPH_EX_KEYS = ("fused_ops", "kernels_per_step", "static_kernel", "super_kernel", "profile")
 
 
-def _npugraph_ex_lines(key: str, value: Any) -> list[str]:
+def _npugraph_ex_lines(key: str, value: Any, replayed: bool) -> list[str]:
     if not isinstance(value, dict):
         return [f"  {key:<10} {value}"]
     if key == "fused_ops":
@@ -214,7 +313,8 @@ def _npugraph_ex_lines(key: str, value: Any) -> list[str]:
             return []
         eager = value.get("eager")
         tail = f" vs eager reference {eager:g}" if eager is not None else ""
-        return [f"  {'kernels':<10} {value['graph']:g} per decode step on the graph path{tail}"]
+        path = "on the graph path" if replayed else "as served (eager)"
+        return [f"  {'kernels':<10} {value['graph']:g} per decode step {path}{tail}"]
     if key == "static_kernel":
         how = "reused" if value.get("reused") else "built"
         return [f"  {'static':<10} {value.get('kernels')} static kernels {how} for sizes "

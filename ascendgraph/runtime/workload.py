@@ -76,6 +76,12 @@ class Request:
         return len(self.prompt_token_ids)
 
 
+# The longest prompt (in words) or output (in tokens) a generated workload may ask for: a
+# large model's whole context (128 Ki positions). Longer is a typo that would generate
+# gigabytes of prompt text before the model's own position limit refuses it.
+MAX_SEQUENCE_TOKENS = 131072
+
+
 @dataclass(frozen=True)
 class WorkloadSpec:
     """Length distributions of a generated workload (inclusive ranges)."""
@@ -91,9 +97,14 @@ class WorkloadSpec:
         if isinstance(self.num_requests, bool) or not isinstance(self.num_requests, int) or self.num_requests < 1:
             raise ConfigError(f"requests must be an integer >= 1, got {self.num_requests!r}", key="requests")
         for name in ("prompt_words", "output_tokens"):
-            low, high = getattr(self, name)
-            if not (1 <= low <= high):
-                raise ConfigError(f"{name} must be a range (low, high) with 1 <= low <= high, got {(low, high)}", key=name)
+            value = getattr(self, name)
+            if (not isinstance(value, (tuple, list)) or len(value) != 2
+                    or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)):
+                raise ConfigError(f"{name} must be a range (low, high) of integers, got {value!r}", key=name)
+            low, high = value
+            if not (1 <= low <= high <= MAX_SEQUENCE_TOKENS):
+                raise ConfigError(f"{name} must be a range (low, high) with 1 <= low <= high <= "
+                                  f"{MAX_SEQUENCE_TOKENS}, got {(low, high)}", key=name)
 
 
 def generate_workload(spec: WorkloadSpec, *, vocab_size: int) -> list[Request]:

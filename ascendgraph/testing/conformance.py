@@ -146,7 +146,7 @@ class _Attention:
 
 
 def _capture_updatable_attention(device: Any, attention: _Attention, seq_lens: list[int]) -> tuple[Any, Any, Any]:
-    """The SEMANTICS §7 capture protocol around one attention call."""
+    """The docs/semantics.md §7 capture protocol around one attention call."""
     graph = device.new_graph()
     with device.graph(graph):
         stream = device.current_stream()
@@ -683,8 +683,10 @@ def test_an_eager_wait_before_record_is_released_by_the_record(device):
     event = device.new_external_event()
     waiter, recorder = device.new_stream(), device.new_stream()
     event.wait(waiter)
+    assert not waiter.query()  # the waiter holds a wait nobody has recorded yet
     event.record(recorder)
     device.synchronize()
+    assert waiter.query() and recorder.query()  # the record released it; nothing is left pending
 
 
 @case(sim_only("the device's error for a mismatched update is undefined; the simulator names it"))

@@ -1,15 +1,28 @@
-"""ascendgraph's pytest plugin: ``--device``, the ``-m npu`` guard, and the shared fixtures.
+"""ascendgraph's pytest plugin: ``--device``, the npu gate, and the shared fixtures.
 
-Load it from a conftest with ``pytest_plugins = ["ascendgraph.testing.plugin"]``.
-Fixtures (``device``, ``sim_device``, ``fault_plan``) live in
-`ascendgraph.testing.fixtures`; fault scenarios are collected by
-`ascendgraph.testing.scenarios` when that module exists.
+Registered as a ``pytest11`` entry point (``ascendgraph``), so a project that installs
+ascendgraph gets it without a conftest; a conftest may still load it with
+``pytest_plugins = ["ascendgraph.testing.plugin"]``. Fixtures (``device``, ``sim_device``,
+``fault_plan``) live in `ascendgraph.testing.fixtures`; fault scenarios are collected by
+`ascendgraph.testing.scenarios`.
+
+The npu gate (one rule, DECISIONS D6). npu items are the tests marked ``npu``. When no
+NPU is usable here:
+
+* a selection that holds npu items *alone* (``-m npu``, ``--device npu``, ``pytest
+  tests/npu``) is a usage error that says why and names ``--npu-facade`` (the simulator's
+  torch_npu facade, a plugin of ``sim``) when that switch exists;
+* any other selection runs without its npu items, which are deselected with one notice
+  line, whatever ``-m`` says (``-m "not slow"`` must not pull npu items into a CPU run).
+
+With ``--npu-facade`` the facade is torch_npu, the npu backend is usable and nothing is
+gated. A suite that declares no ``npu`` marker and uses no ``--device`` is not gated.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 
@@ -17,9 +30,22 @@ from ascendgraph.device import backend_availability
 
 NPU_USAGE_ERROR = (
     "pytest -m npu needs a usable Ascend NPU, and this machine has none: {reason}. "
-    "Run plain `pytest` for the simulator suite, or run -m npu on an Ascend node with CANN "
+    "Run plain `pytest` for the simulator suite, {facade}or run -m npu on an Ascend node with CANN "
     "and torch_npu installed (pip install -e '.[npu]')."
 )
+DEVICE_NPU_USAGE_ERROR = (
+    "pytest --device npu needs a usable Ascend NPU, and this machine has none: {reason}. "
+    "Use --device sim, {facade}or run on an Ascend node with CANN and torch_npu installed."
+)
+NPU_ITEMS_USAGE_ERROR = (
+    "the selected tests all need an Ascend NPU (marked npu), and this machine has none: {reason}. "
+    "Run plain `pytest` for the simulator suite, {facade}or run them on an Ascend node."
+)
+FACADE_HINT = "add --npu-facade to run them on the simulator's torch_npu facade, "
+DESELECTED_NOTICE = "ascendgraph: {count} npu test(s) deselected: no usable NPU here ({reason})"
+NPU_TIMEOUT_S = 300.0  # per npu test (pytest-timeout): one hang must not stall a node
+_GATE_KEY = pytest.StashKey[Optional[str]]()
+_NOTICE_KEY = pytest.StashKey[str]()
 
 
 def _optional_plugin_modules() -> list[Any]:
@@ -58,12 +84,84 @@ def selects_npu_tests(markexpr: str) -> bool:
     return bool(expression.evaluate(only("npu"))) and not expression.evaluate(only())
 
 
+def _declares_npu_marker(config: pytest.Config) -> bool:
+    return any(str(line).split(":")[0].strip() == "npu" for line in config.getini("markers"))
+
+
+def _facade_hint(config: pytest.Config) -> str:
+    try:
+        config.getoption("--npu-facade")
+    except ValueError:
+        return ""
+    return FACADE_HINT
+
+
+def npu_unusable_reason() -> Optional[str]:
+    """None when the npu backend is usable (a card, or the facade in place), else why not."""
+    usable, reason = backend_availability("npu")
+    return None if usable else reason
+
+
+@pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
+    # trylast: a plugin that provides torch_npu (sim's --npu-facade) configures first.
     for module in _optional_plugin_modules():
         if not config.pluginmanager.is_registered(module):
             config.pluginmanager.register(module, name=module.__name__)
     markexpr = config.getoption("markexpr", default="") or ""
-    if selects_npu_tests(markexpr) or config.getoption("--device") == "npu":
-        usable, reason = backend_availability("npu")
-        if not usable:
-            raise pytest.UsageError(NPU_USAGE_ERROR.format(reason=reason))
+    device = config.getoption("--device", default=None)
+    gated = device == "npu" or _declares_npu_marker(config)
+    config.stash[_GATE_KEY] = None
+    if not gated:
+        return
+    reason = npu_unusable_reason()
+    config.stash[_GATE_KEY] = reason
+    if reason is None:
+        return
+    if device == "npu":
+        raise pytest.UsageError(DEVICE_NPU_USAGE_ERROR.format(reason=reason, facade=_facade_hint(config)))
+    if selects_npu_tests(markexpr):
+        raise pytest.UsageError(NPU_USAGE_ERROR.format(reason=reason, facade=_facade_hint(config)))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    reason = config.stash.get(_GATE_KEY, None)
+    npu_items = [item for item in items if item.get_closest_marker("npu") is not None]
+    if reason is None:
+        _add_timeouts(config, npu_items)
+        return
+    if not npu_items:
+        return
+    if len(npu_items) == len(items):
+        raise pytest.UsageError(NPU_ITEMS_USAGE_ERROR.format(reason=reason, facade=_facade_hint(config)))
+    keep = [item for item in items if item.get_closest_marker("npu") is None]
+    markexpr = config.getoption("markexpr", default="") or ""
+    if _selected_by_markexpr(markexpr):
+        config.stash[_NOTICE_KEY] = DESELECTED_NOTICE.format(count=len(npu_items), reason=reason)
+    config.hook.pytest_deselected(items=npu_items)
+    items[:] = keep
+
+
+def _selected_by_markexpr(markexpr: str) -> bool:
+    """Whether -m would have run npu items (the notice is only worth a line then)."""
+    if not markexpr:
+        return True
+    from _pytest.mark.expression import Expression
+
+    return bool(Expression.compile(markexpr).evaluate(lambda name, **kwargs: name == "npu"))
+
+
+def _add_timeouts(config: pytest.Config, npu_items: list[pytest.Item]) -> None:
+    """npu items get pytest-timeout's per-test limit unless they set their own."""
+    if not npu_items or not config.pluginmanager.hasplugin("timeout"):
+        return
+    if config.getoption("timeout", default=None):
+        return
+    for item in npu_items:
+        if item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(NPU_TIMEOUT_S))
+
+
+def pytest_report_collectionfinish(config: pytest.Config) -> Optional[str]:
+    return config.stash.get(_NOTICE_KEY, None)

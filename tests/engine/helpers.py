@@ -86,7 +86,7 @@ def run_engine(config: GraphConfig, *, workload: WorkloadSpec = WORKLOAD, **opti
 
 
 def expected_runtime_mode(mode: GraphMode, *, uniform: bool, num_tokens: int, max_size: int) -> GraphMode:
-    """SEMANTICS §5, written out per mode (q = 1, every decode size captured)."""
+    """docs/semantics.md §5, written out per mode (q = 1, every decode size captured)."""
     if mode is GraphMode.NONE or num_tokens > max_size:
         return GraphMode.NONE
     table = {

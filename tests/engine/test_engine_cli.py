@@ -40,15 +40,18 @@ def test_a_successful_run_exits_0_and_prints_the_json_document_alone_on_stdout(c
     assert document["capture_sizes"] == [1, 2, 4]
     assert document["graphs_captured"] == 3 * 2 + 3
     assert isinstance(document["decisions"], list) and {"rule", "before", "after", "reason"} <= set(document["decisions"][0])
-    assert "result     OK" in err
+    assert "result     OK" not in err  # --json: the text report is not printed at all
 
 
-def test_a_failed_capture_exits_1_with_the_guidance_on_stderr(capsys):
+def test_a_failed_capture_exits_1_with_the_guidance_in_the_report(capsys):
+    guidance = "ACL graph capture failed with a known stream-resource exhaustion signature"
     code, out, err = _run(capsys, *SMALL, "--stream-limit", "3", "--json")
     assert code == 1
-    assert "ACL graph capture failed with a known stream-resource exhaustion signature" in err
-    assert json.loads(out)["error"]["type"] == "StreamResourceExhausted"
+    error = json.loads(out)["error"]
+    assert error["type"] == "StreamResourceExhausted" and guidance in error["message"]
     assert "Traceback" not in err
+    code, out, err = _run(capsys, *SMALL, "--stream-limit", "3")
+    assert code == 1 and guidance in out and "Traceback" not in err
 
 
 def test_debug_shows_the_traceback_of_a_failed_run(capsys):

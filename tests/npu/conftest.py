@@ -29,6 +29,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture
 def npu_device() -> Iterator[object]:
     device = get_device("npu")
+    device.router.fallbacks.clear()  # the router is process-wide: only this test's fallbacks count
     yield device
     device.synchronize()
     device.empty_cache()

@@ -50,7 +50,7 @@ def test_stream_estimate_follows_the_plan(npu_device: Any) -> None:
 
 def test_a_stubbed_empty_cache_is_honoured_inside_torch_npu_graph(npu_device: Any) -> None:
     calls = []
-    npu_device.empty_cache = lambda: calls.append(1)  # what the core's GraphWrapper does (SEMANTICS §6)
+    npu_device.empty_cache = lambda: calls.append(1)  # what the core's GraphWrapper does (docs/semantics.md §6)
     try:
         x = torch.ones(4, device=npu_device.torch_device)
         for _ in range(3):

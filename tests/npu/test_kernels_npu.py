@@ -76,7 +76,7 @@ def test_reshape_and_cache_and_fia_paged_attention_match_the_reference(npu_devic
     dkc, dvc = to(npu_device, randn(nb, bs, kvh, d, seed=1)), to(npu_device, randn(nb, bs, kvh, d, seed=2))
     ops.reshape_and_cache(to(npu_device, key), to(npu_device, value), dkc, dvc, to(npu_device, slots))
     torch.testing.assert_close(dkc.cpu(), kc)
-    table = torch.arange(nb, dtype=torch.int32).view(4, 4)
+    table = torch.arange(12, dtype=torch.int32).view(3, 4)  # one row per request (FIA's block_table rule)
     q = randn(tokens, heads, d, seed=8)
     expected = torch.zeros(tokens, heads, d, dtype=BF16)
     ref.paged_attention_ref(q, kc, vc, table, ends, lens, 1 / math.sqrt(d), expected)
@@ -90,7 +90,7 @@ def test_float32_attention_inside_a_task_group_is_refused_with_the_fix(npu_devic
     from ascendgraph.errors import CaptureConstraintError
 
     q = torch.zeros(1, 2, 16, device=npu_device.torch_device)
-    cache = torch.zeros(2, 16, 1, 16, device=npu_device.torch_device)
+    cache = torch.zeros(2, 128, 1, 16, device=npu_device.torch_device)
     table = torch.zeros(1, 2, dtype=torch.int32, device=npu_device.torch_device)
     graph = npu_device.new_graph()
     with pytest.raises(CaptureConstraintError, match="--dtype bfloat16"):

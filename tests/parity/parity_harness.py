@@ -50,7 +50,7 @@ parity_settings = settings(
 
 ATTENTION_OPS: list[str] = list(CompilationConfig._attention_ops)
 
-# The step-5 message of narrowing is our own text (SEMANTICS §4); vLLM's opens like this.
+# The step-5 message of narrowing is our own text (docs/semantics.md §4); vLLM's opens like this.
 VLLM_PIECEWISE_CAPTURE_MESSAGE_START = "Cudagraph mode "
 VLLM_PIECEWISE_CAPTURE_MESSAGE_MARK = "requires piecewise capture"
 

@@ -31,11 +31,15 @@ def test_elementwise_ops_count_one_flop_per_output_and_their_bytes():
 
 
 def test_duration_is_overhead_plus_the_roofline_bound():
+    # 64 x 64 x 64 matmul in float32 at 1 TFLOP/s and 1 GB/s, worked by hand:
+    # compute 2 * 64**3 = 524,288 flop -> 0.524 us; memory 3 * 64 * 64 * 4 = 49,152 bytes -> 49.152 us;
+    # memory-bound, so 1 us overhead + 49.152 us
     a, b = torch.ones(64, 64), torch.ones(64, 64)
     task = describe_task(aten.mm.default, (a, b), {}, [a @ b], PARAMS)
-    compute = task.flops / 1e6
-    memory = task.bytes / 1e3
-    assert task.duration_us == pytest.approx(1.0 + max(compute, memory))
+    assert task.duration_us == pytest.approx(50.152)
+    compute_bound = CostParams(task_overhead_us=1.0, peak_tflops=1.0, bandwidth_gbps=1e6)
+    task = describe_task(aten.mm.default, (a, b), {}, [a @ b], compute_bound)
+    assert task.duration_us == pytest.approx(1.0 + 0.524288)
 
 
 def test_attention_counts_only_the_visible_pairs_and_the_kv_it_reads():
@@ -51,7 +55,10 @@ def test_attention_counts_only_the_visible_pairs_and_the_kv_it_reads():
 def test_graph_launch_and_capture_costs_grow_with_tasks():
     model = CostModel(PARAMS)
     assert model.graph_launch_us(100) > model.graph_launch_us(1)
-    assert model.capture_us(10) == PARAMS.capture_base_us + 10 * PARAMS.capture_per_task_us
+    priced = CostModel(CostParams(capture_base_us=5.0, capture_per_task_us=0.5, graph_launch_us=2.0,
+                                  graph_launch_per_task_us=0.25))
+    assert priced.capture_us(10) == pytest.approx(10.0)  # 5 + 10 * 0.5
+    assert priced.graph_launch_us(8) == pytest.approx(4.0)  # 2 + 8 * 0.25
 
 
 def test_the_task_adjust_hook_rescales_graph_tasks_only():

@@ -108,3 +108,14 @@ def test_run_measured_reports_the_child_alone_and_busy_load_stops_its_processes(
         os.kill(pids[0], 0)  # alive while the block runs
     with pytest.raises(ProcessLookupError):
         os.kill(pids[0], 0)
+
+
+def test_grid_cells_are_parsed_and_checked():
+    import argparse
+
+    from bench.__main__ import parse_cell
+
+    assert parse_cell("28x67") == (28, 67) and parse_cell("4X35") == (4, 35)
+    for bad in ("28x50", "0x35", "x35", "28", "ax35"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_cell(bad)

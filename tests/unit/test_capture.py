@@ -1,4 +1,4 @@
-"""GraphWrapper (SEMANTICS §6) and capture-error rewriting (§8) on the simulator."""
+"""GraphWrapper (docs/semantics.md §6) and capture-error rewriting (§8) on the simulator."""
 
 from __future__ import annotations
 

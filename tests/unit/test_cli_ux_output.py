@@ -20,7 +20,7 @@ from ascendgraph.compile.static_kernel import STATIC_KERNEL_BUILD_WARNING
 def test_format_warning_is_one_line_without_the_source():
     text = format_warning(UserWarning(STATIC_KERNEL_BUILD_WARNING.format(path="/cache/x")), UserWarning,
                           "/work/ascendgraph/compile/static_kernel.py", 325, "warnings.warn(...)")
-    assert text == "warning: Starting static kernel compilation, the build directory is /cache/x\n"
+    assert text == "WARNING ascendgraph: Starting static kernel compilation, the build directory is /cache/x\n"
 
 
 def test_the_formatter_is_installed_only_while_a_command_runs(monkeypatch, capsys):
@@ -34,7 +34,7 @@ def test_the_formatter_is_installed_only_while_a_command_runs(monkeypatch, capsy
     listed = cli.commands()
     monkeypatch.setattr(cli, "commands", lambda: [*listed, cli.Command("probe", "", "", lambda p: None, probe)])
     assert main(["probe"]) == 0
-    assert seen == ["warning: hello\n"]
+    assert seen == ["WARNING ascendgraph: hello\n"]
     assert warnings.formatwarning is before  # restored: importing or calling main leaves no trace
 
 
@@ -49,7 +49,7 @@ def test_the_static_kernel_notice_prints_as_one_line(tmp_path):
     assert done.returncode == 0, done.stderr
     lines = [line for line in done.stderr.splitlines() if "Starting static kernel compilation" in line]
     assert len(lines) == 1
-    assert lines[0].startswith("warning: Starting static kernel compilation, the build directory is ")
+    assert lines[0].startswith("WARNING ascendgraph: Starting static kernel compilation, the build directory is ")
     assert "static_kernel.py" not in done.stderr and "UserWarning" not in done.stderr
 
 

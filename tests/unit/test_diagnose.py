@@ -132,7 +132,7 @@ def test_different_failure_kinds_in_one_log_are_all_reported():
 
 
 def test_207008_alone_is_a_capture_error_but_not_stream_exhaustion():
-    # SEMANTICS §8: "207008" alone is not enough for the stream signature.
+    # docs/semantics.md §8: "207008" alone is not enough for the stream signature.
     diagnosis = diagnose_lines(["RuntimeError: " + TEXT_207008_CAPTURE_BEGIN])
     (failure,) = diagnosis.failures
     assert failure.classification == "capture_error" and "207008" in failure.guidance
@@ -340,8 +340,8 @@ def test_cli_exit_codes_follow_what_was_found(capsys):
     assert main(["diagnose", log("clean.log")]) == 0
     assert main(["diagnose", log("old_hdk_alloc_sq_cq.log")]) == 1
     out, err = capsys.readouterr()
-    assert out == ""  # human text goes to stderr
-    assert "no capture failures" in err and "1. line 12: old_hdk (OldHdkStack)" in err
+    assert err == ""  # the diagnosis is the result: stdout
+    assert "no capture failures" in out and "1. line 12: old_hdk (OldHdkStack)" in out
 
 
 def test_cli_json_has_schema_version_and_the_failures(capsys):

@@ -1,4 +1,4 @@
-"""SEMANTICS §5: dispatcher keys, capture order, dispatch, LoRA cases."""
+"""docs/semantics.md §5: dispatcher keys, capture order, dispatch, LoRA cases."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SEMANTICS §8: the capture-error rewriter, its signatures, priority and typed errors."""
+"""docs/semantics.md §8: the capture-error rewriter, its signatures, priority and typed errors."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SEMANTICS §1: every GraphMode row, AttentionGraphSupport and CompilationMode."""
+"""docs/semantics.md §1: every GraphMode row, AttentionGraphSupport and CompilationMode."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""FULL-graph attention parameter update (SEMANTICS §7) on the simulator."""
+"""FULL-graph attention parameter update (docs/semantics.md §7) on the simulator."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Which passes a resolved configuration runs (SEMANTICS §3 step 8, §10) and the config chain on that path."""
+"""Which passes a resolved configuration runs (docs/semantics.md §3 step 8, §10) and the config chain on that path."""
 
 from __future__ import annotations
 

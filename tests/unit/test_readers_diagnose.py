@@ -88,6 +88,6 @@ def test_an_empty_log_says_so_and_exits_0(tmp_path, capsys, compressed):
     assert diagnosis.lines_read == 0 and diagnosis.notes == [EMPTY_LOG_NOTE]
     assert format_diagnosis(diagnosis) == f"{path}: the log is empty (0 lines): nothing to diagnose"
     assert main(["diagnose", str(path)]) == 0
-    assert "the log is empty" in capsys.readouterr().err
+    assert "the log is empty" in capsys.readouterr().out
     assert main(["diagnose", str(path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["notes"] == [EMPTY_LOG_NOTE]

@@ -91,9 +91,10 @@ def test_pytest_collection_reports_the_bad_file_in_one_line(pytester):
     assert "Traceback" not in result.stdout.str()
 
 
-def test_an_unexpected_refused_config_fails_the_scenario_in_one_line_without_a_traceback(tmp_path, capsys):
+def test_a_config_value_the_cli_refuses_is_a_bad_file_in_one_line_without_a_traceback(tmp_path, capsys):
+    # Validated when loaded, as the CLI validates the same flag (exit 2), not a "run failure".
     path = engine_file(tmp_path, "max_num_seqs = 99999999999999\nnum_layers = 2")
-    assert main(["scenario", "run", str(path)]) == 1  # the scenario expected ok: a missed expectation
+    assert main(["scenario", "run", str(path)]) == 2
     err = capsys.readouterr().err
-    assert "ConfigError: max_num_seqs=99999999999999 is larger than ascendgraph supports" in err
-    assert "Traceback" not in err and "traceback of the unexpected error" not in err
+    assert f"{path}: [config] max_num_seqs: max_num_seqs=99999999999999 is larger than ascendgraph supports" in err
+    assert err.count("\n") == 1 and "Traceback" not in err

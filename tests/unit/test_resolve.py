@@ -1,4 +1,4 @@
-"""SEMANTICS §3 (Ascend resolution pipeline) and §4 (attention narrowing), table-driven."""
+"""docs/semantics.md §3 (Ascend resolution pipeline) and §4 (attention narrowing), table-driven."""
 
 from __future__ import annotations
 

@@ -31,20 +31,20 @@ def wrong_expectation(tmp_path: Path) -> str:
 def test_run_prints_a_table_and_exits_0_when_every_scenario_meets_its_expectation(capsys):
     assert main(["scenario", "run", REFUSED, HOST_SYNC]) == 0
     out, err = capsys.readouterr()
-    assert out == ""
-    lines = err.splitlines()
+    assert "PASS" not in err  # the table is the result: stdout
+    lines = out.splitlines()
     assert lines[0].split() == ["scenario", "outcome", "expected", "time", "result"]
     assert lines[2].split()[:5] == ["replay_before_capture", "error", "error", "(CaptureConstraintError)", lines[2].split()[4]]
     assert lines[2].split()[-1] == "PASS"
-    assert "2 scenarios: 2 passed, 0 failed (ok 0, error 2, fallback 0)" in err
+    assert "2 scenarios: 2 passed, 0 failed (ok 0, error 2, fallback 0)" in out
 
 
 def test_run_exits_1_and_explains_when_a_scenario_misses(tmp_path, capsys):
     assert main(["scenario", "run", wrong_expectation(tmp_path), REFUSED]) == 1
-    err = capsys.readouterr().err
-    assert "expects_ok" in err and "FAIL" in err
-    assert "- outcome: expected ok, got error (CaptureConstraintError: Called NPUGraph::replay" in err
-    assert "1 passed, 1 failed" in err
+    out = capsys.readouterr().out
+    assert "expects_ok" in out and "FAIL" in out
+    assert "- outcome: expected ok, got error (CaptureConstraintError: Called NPUGraph::replay" in out
+    assert "1 passed, 1 failed" in out
 
 
 def test_run_json_is_alone_on_stdout(tmp_path, capsys):
@@ -63,7 +63,7 @@ def test_run_json_is_alone_on_stdout(tmp_path, capsys):
 
 def test_run_a_folder_with_a_name_filter(capsys):
     assert main(["scenario", "run", str(SCENARIOS), "-k", "capture_on_default"]) == 0
-    assert "1 scenarios: 1 passed" in capsys.readouterr().err
+    assert "1 scenarios: 1 passed" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

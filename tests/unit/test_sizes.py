@@ -1,4 +1,4 @@
-"""SEMANTICS §2 (capture sizes) and §9 (stream budget), table-driven, plus properties."""
+"""docs/semantics.md §2 (capture sizes) and §9 (stream budget), table-driven, plus properties."""
 
 from __future__ import annotations
 

@@ -121,7 +121,7 @@ def test_a_kv_cache_larger_than_host_memory_is_refused(monkeypatch):
     model = build_model(replace(PRESETS["tiny"], num_hidden_layers=1))
     needed = model.kv_cache_bytes(1000, 128)
     monkeypatch.setattr(build, "available_host_memory", lambda: needed - 1)
-    expected = r"the KV cache of model 'tiny' \(1000 blocks of 128 tokens, 1 layers\)"
+    expected = r"the KV cache of model 'tiny' \(1000 blocks of 128 tokens, 1 layer\)"
     with pytest.raises(ConfigError, match=expected):
         model.make_kv_caches(1000, 128)
     monkeypatch.setattr(build, "available_host_memory", lambda: needed)

@@ -17,7 +17,7 @@ from ascendgraph.resolve import resolve
 def test_graph_mode_with_every_size_dropped_warns_and_records_a_decision():
     config = GraphConfig.from_vllm_args(compilation_config={"cudagraph_capture_sizes": [100000]})
     resolution = resolve(config, env={})
-    assert resolution.mode is GraphMode.FULL_AND_PIECEWISE  # SEMANTICS §2.3: not an error, mode kept
+    assert resolution.mode is GraphMode.FULL_AND_PIECEWISE  # docs/semantics.md §2.3: not an error, mode kept
     assert resolution.capture_sizes == [] and resolution.stream_plan is None
     expected = ("no capture size remains (every configured size in [100000] exceeds max_num_batched_tokens=8192): "
                 "cudagraph_mode=FULL_AND_PIECEWISE captures nothing and every batch runs eagerly; "
@@ -40,8 +40,8 @@ def test_explain_shows_the_warning(capsys):
     from ascendgraph.cli.app import main
 
     assert main(["explain", "--compilation-config", '{"cudagraph_capture_sizes":[100000]}']) == 0
-    _, err = capsys.readouterr()
-    assert "no capture size remains" in err and "[no_capture_sizes]" in err
+    out, _ = capsys.readouterr()
+    assert "no capture size remains" in out and "[no_capture_sizes]" in out
 
 
 # --------------------------------------------------------------------------- token budget

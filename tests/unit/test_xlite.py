@@ -1,4 +1,4 @@
-"""SEMANTICS §11: xlite validation, architecture registry, token budget and per-batch routing."""
+"""docs/semantics.md §11: xlite validation, architecture registry, token budget and per-batch routing."""
 
 from __future__ import annotations
 

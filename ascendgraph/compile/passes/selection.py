@@ -1,4 +1,4 @@
-"""Which passes run for a resolved configuration (SEMANTICS §3 step 8 and §10), as a table.
+"""Which passes run for a resolved configuration (docs/semantics.md §3 step 8 and §10), as a table.
 
 =============================  =====  ==================  =======================================
 pass                           basic  flag                why

@@ -1,4 +1,4 @@
-"""The stream-scope rule of npugraph_ex fusions (SEMANTICS §10).
+"""The stream-scope rule of npugraph_ex fusions (docs/semantics.md §10).
 
 A fusion merges several nodes into one kernel, which runs on one stream. Nodes placed on
 different streams (multistream overlap, e.g. shared experts beside routed ones) must stay

@@ -58,6 +58,7 @@ class CaptureStage:
     captured: bool
     capture_seconds: float
     capture_fallback: Optional[BaseException]
+    graphs_captured_before_failure: Optional[int]
     _stats_before_capture: Optional[DeviceStats]
 
     def _dummy_layout(self, mode: GraphMode, descriptor: BatchDescriptor) -> list[int]:
@@ -140,6 +141,7 @@ class CaptureStage:
             raise
         except RuntimeError as exc:
             self.capture_seconds = time.perf_counter() - start
+            self.graphs_captured_before_failure = self.capture_state.graphs_captured
             if self.options.on_capture_error != "eager":
                 raise
             self._fall_back_to_eager(exc)
@@ -172,7 +174,9 @@ class CaptureStage:
         self.capture_fallback = exc
         released = self.capture_state.release()
         self.device.set_stream_plan(None)
-        log.info("released %d captured graphs; device now: %s", released, self.device.stats())
+        stats = self.device.stats()
+        log.info("released %d captured graphs; device now: %d/%d streams in use, %d graphs alive, pool %.1f MiB",
+                 released, stats.streams_in_use, stats.stream_limit, stats.graphs_alive, stats.pool_bytes / 2**20)
         previous = self.mode
         self.mode = GraphMode.NONE
         self.dispatcher = self._make_dispatcher(GraphMode.NONE)

@@ -19,7 +19,9 @@ from ascendgraph.dispatch import BatchDescriptor
 from ascendgraph.errors import NumericalMismatch
 from ascendgraph.models.build import DecoderModel
 from ascendgraph.modes import GraphMode
+from ascendgraph.resolve import Resolution
 from ascendgraph.runtime.forward_context import AttentionMetadata, set_forward_context
+from ascendgraph.runtime.report import MISMATCH_CAUSES_EAGER, MISMATCH_CAUSES_GRAPH
 from ascendgraph.runtime.stages.records import Inputs, Measure, RunResult
 from ascendgraph.runtime.workload import ScheduledBatch, Scheduler
 
@@ -41,6 +43,7 @@ class CheckStage:
     inputs: Inputs
     query_len: int
     atol: float
+    resolution: Resolution
     scheduler: Scheduler
     first_mismatch: Optional[NumericalMismatch]
 
@@ -99,7 +102,9 @@ class CheckStage:
         if not diff <= self.atol:
             mismatch = NumericalMismatch(
                 f"step {batch.step} ({batch.kind}, {batch.num_tokens} tokens, {mode.name} {descriptor}) differs from "
-                f"eager by {diff:.3g} > atol {self.atol:g}; requests {', '.join(ids)} failed"
+                f"eager by {diff:.3g} > atol {self.atol:g}; requests {', '.join(ids)} failed; "
+                + (MISMATCH_CAUSES_EAGER if mode is GraphMode.NONE and not self.resolution.xlite_enabled
+                   else MISMATCH_CAUSES_GRAPH)
             )
             log.error("%s", mismatch)
             if self.first_mismatch is None:

@@ -91,4 +91,5 @@ class Counters:
     graph_time_us: float = 0.0
     eager_time_us: float = 0.0
     steps: int = 0
+    checked_steps: int = 0  # steps compared with eager (0: the report says "not checked")
 

@@ -22,7 +22,7 @@ from ascendgraph.models.presets import ModelSpec
 from ascendgraph.modes import GraphMode
 from ascendgraph.resolve import Decision, Resolution
 from ascendgraph.runtime.capture import CaptureState
-from ascendgraph.runtime.report import Report
+from ascendgraph.runtime.report import Report, failure_notes
 from ascendgraph.runtime.stages.records import Counters
 from ascendgraph.runtime.workload import Request, Scheduler
 from ascendgraph.xlite import XliteProfileRun, XliteRouter
@@ -55,6 +55,7 @@ class ReportStage:
     pass_manager: PassManager
     capture_seconds: float
     capture_fallback: Optional[BaseException]
+    graphs_captured_before_failure: Optional[int]
     error: Optional[BaseException]
     first_mismatch: Optional[NumericalMismatch]
     batches_by_route: dict[str, int]
@@ -112,11 +113,15 @@ class ReportStage:
             requests_total=len(self.requests),
             warnings=list(resolution.warnings),
             capture_fallback={"type": type(fallback).__name__, "message": str(fallback)} if fallback else None,
+            graphs_captured_before_failure=self.graphs_captured_before_failure,
+            eager_checked_steps=counters.checked_steps,
+            requested_mode_is_default=self.config.cudagraph_mode is None,
             notes=self._notes(error_exc or fallback),
             exception=error_exc,
         )
         report.extensions.update(self._route_extensions())
         report.extensions.update(self._npugraph_ex_extensions())
+        report.notes += failure_notes(report)
         return report
 
     def _npugraph_ex_extensions(self) -> dict[str, Any]:
@@ -140,7 +145,7 @@ class ReportStage:
         return extensions
 
     def _notes(self, failure: Optional[BaseException]) -> list[str]:
-        """What the planner knew when a capture failed (SEMANTICS §8: beyond vLLM Ascend)."""
+        """What the planner knew when a capture failed (docs/semantics.md §8: beyond vLLM Ascend)."""
         notes = []
         if isinstance(failure, CaptureError):
             parts = []

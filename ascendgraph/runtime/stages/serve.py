@@ -175,6 +175,7 @@ class ServeStage:
                 counters.graphed_real_tokens += batch.num_tokens
                 counters.graphed_padded_tokens += result.padded_tokens
             counters.max_abs_diff = max(counters.max_abs_diff, diff)
+            counters.checked_steps += int(self.options.check_eager)
             counters.graph_time_us += result.measure.device_us
             counters.eager_time_us += eager.device_us if eager is not None else 0.0
             self._judge(batch, result, diff)

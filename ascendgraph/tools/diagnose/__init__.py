@@ -5,7 +5,7 @@ that are not UTF-8 become U+FFFD; an input whose first 64 KiB are mostly binary 
 bytes, or bytes that are no text in any encoding — is refused as "not a text log"). Each line loses its decorations — ANSI colours, vLLM's
 ``(Worker_TP3 pid=123)`` process tags and its ``ERROR 04-20 21:27:00 [file.py:12]``
 prefix — and what is left is matched against `LINE_SIGNATURES`, a table of the texts
-that mark a capture failure (SEMANTICS §8 and the texts in `ascendgraph.errors`).
+that mark a capture failure (docs/semantics.md §8 and the texts in `ascendgraph.errors`).
 
 One failure prints many lines: the runtime's own report, the exception message, a
 traceback, the same message again when vLLM re-raises it, and once per rank. So:
@@ -22,7 +22,7 @@ traceback, the same message again when vLLM re-raises it, and once per rank. So:
 Alongside, the configuration the log prints (vLLM's non-default args and engine config
 line, vLLM Ascend's capture and stream-budget lines, pasted ``export`` / ``vllm serve``
 lines) is collected; when it names capture sizes and a layer count, the stream plan of
-SEMANTICS §9 is printed with a smaller size list that fits.
+docs/semantics.md §9 is printed with a smaller size list that fits.
 
 Modules: `classes` (failure classes, line signatures, line anatomy), `logconfig` (the
 configuration a log prints), `incidents` (classification), `diagnosis` (a whole log),

@@ -12,6 +12,7 @@ from ascendgraph.errors import (
     CAPTURE_ERROR_SIGNATURES,
     LAUNCH_BLOCKING_MESSAGE,
     OLD_HDK_GUIDANCE,
+    OOM_DURING_CAPTURE_GUIDANCE,
     RESOURCE_ALLOC_GUIDANCE,
     STREAM_EXHAUSTION_GUIDANCE,
     TASK_QUEUE_2_DURING_CAPTURE,
@@ -57,11 +58,6 @@ ADDRESS_MISMATCH_GUIDANCE = (
     "stale buffers). Something between capture and replay re-allocated a graph input: keep graph "
     "inputs in persistent buffers and copy new data into them, and look for custom ops or patches "
     "that replace those buffers. Re-run with --enforce-eager to confirm the failure is graph-related."
-)
-OOM_DURING_CAPTURE_GUIDANCE = (
-    "Device memory ran out while graphs were being captured: the graph pool is filled after the KV "
-    "cache has taken its share. Leave more room (a lower gpu_memory_utilization), capture fewer sizes "
-    "or lower max_cudagraph_capture_size, or capture decode batches only (FULL_DECODE_ONLY)."
 )
 CAPTURE_ERROR_GUIDANCE = (
     "Graph capture failed with runtime error code {code}, which matches no known signature (vLLM "

@@ -18,6 +18,20 @@ from ascendgraph.tools.diagnose.classes import (
 )
 from ascendgraph.tools.diagnose.logconfig import LogConfig, update_config
 
+EXCERPT_CHARS = 200
+
+
+def shorten(text: str, limit: int) -> str:
+    """``text`` within ``limit`` characters: cut at the last word boundary before it, with an
+    ellipsis (never mid-word, never silently)."""
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 1]
+    space = cut.rfind(" ")
+    if space > limit // 2:
+        cut = cut[:space]
+    return cut.rstrip(" ,;:") + "…"
+
 
 # --------------------------------------------------------------------------- incidents
 
@@ -149,7 +163,7 @@ class _Scanner:
                 process=process,
                 first_line=number,
                 last_hit_line=number,
-                excerpt=line.message.strip()[:200],
+                excerpt=shorten(line.message.strip(), EXCERPT_CHARS),
                 in_capture=bool(self.capturing.get(process)) or context,
                 config=self.config.copy(),
                 text=[line.message],

@@ -11,6 +11,7 @@ from ascendgraph.errors import (
     ConfigError,
 )
 from ascendgraph.modes import GraphMode
+from ascendgraph.readers import MAX_INT_DIGITS
 from ascendgraph.tools.diagnose.classes import LogLine
 
 
@@ -127,22 +128,40 @@ _CAPTURE_BAR = re.compile(r"capturing (?:cuda|acl|npu) graphs \((decode|mixed pr
                           re.IGNORECASE)
 
 
+def _log_int(text: str) -> Optional[int]:
+    """A number the log prints, when it is one: ASCII digits, at most MAX_INT_DIGITS of them
+    (a longer one is corrupt text, not a setting, and is ignored)."""
+    if not text.isascii() or not text.isdigit() or len(text) > MAX_INT_DIGITS:
+        return None
+    return int(text)
+
+
 def _int_list(text: str) -> list[int]:
-    return [int(v) for v in re.findall(r"\d+", text)]
+    values = [_log_int(v) for v in re.findall(r"[0-9]+", text)]
+    return [] if None in values else [v for v in values if v is not None]
+
+
+def _set_int(config: LogConfig, key: str, text: str, number: int) -> None:
+    value = _log_int(text)
+    if value is not None:
+        config.set(key, value, number)
 
 
 def _mode_name(match: "re.Match[str]") -> Optional[str]:
     if match.group("enum"):
         return match.group("enum")
     if match.group("a") is not None:
-        member = GraphMode.from_pair(GraphMode(int(match.group("a"))), GraphMode(int(match.group("b"))))
+        try:
+            member = GraphMode.from_pair(GraphMode(_log_int(match.group("a"))), GraphMode(_log_int(match.group("b"))))
+        except ValueError:
+            return None
         return member.name if member else None
     word = match.group("word")
     if word in ("None", "null"):  # a repr of "not set", not the mode NONE
         return None
     if word.isdigit():
         try:
-            return GraphMode(int(word)).name
+            return GraphMode(_log_int(word)).name
         except ValueError:
             return None
     return word.upper()
@@ -168,17 +187,17 @@ def update_config(config: LogConfig, line: LogLine, lower: Optional[str] = None)
                 config.set("cudagraph_mode", name, number)
     if "_size" in lower or "num_hidden_layers" in lower or "max_num_seqs" in lower:
         for key, value in _INT_VALUE.findall(message):
-            config.set(key, int(value), number)
+            _set_int(config, key, value, number)
     if "-" in message:
         for flag, value in _INT_FLAG.findall(message):
-            config.set(flag.replace("-", "_"), int(value), number)
+            _set_int(config, flag.replace("-", "_"), value, number)
         for flag, value in _SHORT_FLAG.findall(message):
-            config.set(_SHORT_FLAGS[flag], int(value), number)
+            _set_int(config, _SHORT_FLAGS[flag], value, number)
         for flag in _BOOL_FLAG.findall(message):
             config.set(flag.replace("-", "_"), True, number)
     if "layers:" in lower:
         for value in _LAYERS_NOTE.findall(message):
-            config.set("num_hidden_layers", int(value), number)
+            _set_int(config, "num_hidden_layers", value, number)
     if "enable_expert_parallel" in lower or "enforce_eager" in lower:
         for key, value in _BOOL_VALUE.findall(message):
             config.set(key, value.lower() == "true", number)

@@ -19,15 +19,44 @@ from ascendgraph.tools.diagnose.diagnosis import Diagnosis, diagnose_lines
 MAX_LINE_BYTES = 1 << 20  # longer physical lines are cut (binary junk, giant dumps)
 
 
-def iter_log_lines(stream: BinaryIO) -> Iterator[str]:
-    """Decoded lines of a byte stream; invalid UTF-8 becomes U+FFFD, over-long lines are cut."""
+MAX_NUL_RUN = 64 << 20  # a longer run of NUL bytes is no log (/dev/zero, a zero-filled disk image)
+
+
+class _NulRun:
+    """Counts consecutive NUL bytes across reads; too many is UnreadableLog (bounded time
+    on an endless stream of zeros)."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.length = 0
+
+    def add(self, data: bytes) -> None:
+        stripped = data.rstrip(b"\0")
+        if stripped:
+            self.length = len(data) - len(stripped)
+            return
+        self.length += len(data)
+        if self.length > MAX_NUL_RUN:
+            raise UnreadableLog(
+                f"{self.source} holds a run of more than {MAX_NUL_RUN >> 20} MiB of NUL bytes: not a text log; "
+                f"{_READ_HINT}",
+                key="LOGFILE",
+            )
+
+
+def iter_log_lines(stream: BinaryIO, source: str = "the log") -> Iterator[str]:
+    """Decoded lines of a byte stream; invalid UTF-8 becomes U+FFFD, over-long lines are cut
+    (`MAX_LINE_BYTES`), and a run of NUL bytes longer than `MAX_NUL_RUN` is UnreadableLog."""
+    nuls = _NulRun(source)
     while True:
         chunk = stream.readline(MAX_LINE_BYTES)
         if not chunk:
             return
+        nuls.add(chunk)
         if len(chunk) == MAX_LINE_BYTES and not chunk.endswith(b"\n"):
             while True:  # skip the rest of the physical line
                 rest = stream.readline(MAX_LINE_BYTES)
+                nuls.add(rest)
                 if not rest or rest.endswith(b"\n"):
                     break
         yield chunk.decode("utf-8", errors="replace").rstrip("\r\n")
@@ -91,10 +120,31 @@ def _check_text(source: str, head: bytes) -> None:
         )
 
 
+def _skip_leading_nuls(source: str, stream: BinaryIO) -> bytes:
+    """Skip a leading run of NUL bytes (a log truncated in place); return what follows it,
+    up to `SNIFF_BYTES`. Only NULs to the end, or a run longer than `MAX_NUL_RUN` (an endless
+    source such as /dev/zero), is UnreadableLog."""
+    nuls = _NulRun(source)
+    skipped = 0
+    while True:
+        head = stream.read(SNIFF_BYTES)
+        if not head:
+            if skipped:
+                raise UnreadableLog(
+                    f"{source} holds only NUL bytes ({skipped} of them): not a text log; {_READ_HINT}", key="LOGFILE"
+                )
+            return b""
+        text = head.lstrip(b"\0")
+        if text:
+            return text + stream.read(SNIFF_BYTES - len(text)) if len(text) < SNIFF_BYTES else text
+        skipped += len(head)
+        nuls.add(head)
+
+
 def _text_stream(source: str, stream: BinaryIO) -> BinaryIO:
     """The (gunzipped) stream, after checking that its start looks like text."""
     stream = _maybe_gunzip(stream)
-    head = stream.read(SNIFF_BYTES)
+    head = _skip_leading_nuls(source, stream)
     _check_text(source, head)
     return io.BufferedReader(_Rejoined(head, stream))  # type: ignore[return-value]
 
@@ -115,10 +165,10 @@ def diagnose_file(
         if path == "-":
             raw = stdin if stdin is not None else sys.stdin.buffer
             handle: BinaryIO = raw if hasattr(raw, "peek") else io.BufferedReader(raw)  # type: ignore[arg-type]
-            return diagnose_lines(iter_log_lines(_text_stream(source, handle)), source=source,
+            return diagnose_lines(iter_log_lines(_text_stream(source, handle), source), source=source,
                                   num_layers=num_layers, stream_limit=stream_limit)
         with open(path, "rb") as handle:
-            return diagnose_lines(iter_log_lines(_text_stream(source, handle)), source=source,
+            return diagnose_lines(iter_log_lines(_text_stream(source, handle), source), source=source,
                                   num_layers=num_layers, stream_limit=stream_limit)
     except (OSError, EOFError, zlib.error) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__

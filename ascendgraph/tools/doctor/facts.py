@@ -25,7 +25,7 @@ SCHEMA_VERSION = 1
 OK_EXIT = 0
 BROKEN_EXIT = 1
 
-# HDK 25.5.1 is the first stack without the `Alloc sq cq fail` capture failure (SEMANTICS §8).
+# HDK 25.5.1 is the first stack without the `Alloc sq cq fail` capture failure (docs/semantics.md §8).
 MIN_HDK = (25, 5, 1)
 DEFAULT_CACHE_DIR = "~/.cache/ascendgraph"
 DEFAULT_ASCEND_ROOTS = ("/usr/local/Ascend", "~/Ascend")
@@ -116,7 +116,7 @@ class StreamCheck:
 
 
 def stream_check(reference: ReferenceConfig, hccl_op_expansion_mode: Optional[str]) -> StreamCheck:
-    """Plan the reference config's default sizes with FFTS+ and with AIV (SEMANTICS §9)."""
+    """Plan the reference config's default sizes with FFTS+ and with AIV (docs/semantics.md §9)."""
     sizes = compute_capture_sizes(
         max_num_seqs=reference.max_num_seqs,
         max_num_batched_tokens=reference.max_num_batched_tokens,

@@ -3,7 +3,7 @@
 Theory of operation. The command answers three questions before a deployment, for one
 configuration (the `explain` flags) and one workload:
 
-1. **Streams.** The resolved `StreamPlan` (SEMANTICS §9): streams per size, the largest
+1. **Streams.** The resolved `StreamPlan` (docs/semantics.md §9): streams per size, the largest
    number of sizes that fits the stack's streams, whether the configured sizes fit and,
    when they do not, the first size whose capture fails (in capture order, largest first)
    and the largest fitting selections. The simulator charges streams with the same plan,

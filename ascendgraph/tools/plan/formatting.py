@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
+from ascendgraph.explanation import count_noun
 from ascendgraph.tools.plan.model import PlanResult
 
 __all__ = ["SCHEMA_VERSION", "format_plan", "plan_to_json"]
@@ -97,7 +98,7 @@ def format_plan(result: PlanResult) -> str:
     model = config.model
     plan = result.plan
     lines = [
-        f"plan: model {model.name} ({model.architecture}, {model.num_hidden_layers} layers) · "
+        f"plan: model {model.name} ({model.architecture}, {count_noun(model.num_hidden_layers, 'layer')}) · "
         f"{resolution.mode.name} · SoC {config.soc} · {len(resolution.capture_sizes)} capture sizes"
         + (f" (max {resolution.max_capture_size})" if resolution.capture_sizes else ""),
     ]

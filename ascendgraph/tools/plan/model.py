@@ -191,6 +191,10 @@ def make_plan(
         raise ConfigError(f"measure must be one of {', '.join(MEASURE_METHODS)}, got {measure!r}", key="measure")
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
         raise ConfigError(f"the budget must be a number of capture sizes >= 1, got {budget!r}", key="budget")
+    if sim_profile is not None:  # checked even with --measure off: a broken profile is bad input either way
+        from ascendgraph.device import check_device_options
+
+        check_device_options("sim", profile=sim_profile)
     if workload is not None:
         check_workload_fits(workload, config.max_num_batched_tokens)
     resolution = resolve(config, env=env, stream_limit=stream_limit,

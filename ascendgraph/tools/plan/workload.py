@@ -10,6 +10,7 @@ from typing import Any, Optional
 from ascendgraph.config import GraphConfig
 from ascendgraph.errors import ConfigError
 from ascendgraph.modes import GraphMode
+from ascendgraph.readers import read_int, read_text_file
 
 __all__ = [
     "DEFAULT_REQUESTS", "Workload", "check_workload_fits", "file_workload", "generated_workload",
@@ -42,6 +43,11 @@ class Workload:
         }
 
 
+def _short(text: str) -> str:
+    shown = repr(text)
+    return shown if len(shown) <= 40 else shown[:37] + "..."
+
+
 def read_workload_file(path: str, *, max_tokens: Optional[int] = None) -> list[int]:
     """One batch size in tokens per line; blank lines and ``#`` comments are skipped.
 
@@ -49,24 +55,23 @@ def read_workload_file(path: str, *, max_tokens: Optional[int] = None) -> list[i
     batch size above ``max_tokens`` (the config's max_num_batched_tokens: no batch is larger).
     """
     try:
-        with open(path, encoding="utf-8") as handle:
-            lines = handle.read().splitlines()
+        with open(path, "rb"):
+            pass
     except OSError as exc:
         raise ConfigError(f"cannot read the workload file {path}: {exc.strerror or exc}", key="workload") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not a text file (expected one batch size in tokens per line)", key="workload") from None
+    lines = read_text_file(path, str(path), key="workload", kind="text, one batch size in tokens per line").splitlines()
     sizes: list[int] = []
     for number, line in enumerate(lines, 1):
         text = line.split("#", 1)[0].strip()
         if not text:
             continue
         try:
-            value = int(text, 10)
-        except ValueError:
+            value: Optional[int] = read_int(text, "")  # ASCII digits, at most 20
+        except ConfigError:
             value = None
         if value is None or value < 1:
             raise ConfigError(
-                f"{path}:{number}: expected a batch size in tokens (an integer >= 1), got {text!r}", key="workload"
+                f"{path}:{number}: expected a batch size in tokens (an integer >= 1), got {_short(text)}", key="workload"
             )
         if max_tokens is not None and value > max_tokens:
             raise ConfigError(f"{path}:{number}: {_above_max_text(value, max_tokens)}", key="workload")

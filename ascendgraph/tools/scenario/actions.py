@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
 from ascendgraph.tools.scenario.model import BOOL, POSITIVE, Check, Scenario, _one_of
-from ascendgraph.tools.scenario.observation import _compare_figures, _device_lost, _exception_matches, _figures, _Observation, _sim_device
+from ascendgraph.tools.scenario.observation import (
+    _compare_figures, _device_lost, _exception_matches, _figures, _Observation, _sim_device,
+)
 
 
 # --------------------------------------------------------------------------- device actions

@@ -6,17 +6,17 @@ from __future__ import annotations
 
 import difflib
 import os
-import tomllib
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
-from ascendgraph.errors import ConfigError
+from ascendgraph.errors import ConfigError, GraphModeError
+from ascendgraph.readers import load_toml, read_text_file
 from ascendgraph.device import check_device_options
 from ascendgraph.tools.scenario.actions import DEVICE_ACTIONS
 from ascendgraph.tools.scenario.model import (
     BOOL, INT, INT_LIST, INVARIANT_NAMES, NON_NEGATIVE, OUTCOMES, POSITIVE, RANGE, REQUESTS_FAILED, SCENARIO_KINDS,
     STR, STR_LIST, STR_OR_STR_LIST, STR_TABLE, Check, DeviceSpec, Expectation, Invariants, RunSpec, Scenario,
-    ScenarioError, _is_number, _mode_name, _one_of,
+    ScenarioError, _is_number, _mode_name, _one_of, config_namespace,
 )
 
 
@@ -228,17 +228,16 @@ def _action_args(path: Path, table: Any) -> tuple[str, dict[str, Any]]:
 def load_scenario(path: Union[str, Path]) -> Scenario:
     """Read and check one scenario file; a bad file raises ScenarioError (file, key, expected)."""
     path = Path(path)
+    if not path.exists():
+        raise ScenarioError(path, "(file)", "no such file")
     try:
-        with path.open("rb") as handle:
-            data = tomllib.load(handle)
-    except FileNotFoundError:
-        raise ScenarioError(path, "(file)", "no such file") from None
-    except OSError as exc:
-        raise ScenarioError(path, "(file)", f"cannot read it: {exc.strerror or exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ScenarioError(path, "(file)", f"not valid TOML: {exc}") from None
-    except UnicodeDecodeError:
-        raise ScenarioError(path, "(file)", "not a text file (expected a UTF-8 TOML scenario file)") from None
+        text = read_text_file(path, "", kind="TOML scenario file")
+    except ConfigError as exc:
+        raise ScenarioError(path, "(file)", str(exc)) from None
+    try:
+        data = load_toml(text, "")
+    except ConfigError as exc:
+        raise ScenarioError(path, "(file)", " ".join(str(exc).replace("invalid TOML", "not valid TOML").split())) from None
     for key in data:
         if key not in TOP_KEYS:
             raise ScenarioError(path, key, f"unknown top-level key{_closest(key, TOP_KEYS)}; expected one of {', '.join(TOP_KEYS)}")
@@ -267,8 +266,8 @@ def load_scenario(path: Union[str, Path]) -> Scenario:
     device = _check_table(path, "device", data.get("device", {}), DEVICE_KEYS)
     if "faults" in device:
         _check_fault_plan(path, device["faults"])
-    if isinstance(device.get("profile"), dict):
-        _check_profile_table(path, device["profile"])
+    if "profile" in device:
+        _check_profile(path, device["profile"])
 
     config: dict[str, Any] = {}
     run: dict[str, Any] = {}
@@ -281,7 +280,9 @@ def load_scenario(path: Union[str, Path]) -> Scenario:
         if "stream_limit" in device:
             raise ScenarioError(path, "[device] stream_limit", "an engine scenario sets it as [config] stream_limit (the --stream-limit flag)")
         config = _check_config(path, data.get("config", {}))
+        model = _check_config_values(path, config)
         run = _check_table(path, "run", data.get("run", {}), RUN_KEYS)
+        _check_run_budget(path, run, model)
     else:
         for key in ("config", "run"):
             if key in data:
@@ -340,11 +341,84 @@ def _check_fault_plan(path: Path, spec: str) -> None:
         raise ScenarioError(path, "[device] faults", str(exc)) from None
 
 
-def _check_profile_table(path: Path, table: Mapping[str, Any]) -> None:
+def _check_profile(path: Path, profile: Union[str, Mapping[str, Any]]) -> None:
+    """A profile name, a profile JSON file (next to the scenario or absolute) or a table, as
+    ``--sim-profile`` checks it."""
+    if isinstance(profile, str) and profile.strip().lower().endswith(".json") and not os.path.isabs(profile):
+        profile = str(path.parent / profile)
     try:
-        check_device_options("sim", profile=dict(table))
+        check_device_options("sim", profile=dict(profile) if isinstance(profile, Mapping) else profile)
     except ConfigError as exc:
-        raise ScenarioError(path, "[device] profile", str(exc)) from None
+        raise ScenarioError(path, "[device] profile", " ".join(str(exc).split())) from None
+
+
+def _config_where(key: Optional[str], config: Mapping[str, Any]) -> str:
+    """The [config] key a ConfigError from building the configuration is about."""
+    name = (key or "").lstrip("-").replace("-", "_")
+    for candidate in (name, name.split(".")[0]):
+        if candidate in config:
+            return f"[config] {candidate}"
+    for json_flag in _JSON_FLAGS:
+        if json_flag in config and (name.startswith(json_flag) or isinstance(config[json_flag], (str, dict))
+                                    and name and name.split(".")[-1] in str(config[json_flag])):
+            return f"[config] {json_flag}"
+    return "[config]"
+
+
+def _check_config_values(path: Path, config: Mapping[str, Any]) -> Any:
+    """Build the configuration as `ascendgraph run` would from the same flags, so a value the
+    CLI refuses (optimization_level = 7, cudagraph_mode = 5, enable_static_kernel = "yes")
+    is a bad file now, not a "run failure" later. Rules about combinations of values (a
+    static kernel without npugraph_ex, ...) stay for the run: scenarios exist to test them.
+    Returns the model spec (for the workload bounds)."""
+    from ascendgraph.cli.args import config_from_args
+
+    try:
+        graph_config = config_from_args(config_namespace(config), warn=False)
+    except (ConfigError, GraphModeError) as exc:
+        if _is_combination_rule(exc):
+            from ascendgraph.models.presets import model_spec_from
+
+            return model_spec_from(config.get("model"))
+        raise ScenarioError(path, _config_where(exc.key, config), " ".join(str(exc).split())) from None
+    return graph_config.model
+
+
+def _is_combination_rule(exc: BaseException) -> bool:
+    """Errors a scenario may expect from a run: rules on combinations of values (SEMANTICS
+    §10's kernel chain), not on one value."""
+    from ascendgraph.config import STATIC_NEEDS_NPUGRAPH_EX, SUPER_NEEDS_STATIC
+
+    return str(exc) in (SUPER_NEEDS_STATIC, STATIC_NEEDS_NPUGRAPH_EX)
+
+
+def _check_run_budget(path: Path, run: Mapping[str, Any], model: Any) -> None:
+    """[run] values within the bounds the CLI and the engine apply (checked now, not mid-run)."""
+    from ascendgraph.api import MAX_RUN_ATOL as MAX_ATOL
+    from ascendgraph.cli.args import LIMITS
+    from ascendgraph.runtime.workload import MAX_SEQUENCE_TOKENS
+
+    bounds = {"requests": LIMITS["requests"], "seed": LIMITS["seed"],
+              "burst_size": (0, LIMITS["requests"][1]), "burst_gap": (1, LIMITS["requests"][1])}
+    if "num_threads" in run:  # (imports torch: only when the file sets it)
+        from ascendgraph.runtime.threads import MAX_THREADS
+
+        bounds["num_threads"] = (1, MAX_THREADS)
+    for key, (low, high) in bounds.items():
+        if key in run and not low <= run[key] <= high:
+            raise ScenarioError(path, f"[run] {key}", f"expected an integer from {low} to {high}, got {run[key]!r}")
+    if "atol" in run and run["atol"] > MAX_ATOL:
+        raise ScenarioError(path, "[run] atol", f"expected at most {MAX_ATOL:g} (as --atol), got {run['atol']!r}")
+    limit = min(model.max_position_embeddings, MAX_SEQUENCE_TOKENS)
+    prompt = run.get("prompt_words", RunSpec.prompt_words)
+    output = run.get("output_tokens", RunSpec.output_tokens)
+    for key, (low, high) in (("prompt_words", prompt), ("output_tokens", output)):
+        if high > limit:
+            raise ScenarioError(path, f"[run] {key}", f"expected a range within the model's {limit} positions, "
+                                                       f"got [{low}, {high}]")
+    if prompt[1] + output[1] > limit:
+        raise ScenarioError(path, "[run] output_tokens", f"the longest prompt ({prompt[1]} words) plus the longest "
+                                                          f"output ({output[1]} tokens) exceed the model's {limit} positions")
 
 
 def discover_scenarios(paths: Sequence[Union[str, Path]]) -> list[Path]:

@@ -167,3 +167,17 @@ def _mode_name() -> Check:
 
     names = tuple(m.name for m in GraphMode)
     return (lambda v: v in names, "a graph mode name: " + ", ".join(names))
+
+
+def config_namespace(config: Mapping[str, Any]) -> Any:
+    """The `ascendgraph run` argument namespace a checked [config] table stands for."""
+    import argparse
+
+    from ascendgraph.cli.args import add_config_arguments
+
+    parser = argparse.ArgumentParser(add_help=False)
+    add_config_arguments(parser)
+    namespace = parser.parse_args([])
+    for key, value in config.items():
+        setattr(namespace, key, value)
+    return namespace

@@ -6,7 +6,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
-from ascendgraph.tools.scenario.model import Scenario
+from ascendgraph.tools.scenario.model import Scenario, config_namespace
 
 if TYPE_CHECKING:  # pragma: no cover
     from ascendgraph.device import Device, DeviceStats
@@ -166,16 +166,7 @@ class _RequestAudit:
 
 
 def _namespace(scenario: Scenario) -> Any:
-    import argparse
-
-    from ascendgraph.cli.args import add_config_arguments
-
-    parser = argparse.ArgumentParser(add_help=False)
-    add_config_arguments(parser)
-    namespace = parser.parse_args([])
-    for key, value in scenario.config.items():
-        setattr(namespace, key, value)
-    return namespace
+    return config_namespace(scenario.config)
 
 
 def _sim_device(scenario: Scenario, *, soc: str, stream_limit: Optional[int]) -> "Device":

@@ -84,6 +84,7 @@ def _run_engine(scenario: Scenario) -> _Observation:
             obs.report = engine.report()
         finally:
             engine.close()
+        obs.report.settle_after_release(device)  # as `run` reports it: what the device holds now
     except Exception as exc:  # escaped the engine's own handling: an error outcome with its traceback
         obs.error, obs.traceback = exc, traceback.format_exc()
     if _device_lost(device):

@@ -1,0 +1,365 @@
+"""torch_npu's kernels as ``torch.library`` ops of the ``npu_facade`` namespace.
+
+Theory of operation. Each kernel hw/ (and vLLM Ascend's graph code) calls is defined with
+torch-npu 2.13.0's schema (``csrc/aten/npu_native_functions_by_codegen.yaml``, and the
+schema strings registered in ``lib/libtorch_npu.so`` where they differ), a CPU
+implementation computing with the simulator's reference formulas, and a fake (meta)
+implementation. Both implementations first check the call against the kernel-contract
+table (`sim.facade.contracts.check`, arguments keyed by the schema's keyword names):
+eagerly the CPU implementation runs, while a graph captures or a task update is
+collected the simulator computes outputs on the meta device, so the fake one runs.
+Either way a call a card would refuse is refused where it is issued.
+
+Two deliberate differences from the registered schemas, both invisible to callers:
+
+* ``npu_fused_infer_attention_score.out`` is registered in libtorch_npu as
+  ``..., Tensor? workspace=None, Tensor[] out) -> (Tensor, Tensor)``. Here ``out`` is
+  annotated as written (``Tensor(a!)[] out``) and the op returns nothing, so the
+  simulator's recorder knows the kernel writes into ``out``; ``torch_npu.
+  npu_fused_infer_attention_score.out(...)`` (a `FacadeOpPacket`) still returns
+  ``(attention_out, softmax_lse)``.
+* The ATB ops ``_npu_reshape_and_cache`` / ``_npu_rotary_embedding`` have no schema string
+  in the wheel (inferred from C++); the names here are descriptive, and like the real
+  ones they are meant to be called with positional arguments only.
+
+The facade models the FIA call hw/ and vLLM Ascend make: TND layout over a paged KV cache
+(``block_table``), sparse_mode 3. Other layouts raise NotImplementedError.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch
+from torch import Tensor
+
+from ascendgraph import reference
+from sim.facade.contracts import check
+from sim.kernels import paged_attention_ref, reshape_and_cache_ref
+
+__all__ = ["NAMESPACE", "SCHEMAS", "FacadeOpPacket", "exported_ops", "WORKSPACE_ELEMENTS"]
+
+NAMESPACE = "npu_facade"
+WORKSPACE_ELEMENTS = 4096  # what the facade's workspace query returns (the size is not modelled)
+FIA = "npu_fused_infer_attention_score"
+
+_FIA_ARGS = (
+    "Tensor query, Tensor key, Tensor value, *, Tensor? pse_shift=None, Tensor? atten_mask=None, "
+    "SymInt[]? actual_seq_lengths=None, SymInt[]? actual_seq_lengths_kv=None, Tensor? dequant_scale1=None, "
+    "Tensor? quant_scale1=None, Tensor? dequant_scale2=None, Tensor? quant_scale2=None, "
+    "Tensor? quant_offset2=None, Tensor? antiquant_scale=None, Tensor? antiquant_offset=None, "
+    "Tensor? key_antiquant_scale=None, Tensor? key_antiquant_offset=None, Tensor? value_antiquant_scale=None, "
+    "Tensor? value_antiquant_offset=None, Tensor? block_table=None, Tensor? query_padding_size=None, "
+    "Tensor? kv_padding_size=None, Tensor? key_shared_prefix=None, Tensor? value_shared_prefix=None, "
+    "SymInt[]? actual_shared_prefix_len=None, Tensor? query_rope=None, Tensor? key_rope=None, "
+    "Tensor? key_rope_antiquant_scale=None, int num_heads=1, float scale=1.0, int pre_tokens=2147483647, "
+    "int next_tokens=2147483647, str input_layout=\"BSH\", int num_key_value_heads=0, int sparse_mode=0, "
+    "int inner_precise=0, int block_size=0, int antiquant_mode=0, int key_antiquant_mode=0, "
+    "int value_antiquant_mode=0, bool softmax_lse_flag=False"
+)
+
+# name (with overload) -> schema after the name; torch-npu 2.13.0 (see the module docstring).
+SCHEMAS: dict[str, str] = {
+    FIA: f"({_FIA_ARGS}) -> (Tensor, Tensor)",
+    f"{FIA}.out": f"({_FIA_ARGS}, Tensor? workspace=None, Tensor(a!)[] out) -> ()",
+    "_npu_fused_infer_attention_score_get_max_workspace": f"({_FIA_ARGS}) -> Tensor",
+    "_npu_fused_infer_attention_score_infer_output": (
+        "(Tensor query, Tensor value, *, str input_layout=\"BSH\", Tensor? quant_scale2=None, "
+        "Tensor? block_table=None, int num_heads=1, int num_key_value_heads=0, bool softmax_lse_flag=False, "
+        "Tensor? query_rope=None) -> (Tensor, Tensor)"
+    ),
+    "npu_rms_norm": "(Tensor input, Tensor gamma, float epsilon=1e-06) -> (Tensor, Tensor)",
+    "npu_add_rms_norm": "(Tensor x1, Tensor x2, Tensor gamma, float epsilon=1e-06) -> (Tensor, Tensor, Tensor)",
+    "npu_dynamic_quant": (
+        "(Tensor input, *, Tensor? smooth_scales=None, Tensor? group_index=None, int? dst_type=None, "
+        "str quant_mode=\"pertoken\", float dst_type_max=0.0) -> (Tensor, Tensor)"
+    ),
+    "npu_quantize": (
+        "(Tensor input, Tensor scales, Tensor? zero_points, int dtype, int axis=1, bool div_mode=True) -> Tensor"
+    ),
+    "npu_add_rms_norm_quant": (
+        "(Tensor x1, Tensor x2, Tensor gamma, Tensor scales1, Tensor? zero_points1, Tensor? beta=None, "
+        "Tensor? scales2=None, Tensor? zero_points2=None, *, int axis=-1, float epsilon=1e-06, "
+        "bool div_mode=True, int? dst_type=None) -> (Tensor, Tensor, Tensor)"
+    ),
+    "npu_add_rms_norm_dynamic_quant": (
+        "(Tensor x1, Tensor x2, Tensor gamma, *, Tensor? smooth_scale1=None, Tensor? smooth_scale2=None, "
+        "Tensor? beta=None, float epsilon=1e-06, bool[2]? output_mask=None, int? y_dtype=None) "
+        "-> (Tensor, Tensor, Tensor, Tensor, Tensor)"
+    ),
+    "_npu_reshape_and_cache": (
+        "(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, Tensor slot_indices) -> ()"
+    ),
+    "_npu_rotary_embedding": (
+        "(Tensor positions, Tensor(a!) query, Tensor(b!) key, int head_size, Tensor cos_sin_cache, "
+        "bool is_neox) -> ()"
+    ),
+}
+
+
+# `int dtype` arguments arrive as c10::ScalarType codes (torch.qint8 -> 12); the contract
+# table reads them as torch dtypes, as the caller wrote them.
+_SCALAR_TYPES = {1: torch.int8, 2: torch.int16, 3: torch.int32, 12: torch.qint8, 13: torch.quint8,
+                 14: torch.qint32, 16: torch.quint4x2}
+_DTYPE_ARGUMENTS = ("dtype", "dst_type", "y_dtype")
+
+
+def _bind(schema: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """The call's arguments keyed by the schema's names (defaults filled in)."""
+    bound: dict[str, Any] = {}
+    positional = list(args)
+    for argument in schema.arguments:
+        if positional and not argument.kwarg_only:
+            bound[argument.name] = positional.pop(0)
+        elif argument.name in kwargs:
+            bound[argument.name] = kwargs[argument.name]
+        elif argument.has_default_value():
+            bound[argument.name] = argument.default_value
+        else:
+            bound[argument.name] = None
+    for name in _DTYPE_ARGUMENTS:
+        value = bound.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value in _SCALAR_TYPES:
+            bound[name] = _SCALAR_TYPES[value]
+    return bound
+
+
+# --------------------------------------------------------------------------- implementations
+def _fia_compute(a: dict[str, Any], out: Tensor) -> None:
+    if a["input_layout"] != "TND" or a["block_table"] is None:
+        raise NotImplementedError(
+            f"sim.facade models {FIA} in TND layout with page attention (block_table) only, got "
+            f"input_layout={a['input_layout']!r}, block_table={'given' if a['block_table'] is not None else None}"
+        )
+    query, key, value = a["query"], a["key"], a["value"]
+    kv_heads = int(a["num_key_value_heads"]) or int(a["num_heads"])
+    head_dim = query.shape[-1]
+    num_blocks, block_size = key.shape[0], key.shape[1]
+    key_cache = key.reshape(num_blocks, block_size, kv_heads, head_dim)
+    value_cache = value.reshape(num_blocks, block_size, kv_heads, -1)
+    ends = [int(v) for v in a["actual_seq_lengths"] or []]
+    lens = [int(v) for v in a["actual_seq_lengths_kv"] or []]
+    result = torch.zeros(query.shape, dtype=out.dtype)
+    paged_attention_ref(query, key_cache, value_cache, a["block_table"], ends, lens, float(a["scale"]), result)
+    out.copy_(result.reshape(out.shape))
+
+
+def _lse(query: Tensor, flag: bool) -> Tensor:
+    if flag:
+        return torch.zeros(query.shape[0], query.shape[1], 1, dtype=torch.float32, device=query.device)
+    return torch.zeros(1, dtype=torch.float32, device=query.device)
+
+
+def fia(a: dict[str, Any], fake: bool) -> Any:
+    query = a["query"]
+    attn = torch.empty_like(query)
+    lse = _lse(query, bool(a["softmax_lse_flag"]))
+    if not fake:
+        _fia_compute(a, attn)
+    return attn, lse
+
+
+def fia_out(a: dict[str, Any], fake: bool) -> None:
+    out = a["out"]
+    if not isinstance(out, (list, tuple)) or len(out) != 2:
+        raise RuntimeError(f"{FIA}.out takes out=[attention_out, softmax_lse], got {out!r}")
+    if not fake:
+        _fia_compute(a, out[0])
+
+
+def fia_workspace(a: dict[str, Any], fake: bool) -> Tensor:
+    return torch.empty(WORKSPACE_ELEMENTS, dtype=a["query"].dtype, device=a["query"].device)
+
+
+def fia_infer_output(a: dict[str, Any], fake: bool) -> tuple[Tensor, Tensor]:
+    query = a["query"]
+    return torch.empty_like(query), _lse(query, bool(a["softmax_lse_flag"]))
+
+
+def _rstd(x: Tensor, eps: float) -> Tensor:
+    return torch.rsqrt(x.float().pow(2).mean(dim=-1, keepdim=True) + eps)
+
+
+def rms_norm(a: dict[str, Any], fake: bool) -> tuple[Tensor, Tensor]:
+    x, gamma, eps = a["input"], a["gamma"], float(a["epsilon"])
+    if fake:
+        return torch.empty_like(x), x.new_empty((*x.shape[:-1], 1), dtype=torch.float32)
+    return reference.rms_norm(x, gamma, eps), _rstd(x, eps)
+
+
+def add_rms_norm(a: dict[str, Any], fake: bool) -> tuple[Tensor, Tensor, Tensor]:
+    x1, x2, gamma, eps = a["x1"], a["x2"], a["gamma"], float(a["epsilon"])
+    if fake:
+        return torch.empty_like(x1), x1.new_empty((*x1.shape[:-1], 1), dtype=torch.float32), torch.empty_like(x1)
+    y, x_sum = reference.add_rms_norm(x1, x2, gamma, eps)
+    return y, _rstd(x_sum, eps), x_sum
+
+
+def dynamic_quant(a: dict[str, Any], fake: bool) -> tuple[Tensor, Tensor]:
+    x = a["input"]
+    if fake:
+        return torch.empty(x.shape, dtype=torch.int8, device=x.device), x.new_empty(x.shape[:-1], dtype=torch.float32)
+    if a["smooth_scales"] is not None:
+        x = (x.float() * a["smooth_scales"].float()).to(x.dtype)
+    return reference.dynamic_quant(x)
+
+
+def _along(values: Optional[Tensor], x: Tensor, axis: int) -> Optional[Tensor]:
+    if values is None or values.numel() == 1:
+        return values
+    shape = [1] * x.dim()
+    shape[axis] = values.numel()
+    return values.reshape(shape)
+
+
+def quantize(a: dict[str, Any], fake: bool) -> Tensor:
+    x = a["input"]
+    if fake:
+        return torch.empty(x.shape, dtype=torch.int8, device=x.device)
+    axis = int(a["axis"])
+    return reference.quantize(x, _along(a["scales"], x, axis), _along(a["zero_points"], x, axis))
+
+
+def add_rms_norm_quant(a: dict[str, Any], fake: bool) -> tuple[Tensor, Tensor, Tensor]:
+    x1 = a["x1"]
+    if fake:
+        y = torch.empty(x1.shape, dtype=torch.int8, device=x1.device)
+        return y, torch.empty_like(y), torch.empty_like(x1)
+    y, x_sum = reference.add_rms_norm(x1, a["x2"], a["gamma"], float(a["epsilon"]))
+    y1 = reference.quantize(y, a["scales1"], a["zero_points1"])
+    y2 = torch.zeros_like(y1) if a["scales2"] is None else reference.quantize(y, a["scales2"], a["zero_points2"])
+    return y1, y2, x_sum
+
+
+def add_rms_norm_dynamic_quant(a: dict[str, Any], fake: bool) -> tuple[Tensor, ...]:
+    x1 = a["x1"]
+    mask = list(a["output_mask"]) if a["output_mask"] is not None else [True, a["smooth_scale2"] is not None]
+    rows = x1.shape[:-1]
+    second = mask[1] and a["smooth_scale2"] is not None
+    y2_shape = x1.shape if second else (1,)
+    scale2_shape = rows if second else (1,)
+    if fake:
+        return (torch.empty(x1.shape, dtype=torch.int8, device=x1.device),
+                torch.empty(y2_shape, dtype=torch.int8, device=x1.device), torch.empty_like(x1),
+                x1.new_empty(rows, dtype=torch.float32), x1.new_empty(scale2_shape, dtype=torch.float32))
+    y, x_sum = reference.add_rms_norm(x1, a["x2"], a["gamma"], float(a["epsilon"]))
+
+    def quant(smooth: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+        source = y if smooth is None else (y.float() * smooth.float()).to(y.dtype)
+        return reference.dynamic_quant(source)
+
+    y1, scale1 = quant(a["smooth_scale1"])
+    if second:
+        y2, scale2 = quant(a["smooth_scale2"])
+    else:
+        y2, scale2 = torch.zeros(1, dtype=torch.int8), torch.zeros(1, dtype=torch.float32)
+    return y1, y2, x_sum, scale1, scale2
+
+
+def reshape_and_cache(a: dict[str, Any], fake: bool) -> None:
+    if not fake:
+        reshape_and_cache_ref(a["key"], a["value"], a["key_cache"], a["value_cache"], a["slot_indices"])
+
+
+def rotary_embedding(a: dict[str, Any], fake: bool) -> None:
+    if fake:
+        return
+    query, key = a["query"], a["key"]
+    q, k = reference.rotary_embedding(a["positions"], query, key, a["cos_sin_cache"], int(a["head_size"]),
+                                      bool(a["is_neox"]))
+    query.copy_(q)
+    key.copy_(k)
+
+
+IMPLEMENTATIONS: dict[str, Callable[[dict[str, Any], bool], Any]] = {
+    FIA: fia,
+    f"{FIA}.out": fia_out,
+    "_npu_fused_infer_attention_score_get_max_workspace": fia_workspace,
+    "_npu_fused_infer_attention_score_infer_output": fia_infer_output,
+    "npu_rms_norm": rms_norm,
+    "npu_add_rms_norm": add_rms_norm,
+    "npu_dynamic_quant": dynamic_quant,
+    "npu_quantize": quantize,
+    "npu_add_rms_norm_quant": add_rms_norm_quant,
+    "npu_add_rms_norm_dynamic_quant": add_rms_norm_dynamic_quant,
+    "_npu_reshape_and_cache": reshape_and_cache,
+    "_npu_rotary_embedding": rotary_embedding,
+}
+# Which contract-table entry checks each op (the infer-output helper takes a subset of FIA's
+# arguments and has no rules of its own).
+CONTRACT_KERNEL: dict[str, Optional[str]] = {
+    FIA: FIA,
+    f"{FIA}.out": FIA,
+    "_npu_fused_infer_attention_score_get_max_workspace": FIA,
+    "_npu_fused_infer_attention_score_infer_output": None,
+}
+
+
+# --------------------------------------------------------------------------- registration
+_LIBRARY: Optional[torch.library.Library] = None
+
+
+def _overload(name: str) -> Any:
+    base, _, overload = name.partition(".")
+    return getattr(getattr(getattr(torch.ops, NAMESPACE), base), overload or "default")
+
+
+def _make(name: str, fake: bool) -> Callable[..., Any]:
+    implementation = IMPLEMENTATIONS[name]
+    kernel = CONTRACT_KERNEL.get(name, name)
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        bound = _bind(_overload(name)._schema, args, kwargs)
+        if kernel is not None:
+            check(kernel, bound)
+        return implementation(bound, fake)
+
+    run.__name__ = f"{name.replace('.', '_')}_{'fake' if fake else 'cpu'}"
+    return run
+
+
+def register() -> None:
+    """Define the ``npu_facade`` ops once per process (torch.library cannot undefine them)."""
+    global _LIBRARY
+    if _LIBRARY is not None:
+        return
+    library = torch.library.Library(NAMESPACE, "DEF")
+    for name, schema in SCHEMAS.items():
+        library.define(f"{name}{schema}")
+    for name in SCHEMAS:
+        library.impl(name, _make(name, fake=False), "CPU")
+        torch.library.register_fake(f"{NAMESPACE}::{name}", _make(name, fake=True), lib=library)
+    _LIBRARY = library
+
+
+class FacadeOpPacket:
+    """``torch_npu.npu_fused_infer_attention_score``: callable, with ``.default`` and an
+    ``.out`` that returns ``(attention_out, softmax_lse)`` as the registered overload does."""
+
+    def __init__(self, name: str) -> None:
+        self.__name__ = name
+        self._packet = getattr(getattr(torch.ops, NAMESPACE), name)
+        self.default = self._packet.default
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._packet.default(*args, **kwargs)
+
+    def out(self, *args: Any, **kwargs: Any) -> tuple[Tensor, Tensor]:
+        self._packet.out(*args, **kwargs)
+        result = kwargs["out"]
+        return result[0], result[1]
+
+    def overloads(self) -> list[str]:
+        return self._packet.overloads()
+
+
+def exported_ops() -> dict[str, Any]:
+    """What ``torch_npu.<name>`` is for each kernel (OpOverloadPackets, as torch_npu exports)."""
+    register()
+    exported: dict[str, Any] = {}
+    for name in SCHEMAS:
+        base = name.partition(".")[0]
+        if base in exported:
+            continue
+        exported[base] = FacadeOpPacket(base) if base == FIA else getattr(getattr(torch.ops, NAMESPACE), base)
+    return exported

@@ -1,0 +1,434 @@
+"""``torch_npu.npu`` (and ``torch.npu``, the same module) on the simulator.
+
+Every name here follows torch-npu 2.13.0's Python (``torch_npu/npu/graphs.py``,
+``streams.py``, ``utils.py``, ``memory.py``): the same signatures, the same call order in
+``torch.npu.graph`` and the same rough edges, with the work done by the facade's
+`sim.device.SimDevice` (`sim.facade.runtime`). Functions look each other up through
+this module's globals at call time, so ``patch("torch.npu.empty_cache", ...)`` (vLLM
+Ascend does that around captures) is seen by ``torch.npu.graph``.
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import Any, Optional
+
+import torch
+
+from ascendgraph.errors import UNKNOWN_CAPTURE_ERROR_MODE, CaptureConstraintError
+from sim.capture import TaskGroup
+from sim.device import SimPoolHandle
+from sim.facade.runtime import runtime
+from sim.streams import SimEvent, SimExternalEvent, SimStream
+
+__all__ = [
+    "is_available", "device_count", "set_device", "current_device", "get_device_name", "synchronize",
+    "mem_get_info", "memory_allocated", "memory_reserved", "empty_cache", "host_empty_cache",
+    "Stream", "Event", "ExternalEvent", "current_stream", "default_stream", "stream", "set_stream",
+    "StreamContext", "NPUGraph", "graph", "graph_pool_handle", "is_current_stream_capturing",
+    "graph_task_group_begin", "graph_task_group_end", "graph_task_update_begin", "graph_task_update_end",
+    "super_kernel_scope_begin", "super_kernel_scope_end", "make_graphed_callables",
+]
+
+CAPTURE_ERROR_MODES = ("global", "thread_local", "relaxed")
+_UPDATE_NEEDS_AUTO_DISPATCH = (
+    "The current graph configuration does not support update,Try to capture by setting "
+    "auto_dispatch_capture=True during capture"
+)
+# torch_npu 2.13 NPUGraph.super_kernel_optimize: the accepted keys (graphs.py:740-842).
+SUPER_KERNEL_OPTIMIZE_KEYS = frozenset({
+    "preload_code", "split_mode", "stream_fusion", "constant_codegen", "auto_op_parallel", "opt_extend",
+    "dcci_before_kernel_start", "dcci_after_kernel_end", "dcci_disable_on_kernel", "ubuf_lock_ignore_kernel",
+    "aggressive_opt_strategies", "early_start",
+})
+SUPER_KERNEL_DEBUG_KEYS = frozenset({
+    "debug_sync_all", "debug_op_exec_trace", "debug_cross_core_sync_check", "debug_per_op_max_core_num",
+    "debug_extend",
+})
+
+
+def _device():
+    return runtime().device
+
+
+def _check_device(device: Any) -> int:
+    if device is None:
+        return runtime().current_index
+    if isinstance(device, torch.device):
+        index = device.index or 0
+    elif isinstance(device, str):
+        index = int(device.split(":")[1]) if ":" in device else 0
+    else:
+        index = int(device)
+    if not 0 <= index < runtime().device_count:
+        raise AssertionError("Invalid device id")
+    return index
+
+
+# --------------------------------------------------------------------------- device
+def is_available() -> bool:
+    return True
+
+
+def device_count() -> int:
+    return runtime().device_count
+
+
+def set_device(device: Any) -> None:
+    runtime().current_index = _check_device(device)
+
+
+def current_device() -> int:
+    return runtime().current_index
+
+
+def get_device_name(device_name: Any = None) -> str:
+    _check_device(device_name)
+    return runtime().device_name
+
+
+def synchronize(device: Any = None) -> None:
+    _check_device(device)
+    _device().synchronize()
+
+
+# --------------------------------------------------------------------------- memory
+def mem_get_info(device: Any = None) -> tuple[int, int]:
+    _check_device(device)
+    dev = _device()
+    total = int(dev.profile.memory_bytes)
+    return total - int(dev.memory_allocated()), total
+
+
+def memory_allocated(device: Any = None) -> int:
+    _check_device(device)
+    return int(_device().memory_allocated())
+
+
+def memory_reserved(device: Any = None) -> int:
+    _check_device(device)
+    return int(_device().memory_allocated())
+
+
+def empty_cache() -> None:
+    _device().empty_cache()
+
+
+def host_empty_cache() -> None:
+    """Host (pinned) memory is not modelled: nothing to free."""
+
+
+# --------------------------------------------------------------------------- streams and events
+class Stream:
+    """torch_npu's Stream: a new object per ``current_stream()`` call, equal by id."""
+
+    def __init__(self, device: Any = None, priority: int = 0, *, _sim: Optional[SimStream] = None, **kwargs: Any) -> None:
+        _check_device(device)
+        self._sim = _sim if _sim is not None else _device().new_stream()
+        self.priority = priority
+
+    @property
+    def stream_id(self) -> int:
+        return self._sim.stream_id
+
+    @property
+    def device_index(self) -> int:
+        return runtime().current_index
+
+    @property
+    def device_type(self) -> int:
+        return 20  # c10::DeviceType::PrivateUse1, as torch_npu reports it
+
+    @property
+    def npu_stream(self) -> int:
+        return self._sim.stream_id
+
+    def wait_event(self, event: "Event") -> None:
+        event.wait(self)
+
+    def wait_stream(self, stream: "Stream") -> None:
+        self._sim.wait_stream(_sim_stream(stream))
+
+    def record_event(self, event: Optional["Event"] = None) -> "Event":
+        event = event or Event()
+        event.record(self)
+        return event
+
+    def query(self) -> bool:
+        return self._sim.query()
+
+    def synchronize(self) -> None:
+        self._sim.synchronize()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Stream) and other._sim is self._sim
+
+    def __hash__(self) -> int:
+        return hash((self._sim.stream_id, id(self._sim.device)))
+
+    def __repr__(self) -> str:
+        return f"<torch_npu.npu.Stream device=npu:{self.device_index} npu_stream={self.stream_id} (facade: {self._sim.name})>"
+
+
+def _wrap(stream: SimStream) -> Stream:
+    return Stream(_sim=stream)
+
+
+def _sim_stream(stream: Any) -> SimStream:
+    if stream is None:
+        return _device().current_stream()
+    if isinstance(stream, Stream):
+        if stream._sim.device is not _device():
+            raise RuntimeError(f"{stream!r} belongs to a facade device that was replaced (sim.facade.configure)")
+        return stream._sim
+    raise TypeError(f"expected a torch.npu.Stream, got {stream!r}")
+
+
+class Event:
+    """torch_npu's Event (record / wait / query / synchronize)."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
+        self._sim: SimEvent = _device().new_event()
+
+    def record(self, stream: Optional[Stream] = None) -> None:
+        self._sim.record(_sim_stream(stream))
+
+    def wait(self, stream: Optional[Stream] = None) -> None:
+        self._sim.wait(_sim_stream(stream))
+
+    def query(self) -> bool:
+        return self._sim.query()
+
+    def synchronize(self) -> None:
+        self._sim.synchronize()
+
+    def elapsed_time(self, end_event: "Event") -> float:
+        raise RuntimeError("sim.facade: event timing is not modelled (the simulator has a virtual clock only)")
+
+
+class ExternalEvent:
+    """wait() may come before record(); reset() before reuse. Captured as graph nodes."""
+
+    def __init__(self) -> None:
+        self._sim: SimExternalEvent = _device().new_external_event()
+
+    def record(self, stream: Optional[Stream] = None) -> None:
+        self._sim.record(_sim_stream(stream))
+
+    def wait(self, stream: Optional[Stream] = None) -> None:
+        self._sim.wait(_sim_stream(stream))
+
+    def reset(self, stream: Optional[Stream] = None) -> None:
+        self._sim.reset(_sim_stream(stream))
+
+    def __repr__(self) -> str:
+        return f"<torch_npu.npu.ExternalEvent (facade: {self._sim})>"
+
+
+def current_stream(device: Any = None) -> Stream:
+    _check_device(device)
+    return _wrap(_device().current_stream())
+
+
+def default_stream(device: Any = None) -> Stream:
+    _check_device(device)
+    return _wrap(_device().default_stream())
+
+
+def set_stream(stream: Optional[Stream]) -> None:
+    if stream is None:
+        return
+    runtime().set_current(_sim_stream(stream))
+
+
+class StreamContext:
+    """``torch.npu.stream(s)``: makes ``s`` current; ``__exit__`` restores the previous one."""
+
+    def __init__(self, stream_ctx: Optional[Stream]) -> None:
+        self.stream = stream_ctx
+        self.previous: Optional[Stream] = None
+
+    def __enter__(self) -> Optional[Stream]:
+        if self.stream is None:
+            return None
+        self.previous = current_stream()
+        set_stream(self.stream)
+        return self.stream
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.stream is None or self.previous is None:
+            return
+        set_stream(self.previous)
+
+
+def stream(stream: Optional[Stream]) -> StreamContext:
+    return StreamContext(stream)
+
+
+# --------------------------------------------------------------------------- graphs
+def graph_pool_handle() -> SimPoolHandle:
+    return _device().graph_pool_handle()
+
+
+def is_current_stream_capturing() -> bool:
+    return _device().is_current_stream_capturing()
+
+
+def graph_task_group_begin(stream: Stream) -> None:
+    rt = runtime()
+    rt.device.task_group_begin(_sim_stream(stream))
+    rt.push_guard("graph_task_group_begin and graph_task_group_end")
+
+
+def graph_task_group_end(stream: Stream) -> TaskGroup:
+    rt = runtime()
+    rt.pop_guard()
+    return rt.device.task_group_end(_sim_stream(stream))
+
+
+def graph_task_update_begin(stream: Stream, handle: TaskGroup) -> None:
+    rt = runtime()
+    rt.device.task_update_begin(_sim_stream(stream), handle)
+    rt.push_guard("graph_task_update_begin and graph_task_update_end")
+
+
+def graph_task_update_end(stream: Stream) -> None:
+    rt = runtime()
+    rt.pop_guard()
+    rt.device.task_update_end(_sim_stream(stream))
+
+
+def super_kernel_scope_begin(scope_name: Optional[str] = None) -> None:
+    if scope_name is not None and (not isinstance(scope_name, str) or not scope_name.strip()):
+        raise RuntimeError("scope_name should be None or a non-empty string.")
+    rt = runtime()
+    rt.open_super_kernel_scopes.append(scope_name)
+    capture = rt.device._capture  # noted on the capture under way, as SimDevice.super_kernel_scope does
+    if capture is not None:
+        capture.super_kernel_scopes.append(scope_name or "")
+
+
+def super_kernel_scope_end(scope_name: Optional[str] = None) -> None:
+    if scope_name is not None and (not isinstance(scope_name, str) or not scope_name.strip()):
+        raise RuntimeError("scope_name should be None or a non-empty string.")
+    scopes = runtime().open_super_kernel_scopes
+    if scopes:
+        scopes.pop()
+
+
+def _check_options(value: Any, keys: frozenset, option_name: str) -> None:
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise RuntimeError(f"{option_name} param must be dict or None.")
+    for key in value:
+        if key not in keys:
+            raise RuntimeError(f"Invalid {option_name} param key: '{key}'.")
+
+
+class NPUGraph:
+    """torch_npu's NPUGraph over a simulator graph (capture_begin/end, replay, reset, pool)."""
+
+    def __init__(self) -> None:
+        self._sim = _device().new_graph()
+        self.auto_dispatch_capture = False
+
+    def capture_begin(self, pool: Any = None, capture_error_mode: str = "global") -> None:
+        if capture_error_mode not in CAPTURE_ERROR_MODES:
+            raise CaptureConstraintError(UNKNOWN_CAPTURE_ERROR_MODE.format(mode=capture_error_mode))
+        self._sim.capture_begin(pool=pool, capture_error_mode=capture_error_mode)
+
+    def capture_end(self) -> None:
+        rt = runtime()
+        while rt.guarded:  # a task group left open: the simulator refuses and discards the capture
+            rt.pop_guard()
+        self._sim.capture_end()
+
+    def replay(self) -> None:
+        self._sim.replay()
+
+    def reset(self) -> None:
+        self._sim.reset()
+
+    def pool(self) -> SimPoolHandle:
+        return self._sim.pool()
+
+    def update(self, cpu_update_input: Any) -> None:
+        if not self.auto_dispatch_capture:
+            raise RuntimeError(_UPDATE_NEEDS_AUTO_DISPATCH)
+        raise NotImplementedError("sim.facade does not model auto_dispatch_capture graphs")
+
+    def debug_dump(self, debug_path: str) -> None:
+        if not self._sim.is_captured:
+            raise RuntimeError("Called NPUGraph::debug_dump without a preceding successful capture.")
+
+    def super_kernel_optimize(self, optimize_options: Optional[dict] = None, debug_options: Optional[dict] = None) -> None:
+        _check_options(optimize_options, SUPER_KERNEL_OPTIMIZE_KEYS, "optimize_options")
+        _check_options(debug_options, SUPER_KERNEL_DEBUG_KEYS, "debug_options")
+        if not self._sim.is_captured:
+            raise RuntimeError("Called NPUGraph::super_kernel_optimize without a preceding successful capture.")
+        _device().super_kernel_optimize(self._sim, optimize_options)
+
+    @property
+    def sim_graph(self) -> Any:
+        """The simulator graph behind this NPUGraph (tests: recorded ops, replays)."""
+        return self._sim
+
+    def __repr__(self) -> str:
+        return f"<torch_npu.npu.NPUGraph (facade: {self._sim!r})>"
+
+
+class graph:
+    """``torch.npu.graph(npu_graph, pool=None, stream=None, auto_dispatch_capture=False,
+    capture_error_mode="global")``, with torch_npu 2.13's enter/exit sequence.
+
+    Enter: synchronize, (gc.collect only under force_npugraph_gc: never here), empty_cache,
+    host_empty_cache, switch to the capture stream, capture_begin(*pool). Exit: capture_end
+    always (even when the block raised), then restore the stream. When capture_end raises,
+    the stream is *not* restored (torch_npu skips ``stream_ctx.__exit__``); when
+    capture_begin raises, the capture stream stays current too.
+    """
+
+    def __init__(
+        self,
+        npu_graph: NPUGraph,
+        pool: Any = None,
+        stream: Optional[Stream] = None,
+        auto_dispatch_capture: bool = False,
+        capture_error_mode: str = "global",
+    ) -> None:
+        rt = runtime()
+        if rt.default_capture_stream is None:
+            rt.default_capture_stream = rt.device.new_stream()
+        if auto_dispatch_capture:
+            raise NotImplementedError("sim.facade does not model auto_dispatch_capture (torch_npu's own update path)")
+        self.pool = () if pool is None else (pool,)
+        self.capture_stream = stream if stream is not None else _wrap(rt.default_capture_stream)
+        self.stream_ctx = StreamContext(self.capture_stream)
+        self.npu_graph = npu_graph
+        self.capture_error_mode = capture_error_mode
+        npu_graph.auto_dispatch_capture = auto_dispatch_capture
+
+    def __enter__(self) -> None:
+        module = _this_module()
+        module.synchronize()
+        if False:  # torch_npu._compiler._config.force_npugraph_gc is off by default
+            gc.collect()
+        module.empty_cache()
+        module.host_empty_cache()
+        self.stream_ctx.__enter__()
+        self.npu_graph.capture_begin(*self.pool, capture_error_mode=self.capture_error_mode)
+
+    def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
+        self.npu_graph.capture_end()
+        self.stream_ctx.__exit__(exc_type, exc_value, traceback)
+
+
+def make_graphed_callables(*args: Any, **kwargs: Any) -> Any:
+    raise NotImplementedError("sim.facade does not provide make_graphed_callables")
+
+
+def _this_module() -> Any:
+    import sys
+
+    return sys.modules[__name__]

@@ -1,0 +1,137 @@
+"""The facade's process-wide state: one `SimDevice` standing in for NPU 0, and the
+rules torch_npu's runtime enforces that the simulator does not model itself.
+
+Theory of operation. torch_npu is process-wide (one runtime, streams and graphs shared
+by every caller), so the facade is too: `runtime()` returns the `FacadeRuntime` whose
+``device`` backs every facade call. `configure()` replaces it with a fresh device (a
+test per device, a fault plan, a profile such as an old HDK), so state never leaks
+between tests that ask for a fresh one.
+
+What the facade adds on top of the simulator:
+
+* **task groups hold kernel tasks only**: while a ``graph_task_group_begin`` /
+  ``_end`` pair is open on the capturing stream (or a task update is open), a dispatch
+  mode refuses every op that *allocates* (an op returning a tensor that does not alias
+  an argument: ``torch.empty``, a workspace query, a non-``out`` kernel), as on a card
+  where an allocation between the two calls is not a kernel task (torch_npu's handler
+  contract: "prepare_capture ... runs before graph_task_group_begin"). ``.out`` kernels,
+  in-place kernels and views pass.
+* **super kernel scopes** (``super_kernel_scope_begin/end``) are tracked so a scope left
+  open is visible (``open_super_kernel_scopes``).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Optional
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ascendgraph import ops as ag_ops
+from ascendgraph.errors import CaptureConstraintError
+from sim.device import SimDevice
+from sim.recorder import wrapper_reentry
+from sim.streams import SimStream
+
+__all__ = ["FacadeRuntime", "runtime", "configure", "TaskGroupGuard", "DEVICE_NAME", "TaskGroupAllocation"]
+
+DEVICE_NAME = "Ascend910B3"  # what torch.npu.get_device_name() reports (an Atlas A2 SoC name)
+DEFAULT_PROFILE = "A2"
+
+
+class TaskGroupAllocation(CaptureConstraintError):
+    """An allocation (or any op producing fresh memory) between task_group_begin and _end."""
+
+
+def _allocates(func: Any) -> bool:
+    """True when ``func`` returns a tensor that aliases none of its arguments."""
+    schema = func._schema
+    if func.is_view:
+        return False
+    for ret in schema.returns:
+        if ret.alias_info is None and str(ret.type) in ("Tensor", "Tensor[]", "Optional[Tensor]"):
+            return True
+    return False
+
+
+class TaskGroupGuard(TorchDispatchMode):
+    """Refuses allocating ops while a task group (or a task update) is open."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__()
+        self.where = where
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        kwargs = kwargs or {}
+        impl = ag_ops._WRAPPER_OPS.get(func)
+        if impl is not None:  # see the kernels the wrapper issues, not the wrapper
+            with self, wrapper_reentry():
+                return impl(*args, **kwargs)
+        if _allocates(func):
+            raise TaskGroupAllocation(
+                f"{func} allocates memory between {self.where}: only kernel tasks may sit in a task group "
+                "(allocate workspace, outputs and softmax_lse before graph_task_group_begin and pass them "
+                "to the .out kernel; torch_npu's npugraph handler contract)"
+            )
+        return func(*args, **kwargs)
+
+
+class FacadeRuntime:
+    """The simulated NPU behind the facade, plus torch_npu's process-wide state."""
+
+    def __init__(self, **device_options: Any) -> None:
+        options = dict(device_options)
+        options.setdefault("profile", DEFAULT_PROFILE)
+        self.device = SimDevice(**options)
+        self.device_name = DEVICE_NAME
+        self.device_count = 1
+        self.current_index = 0
+        self.default_capture_stream: Optional[SimStream] = None  # torch.npu.graph's class-wide stream
+        self._guards: list[TaskGroupGuard] = []
+        self.open_super_kernel_scopes: list[Optional[str]] = []
+        self.lock = threading.RLock()
+
+    # -- streams: torch_npu's set_stream is not a context, so the facade sets the
+    # simulator's current stream directly (it is the device's per-thread slot).
+    def set_current(self, stream: SimStream) -> None:
+        self.device._tls.stream = None if stream is self.device.default_stream() else stream
+
+    # -- task-group guard
+    def push_guard(self, where: str) -> None:
+        guard = TaskGroupGuard(where)
+        guard.__enter__()
+        self._guards.append(guard)
+
+    def pop_guard(self) -> None:
+        if self._guards:
+            self._guards.pop().__exit__(None, None, None)
+
+    @property
+    def guarded(self) -> bool:
+        return bool(self._guards)
+
+
+_LOCK = threading.Lock()
+_RUNTIME: Optional[FacadeRuntime] = None
+
+
+def runtime() -> FacadeRuntime:
+    """The runtime in use (created on first use with the default A2 profile)."""
+    global _RUNTIME
+    with _LOCK:
+        if _RUNTIME is None:
+            _RUNTIME = FacadeRuntime()
+        return _RUNTIME
+
+
+def configure(**device_options: Any) -> FacadeRuntime:
+    """A fresh simulated NPU for the facade (SimDevice options: profile, faults, stream_limit,
+    seed ...). Graphs, streams and events of the previous one must not be used again."""
+    global _RUNTIME
+    with _LOCK:
+        if _RUNTIME is not None:
+            while _RUNTIME.guarded:
+                _RUNTIME.pop_guard()
+        _RUNTIME = FacadeRuntime(**device_options)
+        return _RUNTIME

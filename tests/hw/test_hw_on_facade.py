@@ -1,0 +1,219 @@
+"""hw/ on the simulator's torch_npu facade (sim.facade): what a card would refuse, hw/ must
+not do. Each test here failed on the facade before the hw/ fix it names (issue 15's hw
+items), so the fixes are pinned by behaviour rather than by reading."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterator
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ascendgraph import ops
+from ascendgraph.errors import CaptureConstraintError
+
+BF16 = torch.bfloat16
+
+
+@pytest.fixture
+def npu() -> Iterator[Any]:
+    from sim import facade
+
+    facade.install(quiet=True)
+    facade.configure()
+    try:
+        from hw.device import NpuDevice
+
+        yield NpuDevice()
+    finally:
+        facade.uninstall()
+
+
+def randn(*shape: int, seed: int = 0, dtype: torch.dtype = BF16) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def attention_args(dtype: torch.dtype = BF16) -> dict[str, Any]:
+    heads, kv_heads, head_dim, blocks, block_size = 4, 2, 16, 8, 128
+    ends, lens = [1, 2, 3], [130, 1, 7]
+    return dict(
+        query=randn(3, heads, head_dim, seed=1, dtype=dtype),
+        key_cache=randn(blocks, block_size, kv_heads, head_dim, seed=2, dtype=dtype),
+        value_cache=randn(blocks, block_size, kv_heads, head_dim, seed=3, dtype=dtype),
+        block_table=torch.tensor([[0, 1], [2, 3], [4, 5]], dtype=torch.int32),
+        ends=ends, lens=lens, scale=1 / math.sqrt(head_dim),
+    )
+
+
+def call_attention(a: dict[str, Any], out: torch.Tensor, ends: Any = None, lens: Any = None) -> None:
+    ops.paged_attention(a["query"], a["key_cache"], a["value_cache"], a["block_table"], ends or a["ends"],
+                        lens or a["lens"], a["scale"], out)
+
+
+def capture_attention(npu: Any, a: dict[str, Any], out: torch.Tensor) -> tuple[Any, Any, Any]:
+    """The FULL-graph pattern: an ExternalEvent wait/reset, then attention in a task group."""
+    graph = npu.new_graph()
+    event = npu.new_external_event()
+    with npu.graph(graph):
+        stream = npu.current_stream()
+        event.wait(stream)
+        event.reset(stream)
+        npu.task_group_begin(stream)
+        call_attention(a, out)
+        handle = npu.task_group_end(stream)
+    return graph, handle, event
+
+
+def recorded(graph: Any) -> list[Any]:
+    return graph.graph.sim_graph.program.records
+
+
+def test_workspace_and_softmax_lse_are_allocated_before_the_task_group(npu: Any) -> None:
+    # torch_npu's handler contract: workspace and outputs are prepared before graph_task_group_begin.
+    a = attention_args()
+    out = torch.zeros_like(a["query"])
+    graph, handle, _ = capture_attention(npu, a, out)
+    names = [str(getattr(r, "func", "")) for r in recorded(graph)]
+    in_group = [names[i] for i in handle.record_indices]
+    assert in_group == ["npu_facade.npu_fused_infer_attention_score.out"], in_group
+
+
+def test_capture_update_replay_equals_eager_with_new_lengths(npu: Any) -> None:
+    a = attention_args()
+    eager = torch.zeros_like(a["query"])
+    call_attention(a, eager, ends=[1, 2, 3], lens=[9, 2, 5])
+    out = torch.zeros_like(a["query"])
+    graph, handle, event = capture_attention(npu, a, out)
+    graph.replay()  # waits at the event until this replay's attention is updated
+    update = npu.new_stream()
+    with npu.stream(update):
+        npu.task_update_begin(update, handle)
+        call_attention(a, out, ends=[1, 2, 3], lens=[9, 2, 5])
+        npu.task_update_end(update)
+        event.record(update)
+    npu.synchronize()
+    torch.testing.assert_close(out, eager)
+
+
+def test_a_kernel_failing_inside_a_task_group_closes_the_group_and_keeps_its_own_error(npu: Any) -> None:
+    # float32 attention is refused inside a task group with the fix; the capture must end
+    # cleanly (group closed), so that error -- not "a task group was never closed" -- surfaces.
+    a = attention_args(torch.float32)
+    default = npu.current_stream()
+    graph = npu.new_graph()
+    with pytest.raises(CaptureConstraintError, match="--dtype bfloat16"):
+        with npu.graph(graph):
+            stream = npu.current_stream()
+            npu.task_group_begin(stream)
+            call_attention(a, torch.zeros_like(a["query"]))
+    assert npu.current_stream() == default
+    assert not npu.is_current_stream_capturing()
+    x = torch.ones(4)
+    with npu.graph(graph):  # the same graph captures again
+        x.mul_(2)
+
+
+def test_a_failed_capture_end_restores_the_previous_stream(npu: Any) -> None:
+    from sim import facade
+
+    facade.device().set_fault_plan("capture_end=raise(207005)")
+    default = npu.current_stream()
+    graph = npu.new_graph()
+    with pytest.raises(RuntimeError):
+        with npu.graph(graph):
+            torch.ones(2).add_(1)
+    assert npu.current_stream() == default
+
+
+def test_a_contract_violation_is_a_hard_error_before_the_kernel_not_a_fallback(npu: Any) -> None:
+    # Four block-table rows for three requests: the card refuses it (one row per request).
+    a = attention_args()
+    a["block_table"] = torch.tensor([[0, 1], [2, 3], [4, 5], [6, 7]], dtype=torch.int32)
+    npu.router.fallbacks.clear()
+    graph = npu.new_graph()
+    with pytest.raises(Exception, match="block_table|block table"):
+        with npu.graph(graph):
+            stream = npu.current_stream()
+            npu.task_group_begin(stream)
+            call_attention(a, torch.zeros_like(a["query"]))
+            npu.task_group_end(stream)
+    assert "paged_attention" not in npu.router.fallbacks
+
+
+class _Calls(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[Any, tuple, dict]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        kwargs = kwargs or {}
+        self.calls.append((func, args, kwargs))
+        impl = ops.wrapper_impl(func)  # on the facade the ascendgraph ops are hw's router
+        if impl is not None:
+            with self:
+                return impl(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
+def facade_calls(fn: Any) -> list[tuple[Any, tuple, dict]]:
+    with _Calls() as mode:
+        fn()
+    return [c for c in mode.calls if str(c[0]).startswith("npu_facade.")]
+
+
+def test_add_rms_norm_dynamic_quant_asks_for_the_first_output_only(npu: Any) -> None:
+    # vLLM Ascend (AddRMSNormDynamicQuant users): output_mask=[True, False] without smooth scales.
+    x, r, w = randn(4, 64), randn(4, 64, seed=1), randn(64, seed=2)
+    calls = facade_calls(lambda: ops.add_rms_norm_dynamic_quant(x, r, w, 1e-6))
+    assert [list(c[2]["output_mask"]) for c in calls] == [[True, False]]
+
+
+@pytest.mark.parametrize("op", ["quantize", "add_rms_norm_quant"])
+def test_per_tensor_scales_reach_the_kernel_contiguous(npu: Any, op: str) -> None:
+    x, r, w = randn(4, 64), randn(4, 64, seed=1), randn(64, seed=2)
+    scale, offset = torch.tensor([0.02]), torch.tensor([1], dtype=torch.int32)
+    if op == "quantize":
+        calls = facade_calls(lambda: ops.quantize(x, scale, offset))
+        tensors = calls[0][1][1:3]
+    else:
+        calls = facade_calls(lambda: ops.add_rms_norm_quant(x, r, w, scale, offset, 1e-6))
+        tensors = calls[0][1][3:5]
+    assert calls and all(t.is_contiguous() for t in tensors), [t.stride() for t in tensors]
+
+
+def test_the_causal_mask_is_built_on_the_host_and_copied() -> None:
+    from hw.kernels import causal_mask
+
+    with _Calls() as mode:
+        mask = causal_mask(torch.device("meta"))
+    triu = [args for func, args, _ in mode.calls if "triu" in str(func)]
+    assert mask.device.type == "meta" and triu and all(a[0].device.type == "cpu" for a in triu)
+
+
+def test_a_slot_mapping_converted_inside_the_graph_is_read_at_replay_not_frozen_at_capture(npu: Any) -> None:
+    # hw converts int64 slots to int32 inside ascendgraph::reshape_and_cache; the conversion is
+    # part of the graph (found on the facade: the simulator used to run it at capture).
+    k, v = randn(2, 2, 16), randn(2, 2, 16, seed=1)
+    key_cache, value_cache = torch.zeros(4, 128, 2, 16, dtype=BF16), torch.zeros(4, 128, 2, 16, dtype=BF16)
+    slots = torch.tensor([-1, -1])
+    graph = npu.new_graph()
+    with npu.graph(graph):
+        ops.reshape_and_cache(k, v, key_cache, value_cache, slots)
+    slots.copy_(torch.tensor([5, 130]))
+    graph.replay()
+    npu.synchronize()
+    torch.testing.assert_close(key_cache.view(-1, 2, 16)[[5, 130]], k)
+
+
+def test_a_full_capture_runs_inside_the_super_kernel_scope(npu: Any) -> None:
+    # The core opens device.super_kernel_scope("full_model") around FULL captures when super
+    # kernel is on (vLLM Ascend's graph wrapper); on npu that is torch_npu's scope begin/end.
+    from ascendgraph.compile.super_kernel import SUPER_KERNEL_SCOPE
+
+    graph = npu.new_graph()
+    x = torch.ones(4, dtype=BF16)
+    with npu.graph(graph), npu.super_kernel_scope(SUPER_KERNEL_SCOPE):
+        x.mul_(2)
+    assert graph.graph.sim_graph.super_kernel_scopes == (SUPER_KERNEL_SCOPE,)
