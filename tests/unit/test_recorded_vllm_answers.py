@@ -68,7 +68,7 @@ def _same(theirs: dict[str, Any], ours: dict[str, Any], inputs: Any) -> Optional
             return f"{inputs}: vLLM messages {theirs['messages']} != ours {ours['messages']}"
         return None
     if ours["kind"] != "invalid":
-        return f"vLLM rejects {inputs} ({theirs['error']}) but ours accepted it: {ours.get('value')}"
+        return f"vLLM rejects {inputs} ({theirs['kind']}) but ours accepted it: {ours.get('value')}"
     return None
 
 
