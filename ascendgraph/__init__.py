@@ -62,6 +62,24 @@ def __getattr__(name: str):
     return value
 
 
+# `resolve` is both a public function and the submodule defining it. Importing the submodule
+# (`import ascendgraph.resolve`, `from ascendgraph.resolve import ...`) makes Python set the
+# package attribute to the module, which would shadow the function for every later
+# `from ascendgraph import resolve`: the package keeps the function instead, as an eager
+# `from ascendgraph.resolve import resolve` did. (Use `importlib.import_module` for the module.)
+_SHADOWED = frozenset(name for name, module in _EXPORTS.items() if module.rsplit(".", 1)[-1] == name)
+
+
+class _Package(type(_os)):
+    def __setattr__(self, name: str, value: object) -> None:
+        if name in _SHADOWED and isinstance(value, type(_os)):
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+_sys.modules[__name__].__class__ = _Package
+
+
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_EXPORTS))
 

@@ -38,7 +38,7 @@ from torch import Tensor
 
 from ascendgraph import ops
 from ascendgraph.errors import CaptureConstraintError
-from hw import api, reference
+from hw import api, reference, workspace
 from hw.api import NpuApi, TorchNpu
 
 __all__ = [
@@ -419,43 +419,6 @@ def _paged_attention_accepts(
     )
 
 
-def _attention_workspace(
-    router: "KernelRouter",
-    query: Tensor,
-    key_cache: Tensor,
-    value_cache: Tensor,
-    block_table: Tensor,
-    actual_seq_lengths: list[int],
-    seq_lens: list[int],
-    scale: float,
-) -> Tensor:
-    """The fused attention's workspace for these arguments (the core queries it before the
-    task group, as torch_npu's prepare_capture does)."""
-    _, heads, _ = query.shape
-    num_blocks, block_size, kv_heads, head_dim = key_cache.shape
-    mask = router.buffers.masks.get(query.device)
-    if mask is None:
-        mask = router.buffers.masks.setdefault(query.device, causal_mask(query.device))
-    return router.npu.call(
-        api.NPU_FIA_MAX_WORKSPACE, query,
-        key_cache.view(num_blocks, block_size, kv_heads * head_dim),
-        value_cache.view(num_blocks, block_size, kv_heads * head_dim),
-        atten_mask=mask, actual_seq_lengths=[int(v) for v in actual_seq_lengths],
-        actual_seq_lengths_kv=[int(v) for v in seq_lens], block_table=block_table.to(torch.int32),
-        num_heads=heads, scale=float(scale), input_layout="TND", num_key_value_heads=kv_heads,
-        sparse_mode=FIA_SPARSE_MODE, block_size=block_size,
-    )
-
-
-def _attention_workspace_accepts(query: Tensor, *args: Any) -> Optional[str]:
-    return _dtype_in(query, HALF_DTYPES, "_npu_fused_infer_attention_score_get_max_workspace")
-
-
-def _no_workspace(router: "KernelRouter", query: Tensor, *args: Any) -> Tensor:
-    """Fallback: an empty workspace (paged_attention then sizes its own)."""
-    return torch.empty(0, dtype=torch.uint8, device=query.device)
-
-
 # --------------------------------------------------------------------------- fallbacks
 
 
@@ -541,9 +504,9 @@ KERNEL_ROUTES: dict[str, KernelRoute] = {
                                    "TND layout, paged KV, sparse_mode 3, host actual_seq_lengths"),),
                     _reference(reference.paged_attention), "reference", fallback_in_graphs=False),
         KernelRoute("attention_workspace",
-                    (KernelBinding(api.NPU_FIA_MAX_WORKSPACE, _attention_workspace, _attention_workspace_accepts,
-                                   "FIA's max-workspace query, issued before the task group"),),
-                    _no_workspace, "reference"),
+                    (KernelBinding(api.NPU_FIA_MAX_WORKSPACE, workspace.attention_workspace,
+                                   workspace.accepts, "FIA's max-workspace query, before the task group"),),
+                    workspace.no_workspace, "reference"),
     )
 }
 

@@ -50,9 +50,10 @@ def test_a_graph_holding_collectives_costs_one_plus_its_groups_under_the_expansi
 
     graph = _capture(device, body)
     assert device.stats().streams_in_use == reserve * 2 + 1 + 2 * per_group
-    _capture(device, lambda: _all_reduce(x))  # reserves are taken once per group
+    second = _capture(device, lambda: _all_reduce(x))  # reserves are taken once per group
     assert device.stats().streams_in_use == reserve * 2 + 1 + 2 * per_group + 1 + per_group
     graph.reset()
+    assert second.device is device
     assert device.stats().streams_in_use == reserve * 2 + 1 + per_group  # the reserve stays with the device
 
 
@@ -60,24 +61,25 @@ def test_the_expansion_mode_comes_from_the_environment_unless_given():
     x = torch.ones(2)
     aiv = sim.SimDevice(env={"HCCL_OP_EXPANSION_MODE": "AIV"})
     ffts = sim.SimDevice(env={})
-    for device in (aiv, ffts):
-        _capture(device, lambda: _all_reduce(x))
+    alive = [_capture(device, lambda: _all_reduce(x)) for device in (aiv, ffts)]
+    assert len(alive) == 2
     assert aiv.stats().streams_in_use == 2 and ffts.stats().streams_in_use == 43
     switched = sim.SimDevice(env={"HCCL_OP_EXPANSION_MODE": "AIV"})
     switched.set_hccl_op_expansion_mode("HOST")
-    _capture(switched, lambda: _all_reduce(x))
+    alive.append(_capture(switched, lambda: _all_reduce(x)))
     assert switched.stats().streams_in_use == 43
 
 
 def test_a_collective_that_does_not_fit_fails_its_capture_and_returns_every_stream():
     device = sim.SimDevice(stream_limit=44)
     x = torch.ones(2)
-    _capture(device, lambda: _all_reduce(x))  # 40 + 1 + 2
+    alive = _capture(device, lambda: _all_reduce(x))  # 40 + 1 + 2 (kept alive: a freed graph returns its streams)
     assert device.stats().streams_in_use == 43
     with pytest.raises(RuntimeError, match="Stream resources are insufficient") as info:
         _capture(device, lambda: _all_reduce(x))  # 1 fits, the collective's 2 do not
     assert "needs 2 more streams" in str(info.value)
     assert device.stats().streams_in_use == 43 and device.stats().graphs_alive == 1
+    assert alive.device is device
 
 
 def test_eager_collectives_cost_nothing_and_are_the_identity():
@@ -91,10 +93,10 @@ def test_eager_collectives_cost_nothing_and_are_the_identity():
 def test_the_profiles_reserved_streams_are_held_from_the_start():
     device = sim.SimDevice(profile={"base": "A2", "stream_limit": 5, "reserved_streams": 3})
     assert device.stats().streams_in_use == 3
-    _capture(device, lambda: None)
-    _capture(device, lambda: None)
+    alive = [_capture(device, lambda: None), _capture(device, lambda: None)]
     with pytest.raises(RuntimeError, match="207008"):
         _capture(device, lambda: None)
+    assert len(alive) == 2
 
 
 def test_a_plan_sets_the_limit_only_never_the_charges():
@@ -103,10 +105,10 @@ def test_a_plan_sets_the_limit_only_never_the_charges():
     device = sim.SimDevice()
     device.set_stream_plan(p)
     assert device.stats().streams_in_use == 0 and device.stats().stream_limit == 7
-    for _ in range(7):
-        _capture(device, lambda: None, kind="full")
+    alive = [_capture(device, lambda: None, kind="full") for _ in range(7)]  # kept: freed graphs return streams
     with pytest.raises(RuntimeError, match="207008"):
         _capture(device, lambda: None)
+    assert len(alive) == 7
 
 
 def test_bad_kinds_and_plans_are_config_errors():

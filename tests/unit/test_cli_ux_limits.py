@@ -64,7 +64,7 @@ def test_the_caps_are_in_the_help(capsys):
 def test_the_explain_stream_plan_never_shows_float_rounding(capsys):
     top = str(LIMITS["stream_limit"][1])
     assert main(["explain", "--stream-limit", top]) == 0
-    assert "budget 1000000 -> up to 199993 sizes" in capsys.readouterr().err
+    assert "budget 1000000 -> up to 199993 sizes" in capsys.readouterr().out
 
 
 def test_the_engine_bounds_match_the_cli():

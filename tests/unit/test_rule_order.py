@@ -11,13 +11,15 @@ keeps proving the order matters). Rule texts: docs/semantics.md "Resolution".
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Optional
 
 import pytest
 
-import ascendgraph.resolve as resolve_module
 from ascendgraph.config import GraphConfig
 from ascendgraph.modes import GraphMode
+
+resolve_module = importlib.import_module("ascendgraph.resolve")  # the module (ascendgraph.resolve is the function)
 
 
 def _outcome(config: GraphConfig, env: dict, support: Optional[str], others: tuple) -> tuple:
