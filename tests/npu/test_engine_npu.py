@@ -36,8 +36,10 @@ def test_a_short_run_per_mode_completes_and_matches_eager(capsys: pytest.Capture
     assert report["max_abs_diff_vs_eager"] is not None
 
 
-def test_float32_full_graphs_fail_with_the_dtype_advice(capsys: pytest.CaptureFixture[str]) -> None:
+def test_float32_is_refused_up_front_with_the_dtype_advice(capsys: pytest.CaptureFixture[str]) -> None:
+    # DECISIONS D2: the fused attention takes no float32, so npu refuses it before building anything.
     code, report = run_json(capsys, "--dtype", "float32", "--compilation-config",
                             json.dumps({"cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": SIZES}))
-    assert code == 1 and report["error"] is not None
+    assert code == 2 and report["error"] is not None
     assert "--dtype bfloat16" in report["error"]["message"]
+    assert "graphs_captured" not in report or not report["graphs_captured"]
