@@ -20,7 +20,6 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 from ascendgraph.errors import ConfigError
 from ascendgraph.readers import MAX_INT_DIGITS, check_tree, load_json
-from ascendgraph.kernel_contracts import block_size_problem
 from ascendgraph.models.backends import ATTENTION_BACKENDS, attention_backend_info
 from ascendgraph.models.presets import ModelSpec, model_spec_from
 from ascendgraph.modes import CompilationMode, GraphMode
@@ -497,6 +496,9 @@ def _validate(config: GraphConfig) -> None:
         if value is not None and value > limit:
             raise ConfigError(f"{name}={value} is larger than ascendgraph supports (at most {limit})", key=name)
     _check_token_budget(config)
+    # Imported here: the contract table needs torch, and parsing flags must not import it.
+    from ascendgraph.kernel_contracts import block_size_problem
+
     problem = block_size_problem(config.block_size, config.attention_backend or "default")
     if problem is not None:
         raise ConfigError(f"block_size={config.block_size} is refused by the NPU's paged attention: {problem}",

@@ -6,6 +6,7 @@ a small suite of its own (the plugins loaded with -p), so each run takes seconds
 from __future__ import annotations
 
 import os
+from importlib.metadata import entry_points
 import subprocess
 import sys
 from pathlib import Path
@@ -37,8 +38,12 @@ def suite(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def run(root: Path, *args: str) -> tuple[int, str]:
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-               "-p", "ascendgraph.testing.plugin", "-p", "sim.facade.pytest_plugin", *args]
+    # The plugins are pytest11 entry points once the project is installed with them; `-p` for
+    # an entry-point plugin would register it twice, so it is given only where it is missing.
+    registered = {ep.value for ep in entry_points(group="pytest11")}
+    plugins = [arg for name in ("ascendgraph.testing.plugin", "sim.facade.pytest_plugin")
+               if name not in registered for arg in ("-p", name)]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", *plugins, *args]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     done = subprocess.run(command, capture_output=True, text=True, cwd=root, env=env, timeout=300)
     return done.returncode, done.stdout + done.stderr

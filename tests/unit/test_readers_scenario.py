@@ -85,7 +85,7 @@ def test_pytest_collection_reports_the_bad_file_in_one_line(pytester):
     (folder / "bad_json.toml").write_text(
         "description = 'x'\n[config]\ncompilation_config = \"{bad json\"\n[expect]\noutcome = 'ok'\n"
     )
-    result = pytester.runpytest_inprocess("-p", "ascendgraph.testing.plugin", "-p", "no:cacheprovider", "scenarios")
+    result = pytester.runpytest_inprocess(*_plugin_args(), "-p", "no:cacheprovider", "scenarios")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*bad_json.toml: [[]config[]] compilation_config: --compilation-config: invalid JSON*"])
     assert "Traceback" not in result.stdout.str()
@@ -98,3 +98,12 @@ def test_a_config_value_the_cli_refuses_is_a_bad_file_in_one_line_without_a_trac
     err = capsys.readouterr().err
     assert f"{path}: [config] max_num_seqs: max_num_seqs=99999999999999 is larger than ascendgraph supports" in err
     assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def _plugin_args() -> list[str]:
+    """`-p ascendgraph.testing.plugin` unless it is already a pytest11 entry point (never twice)."""
+    from importlib.metadata import entry_points
+
+    if "ascendgraph.testing.plugin" in {ep.value for ep in entry_points(group="pytest11")}:
+        return []
+    return ["-p", "ascendgraph.testing.plugin"]
