@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import weakref
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
@@ -253,9 +254,16 @@ _OVERRIDE: contextvars.ContextVar[Optional[ContractPolicy]] = contextvars.Contex
 _REPLAYING: contextvars.ContextVar[bool] = contextvars.ContextVar("sim_replaying", default=False)
 
 
+# Every live device's policy, so that an eager launch (a warm-up) initialises the kernel on
+# each device alive in the process, not only on the newest one: two devices in one process
+# (a plan measurement beside a run, tests) must not refuse each other's warmed-up captures.
+_LIVE: "weakref.WeakValueDictionary[int, ContractPolicy]" = weakref.WeakValueDictionary()
+
+
 def activate(policy: ContractPolicy) -> None:
     """Make ``policy`` the one eager kernels use (SimDevice does it when created)."""
     _ACTIVE[0] = policy
+    _LIVE[id(policy)] = policy
 
 
 def current_policy() -> ContractPolicy:
@@ -326,7 +334,9 @@ def on_capture(policy: ContractPolicy, graph: str, func: Any, args: tuple[Any, .
         return
     values = _arguments(func, args, kwargs)
     check_op(name, values, in_graph=True, lenient=policy.lenient)
-    if policy.lazy_init:
+    # Meta tensors (plan's measurement) run no kernel, eagerly or in a graph: nothing to initialise.
+    on_meta = any(isinstance(v, Tensor) and v.is_meta for v in values)
+    if policy.lazy_init and not on_meta:
         signature = (name, *_signature(values))
         if signature not in policy.initialised:
             raise CaptureConstraintError(
@@ -361,7 +371,8 @@ def _checked(name: str, kernel: Callable[..., Any]) -> Callable[..., Any]:
             policy = current_policy()
             check_op(name, args, in_graph=False, lenient=policy.lenient)
             signature = (name, *_signature(args))
-            for marked in (policy, _ACTIVE[0]):  # a test's override still initialises the device's kernels
+            # A test's override still initialises the devices' kernels.
+            for marked in (policy, *list(_LIVE.values())):
                 if marked.lazy_init:
                     marked.initialised.add(signature)
         return kernel(*args)

@@ -27,6 +27,7 @@ def _block(x, w, r):
 
 
 def _capture(device: SimDevice, fn, *args):
+    _block(*args)  # a warm-up of the kernels: a first launch of a shape may not happen inside a capture
     graph = device.new_graph()
     with device.graph(graph):
         out = fn(*args)
