@@ -112,7 +112,7 @@ def section_sim(quick: bool, repeats: Optional[int] = None) -> dict[str, Any]:
     repeats = repeats or default_repeats
     rows = []
     for batch in batches:
-        device = get_device("sim")
+        device = get_device("sim", allow_float32_attention=True)  # a float32 model: the declared leniency
         step, _ = build(batch)
         with torch.no_grad():
             step()

@@ -351,3 +351,13 @@ def test_noop_view_elimination_compares_symbolic_sizes():
 
     gm = _graph(fn, x, mode="symbolic")
     assert NoopEliminationPass()(gm) == 1, "[s0, 64] -> [s0, 64] is a no-op whatever s0 is; the flatten is not"
+
+
+@pytest.fixture(autouse=True)
+def _float32_kernels_are_a_declared_leniency():
+    """These tests compare fused and unfused float32 numerics of the passes; a card takes
+    float16/bfloat16 only, which tests/unit/test_kernel_contracts.py covers (DECISIONS D2)."""
+    from sim.kernels import unchecked
+
+    with unchecked():
+        yield

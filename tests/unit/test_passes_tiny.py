@@ -134,3 +134,13 @@ def test_the_quantised_variants_hold_int8_valued_weights_and_quantise_the_activa
     torch.testing.assert_close(linears[0](x), reference, rtol=0.05, atol=0.05)  # int8 activations: ~1% error
     with pytest.raises(ValueError, match="quantization 'int4' is not available"):
         make_linear(4, 4, quantization="int4")
+
+
+@pytest.fixture(autouse=True)
+def _float32_kernels_are_a_declared_leniency():
+    """These tests compare fused and unfused float32 numerics of the passes; a card takes
+    float16/bfloat16 only, which tests/unit/test_kernel_contracts.py covers (DECISIONS D2)."""
+    from sim.kernels import unchecked
+
+    with unchecked():
+        yield
