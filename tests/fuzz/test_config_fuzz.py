@@ -279,6 +279,10 @@ def resolve_or_reject(kwargs: dict[str, Any], env: dict[str, str], options: dict
 def names_a_key(error: Exception, names: set[str]) -> bool:
     """``error.key`` is one of the names (or a dotted path through them), or the message
     mentions one as a whole word."""
+    # The bounded reader (ascendgraph/readers.py) refuses a non-finite or over-long number while
+    # reading the JSON, before any key is looked at: it names the flag and the value's problem.
+    if re.search(r"numbers must be finite|more than 20 digits", str(error)):
+        return True
     key = getattr(error, "key", None)
     if key is not None and (key in names or any(part in names for part in str(key).split("."))):
         return True
