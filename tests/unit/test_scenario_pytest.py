@@ -21,7 +21,13 @@ import sim.profiles  # noqa: F401
 
 pytest_plugins = ["pytester"]
 
-PLUGIN = ("-p", "ascendgraph.testing.plugin", "-p", "no:cacheprovider")
+# `-p` only where the plugin is not already a pytest11 entry point (a fresh install registers it; twice is an error).
+from importlib.metadata import entry_points as _entry_points
+
+PLUGIN = (
+    () if "ascendgraph.testing.plugin" in {ep.value for ep in _entry_points(group="pytest11")}
+    else ("-p", "ascendgraph.testing.plugin")
+) + ("-p", "no:cacheprovider")
 
 SCENARIOS = {
     "refused_replay": """

@@ -71,8 +71,17 @@ def test_the_sim_runtime_preallocates_a_buffer_of_budget_rows(sim_device):
     assert runtime.budget == 12
 
 
+@pytest.fixture()
+def float32_kernels_unchecked():
+    """This test builds a float32 model (a declared simulator leniency, DECISIONS D2)."""
+    from sim.kernels import unchecked
+
+    with unchecked():
+        yield
+
+
 @pytest.mark.parametrize("preset", ["tiny", "tiny-moe"])
-def test_the_sim_runtime_writes_the_eager_forward_into_its_own_buffer(sim_device, preset):
+def test_the_sim_runtime_writes_the_eager_forward_into_its_own_buffer(sim_device, preset, float32_kernels_unchecked):
     spec = PRESETS[preset].with_layers(2)
     model = build_model(spec, seed=3)
     runtime = sim_device.xlite_runtime(model, _spec(10, spec.hidden_size))
