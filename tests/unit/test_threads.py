@@ -16,6 +16,9 @@ from ascendgraph.runtime.engine import Engine, EngineOptions
 @pytest.fixture()
 def outside_threads():
     """The process starts each test at a count no engine asks for by default, and gets its own back."""
+    import gc
+
+    gc.collect()  # an engine another test in this worker left unclosed lets go of its lease when collected
     previous = torch.get_num_threads()
     torch.set_num_threads(3)
     yield 3
