@@ -213,7 +213,8 @@ def _nondecreasing(values: list[int]) -> bool:
 _FIA_RULES = (
     KernelRule(FIA, "query_dtype", f"{DOCS}:8065 (query float16/bfloat16/int8); :8224 (no int8 query with page attention)",
                _present("query"), lambda a: a["query"].dtype in HALF,
-               lambda a: f"query dtype is {_dt(a['query'])}; the fused attention takes float16 or bfloat16"),
+               lambda a: f"query dtype is {_dt(a['query'])}; the fused attention takes float16 or bfloat16 "
+                         "(run the model in --dtype bfloat16)"),
     KernelRule(FIA, "query_contiguous", f"{DOCS}:8065 (query: non-contiguous tensors are not supported)",
                _present("query"), lambda a: _contiguous(a["query"]),
                lambda a: f"query of shape {_shape(a['query'])} is not contiguous"),

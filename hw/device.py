@@ -33,6 +33,7 @@ import torch
 
 from ascendgraph.device import CAPTURE_ERROR_MODES, DeviceProfile, DeviceStats
 from ascendgraph.errors import UNKNOWN_CAPTURE_ERROR_MODE, CaptureConstraintError, ConfigError, DeviceUnavailable
+from ascendgraph import kernel_contracts
 from hw import api, kernels, profiler
 from hw.soc import npu_profile
 from hw.api import TorchNpu
@@ -392,6 +393,12 @@ class NpuDevice:
                 self._npu.call(api.TASK_GROUP_END, task.stream)
 
     # ------------------------------------------------------------------ memory, sync, profiling
+    def check_kernel_call(self, kernel: str, arguments: Any) -> None:
+        """Pre-check one torch_npu kernel call against the contract table, as hw's router
+        does before any kernel is reached (KernelContractError; DECISIONS D1). No card is
+        touched, so a refusal never depends on CANN's own message."""
+        kernel_contracts.check(kernel, arguments)
+
     def empty_cache(self) -> None:
         self._npu.call(api.EMPTY_CACHE)
 

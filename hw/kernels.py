@@ -13,9 +13,14 @@ still reaches torch_npu's kernels for the parts it has. Each fallback is logged 
 per (op, reason). A kernel that turns out to be missing only when first called (ATB ops
 load NNAL lazily and raise OSError) is dropped for the rest of the process.
 
+Contracts first. Before any binding is tried, the call passes `ascendgraph.kernel_calls`'
+pre-check (the kernel-contract table, as the simulator applies it): a violation is a
+KernelContractError, never a fallback (DECISIONS D1), so float32 attention is refused,
+not run through the reference formula. Fallbacks serve a torch_npu that lacks a kernel.
+
 Graph safety. Attention's reference fallback is refused inside a task group (a FULL
 graph's updatable attention): its kernels follow the host lengths, so no parameter
-update could refresh them. CaptureConstraintError, with the fix (``--dtype bfloat16``). The FULL-graph parameter update re-issues ``paged_attention`` between
+update could refresh them (CaptureConstraintError). The FULL-graph parameter update re-issues ``paged_attention`` between
 ``task_update_begin/end``: torch_npu then patches the captured tasks with the arguments of
 the re-issued ones, addresses included. So no tensor the attention kernel touches may be
 allocated afresh per call. Its output, ``softmax_lse``, workspace and int32 block table
@@ -575,11 +580,13 @@ class KernelRouter:
 
     def call(self, op: str, *args: Any) -> Any:
         route = KERNEL_ROUTES[op]
+        # The contract table first: what a card's kernel refuses is refused here, whichever
+        # kernel or fallback would run (DECISIONS D1: never a silent fallback).
+        self.pre_check(op, args)
         reasons = []
         for binding in route.bindings:
             reason = self._unusable(binding, args)
             if reason is None:
-                self.pre_check(op, args)
                 try:
                     if op != "paged_attention":  # attention prepares its buffers first, then enters
                         self.enter_task()
@@ -594,8 +601,8 @@ class KernelRouter:
             raise CaptureConstraintError(
                 f"ascendgraph::{op} cannot be captured into an ACL graph on npu: {why}. Its reference fallback "
                 "issues kernels shaped by the host sequence lengths, which a FULL graph's parameter update cannot "
-                "refresh. Use --dtype bfloat16 (torch_npu's fused attention takes float16/bfloat16) or a PIECEWISE "
-                "mode, where attention runs eagerly."
+                "refresh. Install a torch_npu that has the kernel (hw/api.py lists the ones hw/ calls) or use a "
+                "PIECEWISE mode, where attention runs eagerly."
             )
         if (op, why) not in self._logged:
             self._logged.add((op, why))

@@ -87,14 +87,40 @@ def test_reshape_and_cache_and_fia_paged_attention_match_the_reference(npu_devic
 
 
 def test_float32_attention_inside_a_task_group_is_refused_with_the_fix(npu_device: Any) -> None:
-    from ascendgraph.errors import CaptureConstraintError
+    from ascendgraph.errors import KernelContractError
 
     q = torch.zeros(1, 2, 16, device=npu_device.torch_device)
     cache = torch.zeros(2, 128, 1, 16, device=npu_device.torch_device)
     table = torch.zeros(1, 2, dtype=torch.int32, device=npu_device.torch_device)
     graph = npu_device.new_graph()
-    with pytest.raises(CaptureConstraintError, match="--dtype bfloat16"):
+    with pytest.raises(KernelContractError, match="--dtype bfloat16") as info:
         with npu_device.graph(graph):
             stream = npu_device.current_stream()
             npu_device.task_group_begin(stream)
             ops.paged_attention(q, cache, cache, table, [1], [3], 0.25, torch.empty_like(q))
+    assert "query_dtype" in info.value.rules
+
+
+def test_attention_fallback_for_a_missing_kernel_is_refused_inside_a_task_group(
+    npu_device: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A torch_npu without the fused attention (an older wheel) falls back to the reference
+    formula eagerly, but a FULL graph could not update it: refused with what to do."""
+    import sys
+
+    from ascendgraph.errors import CaptureConstraintError
+
+    monkeypatch.delattr(sys.modules["torch_npu"], "npu_fused_infer_attention_score")
+    monkeypatch.setattr(npu_device.router.npu, "_cache", {})  # resolve the torch_npu attributes afresh
+    q = torch.zeros(3, 2, 16, dtype=torch.bfloat16, device=npu_device.torch_device)
+    cache = torch.zeros(2, 128, 1, 16, dtype=torch.bfloat16, device=npu_device.torch_device)
+    table = torch.zeros(1, 2, dtype=torch.int32, device=npu_device.torch_device)
+    ops.paged_attention(q, cache, cache, table, [3], [3], 0.25, torch.empty_like(q))
+    assert "paged_attention" in npu_device.router.fallbacks
+    graph = npu_device.new_graph()
+    with pytest.raises(CaptureConstraintError, match="PIECEWISE"):
+        with npu_device.graph(graph):
+            stream = npu_device.current_stream()
+            npu_device.task_group_begin(stream)
+            ops.paged_attention(q, cache, cache, table, [3], [3], 0.25, torch.empty_like(q))
+    assert not npu_device.is_current_stream_capturing()
