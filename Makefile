@@ -17,9 +17,10 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(VENV)/bin/ascendgraph run
 
-# The default test suite (no NPU, no vLLM needed), parallel on all cores.
+# The default test suite (no NPU, no vLLM needed), parallel on all cores; worksteal: an idle
+# worker takes queued tests from a busy one, so no core waits on the other at the end.
 test: $(STAMP)
-	$(PY) -m pytest -n auto
+	$(PY) -m pytest -n auto --dist worksteal
 
 # Everything that runs without an NPU: the default suite plus the slow tests (10,000-example fuzzing).
 test-all: $(STAMP)

@@ -37,6 +37,7 @@ __all__ = [
     "load_toml",
     "read_text_file",
     "read_int",
+    "read_human_int",
     "read_float",
     "dump_json",
 ]
@@ -48,6 +49,11 @@ MAX_TEXT_BYTES = 16 * 1024 * 1024
 MAX_NUMBER_CHARS = 64
 
 _INT_TEXT = re.compile(r"[+-]?[0-9]+")
+# vLLM's human-readable counts (``--max-num-batched-tokens 8k``): a lowercase suffix is decimal
+# and may follow a fraction (1.5k = 1500, truncated), an uppercase one binary and whole (8K = 8192).
+_HUMAN_DECIMAL = re.compile(r"([0-9]+(?:\.[0-9]+)?)([kmgt])")
+_HUMAN_BINARY = re.compile(r"([0-9]+)([KMGT])")
+_HUMAN_POWERS = {"k": 1, "m": 2, "g": 3, "t": 4}
 _FLOAT_TEXT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 
 
@@ -195,6 +201,32 @@ def read_int(text: Any, where: str, *, key: Optional[str] = None) -> int:
     if len(stripped.lstrip("+-")) > MAX_INT_DIGITS:
         raise _fail(where, f"an integer has more than {MAX_INT_DIGITS} digits ({stripped[:12]}...)", key)
     return int(stripped)
+
+
+def read_human_int(text: Any, where: str, *, key: Optional[str] = None) -> int:
+    """An integer, or a count with vLLM's suffixes: k/m/g/t decimal (``1.5k`` = 1500, a fraction
+    truncated as vLLM does), K/M/G/T binary (``8K`` = 8192). vLLM 0.32 takes these for
+    ``--max-num-batched-tokens`` (and ``--max-model-len``); the same digit bound applies."""
+    if not isinstance(text, str):
+        return read_int(text, where, key=key)
+    stripped = text.strip()
+    decimal, binary = _HUMAN_DECIMAL.fullmatch(stripped), _HUMAN_BINARY.fullmatch(stripped)
+    match = decimal or binary
+    if match is None:
+        return read_int(stripped, where, key=key)
+    number, suffix = match.group(1), match.group(2)
+    if len(number) > MAX_INT_DIGITS:
+        raise _fail(where, f"an integer has more than {MAX_INT_DIGITS} digits ({number[:12]}...)", key)
+    power = _HUMAN_POWERS[suffix.lower()]
+    if binary is not None:
+        value = int(number) * 1024**power
+    else:
+        whole, _, fraction = number.partition(".")
+        scale = 1000**power
+        value = int(whole) * scale + (int(fraction) * scale) // 10 ** len(fraction) if fraction else int(whole) * scale
+    if len(str(value)) > MAX_INT_DIGITS:
+        raise _fail(where, f"{stripped} is more than {MAX_INT_DIGITS} digits as an integer", key)
+    return value
 
 
 def read_float(text: Any, where: str, *, key: Optional[str] = None) -> float:

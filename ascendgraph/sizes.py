@@ -7,9 +7,21 @@ captured. A batch of t tokens (1 <= t <= max) is padded up to the smallest captu
 the sizes lives in `compute_capture_sizes`; the Ascend-only adjustments (a smaller default
 max, TP alignment, A5 pruning) are separate functions that `resolve` applies in order.
 
-The stream planner answers "how many sizes fit the stack's streams?". The simulator
-charges streams with the numbers of the same `StreamPlan`, so the first simulated capture
-that fails is the one the planner predicts.
+The stream planner answers "how many sizes fit the stack's streams?" with vLLM Ascend's
+formula. The simulator never charges the planner's numbers: it counts what each captured
+graph holds (sim/budget.py), so "the planner's N + 1-th size is the first capture that
+fails" is evidence, checked end to end by tests/engine/test_plan_vs_sim.py.
+
+Upstream sources of the constants (docs/semantics.md §2 and §9 give the full citations;
+tests/unit/test_constants_sources.py pins each value to its source):
+
+* ASCEND_MAX_CAPTURE_SIZE_CAP and the Ascend default max: vLLM Ascend
+  `vllm_ascend/platform.py` `_get_default_max_cudagraph_capture_size` (PR #7572).
+* TP alignment and its error text: vLLM Ascend `vllm_ascend/platform.py`
+  `NPUPlatform.check_and_update_config`, the `enable_sp` branch (commit 8243ecf5).
+* DEFAULT_MAX_STREAMS, FFTS_STREAMS_PER_COMM_GROUP, CONTEXT_PARALLEL_RESERVED_STREAMS, the
+  FFTS+/AIV factors and the even sampling: vLLM Ascend `vllm_ascend/config/aclgraph.py`
+  `update_aclgraph_sizes` (commit 41896bc9), since removed upstream (PR #9962).
 """
 
 from __future__ import annotations
@@ -44,10 +56,14 @@ __all__ = [
     "hccl_expansion_mode_from_env",
 ]
 
+# vLLM's cap of the default max, kept by vLLM Ascend's default (docs/semantics.md §2).
 ASCEND_MAX_CAPTURE_SIZE_CAP = 512
+# vLLM Ascend's MAX_CAPTURE_SIZE in update_aclgraph_sizes: 2048 streams less a buffer (§9).
 DEFAULT_MAX_STREAMS = 1800
-# FFTS+/AICPU expansion keeps this many streams per communication group out of the budget.
+# FFTS+/AICPU expansion keeps this many streams per communication group out of the budget
+# (the `- num_comm_groups * 40` of update_aclgraph_sizes' FFTS+ branch, §9).
 FFTS_STREAMS_PER_COMM_GROUP = 40
+# CP_ADDITIONAL_STREAM_NUM of update_aclgraph_sizes: each of pcp > 1 and dcp > 1 costs 100 (§9).
 CONTEXT_PARALLEL_RESERVED_STREAMS = 100
 PERFORMANCE_MODES = ("balanced", "interactivity", "throughput")
 
@@ -175,14 +191,22 @@ def compute_capture_sizes(
 
 
 def ascend_default_max_capture_size(max_num_seqs: int, num_speculative_tokens: int = 0) -> int:
-    """Ascend's default max when the user set neither max nor sizes: no `* 2` (docs/semantics.md §2)."""
+    """Ascend's default max when the user set neither max nor sizes: no `* 2` (docs/semantics.md §2).
+
+    vLLM Ascend: `NPUPlatform.apply_config_platform_defaults` / `_get_default_max_cudagraph_capture_size`
+    in `vllm_ascend/platform.py` (PR #7572); resolution injects it as if the user had given it.
+    """
     mns = _check_positive_int("max_num_seqs", max_num_seqs)
     k = _check_positive_int("num_speculative_tokens", num_speculative_tokens, allow_zero=True)
     return min(mns * (1 + k), ASCEND_MAX_CAPTURE_SIZE_CAP)
 
 
 def align_sizes_to_tp(sizes: Sequence[int], tensor_parallel_size: int) -> list[int]:
-    """Keep the sizes divisible by tp (Ascend, under sequence parallel / shared-expert DP / DSA CP)."""
+    """Keep the sizes divisible by tp (Ascend, under sequence parallel / shared-expert DP / DSA CP).
+
+    vLLM Ascend: the `enable_sp` branch of `NPUPlatform.check_and_update_config` (docs/semantics.md
+    §2; the DSA CP trigger is ascendgraph's reading, see "Known differences" there).
+    """
     tp = _check_positive_int("tensor_parallel_size", tensor_parallel_size)
     kept = [s for s in sizes if s % tp == 0]
     if sizes and not kept:
@@ -241,7 +265,10 @@ def pad_num_tokens(num_tokens: int, sizes: Sequence[int]) -> Optional[int]:
 def sample_sizes(sizes: Sequence[int], n: int) -> list[int]:
     """Even sampling of n sizes, first and last kept (vLLM Ascend's old pruning; A5).
 
-    n <= 1 keeps only the largest size (every graphed batch still fits).
+    The sampling of `update_aclgraph_sizes` (`vllm_ascend/config/aclgraph.py`) and of
+    `_prune_capture_sizes_for_950` (`vllm_ascend/platform.py`), docs/semantics.md §9.
+    n <= 1 keeps only the largest size (every graphed batch still fits): ascendgraph's
+    choice, where upstream would divide by n - 1.
     """
     ordered = sorted(sizes)
     if n >= len(ordered):
@@ -264,9 +291,10 @@ class StreamPlan:
     """How many capture sizes fit the stream budget, and what each graph costs.
 
     ``sizes`` is the configured list when it fits, else the largest fitting selection
-    (even sampling). The simulator charges ``reserved_streams`` up front, then
-    ``streams_per_piecewise_graph`` per piecewise graph and ``streams_per_full_graph`` per
-    FULL graph; FULL graphs of FULL_AND_PIECEWISE draw from ``full_graph_reserve`` first.
+    (even sampling). ``reserved_streams`` and ``full_graph_reserve`` are what the formula
+    keeps out of the budget before dividing by ``streams_per_size``. These are predictions:
+    the simulator does not read them (it counts what captured graphs hold), except
+    ``max_streams``, the limit the stack was configured with (docs/semantics.md §9).
     """
 
     max_num_sizes: int
@@ -330,7 +358,13 @@ def plan_stream_budget(
     hccl_op_expansion_mode: Optional[str] = None,
     max_streams: int = DEFAULT_MAX_STREAMS,
 ) -> StreamPlan:
-    """docs/semantics.md §9: the number of capture sizes the stack's streams allow."""
+    """docs/semantics.md §9: the number of capture sizes the stack's streams allow.
+
+    vLLM Ascend's `update_aclgraph_sizes` (`vllm_ascend/config/aclgraph.py`, commit 41896bc9):
+    its worked examples (a budget of 1920, 48 layers, tp 4) give 12 sizes under FFTS+ and 19
+    under AIV for a MoE model; tests/unit/test_constants_sources.py checks both. The
+    FULL_AND_PIECEWISE reserve and the one stream per size of FULL modes are ascendgraph's.
+    """
     layers = _check_positive_int("num_hidden_layers", num_hidden_layers)
     budget = _check_positive_int("stream_limit", max_streams)
     mode = GraphMode.parse(mode)

@@ -4,6 +4,16 @@ XliteGraph is an alternative graph path: batches that fit xlite's preallocated t
 budget run on the xlite runtime, larger ones on the native runnable (ACLGraph or eager).
 This module owns the validation and the supported-architecture table; routing and the
 budget sit beside them.
+
+Upstream sources (docs/semantics.md §11 gives the citations; "Known differences" there lists
+where ascendgraph departs from vLLM Ascend):
+
+* the two error texts and the recommended block size 128: vLLM Ascend
+  `vllm_ascend/ascend_config.py`, `XliteGraphConfig`;
+* the architecture registry: the adapters of `vllm_ascend/xlite/xlite.py`;
+* the full-mode budget (batched tokens rounded up to tp): `StandardXliteModel._build_model_config`
+  (`max_m`) in the same file; the decode-only budget `max_num_seqs * (1 + k)` is ascendgraph's
+  (vLLM Ascend sizes `max_m` at `max_num_seqs` and routes on the attention state).
 """
 
 from __future__ import annotations
@@ -41,7 +51,7 @@ XLITE_SPEC_DECODE_ERROR = "Xlite graph mode only support speculative decoding wi
 XLITE_PIPELINE_PARALLEL_ERROR = (
     "Xlite graph mode is not compatible with pipeline parallelism. Please set pipeline_parallel_size to 1."
 )
-XLITE_BLOCK_SIZE = 128
+XLITE_BLOCK_SIZE = 128  # the block size XliteGraphConfig recommends (vLLM Ascend warns otherwise)
 XLITE_FULL_MODE_DISABLES_ACLGRAPH = "ACLGraph has been disabled when speculation is disabled in xlite full mode"
 XLITE_DECODE_ONLY_FALLBACK = "Falling back to FULL_DECODE_ONLY under xlite decode-only mode"
 
@@ -104,7 +114,11 @@ def xlite_token_budget(
     max_num_batched_tokens: int = 8192,
     tensor_parallel_size: int = 1,
 ) -> int:
-    """Tokens xlite preallocates: decode-only = seqs x (1 + k); full = batched tokens rounded up to tp."""
+    """Tokens xlite preallocates: decode-only = seqs x (1 + k); full = batched tokens rounded up to tp.
+
+    Full mode follows vLLM Ascend's `max_m` (docs/semantics.md §11); decode-only is ascendgraph's
+    rule (see "Known differences" there).
+    """
     if full_mode:
         tp = max(1, tensor_parallel_size)
         return ((max_num_batched_tokens + tp - 1) // tp) * tp

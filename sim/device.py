@@ -32,7 +32,7 @@ import logging
 import os
 import threading
 from contextlib import contextmanager
-from typing import Any, Iterator, Mapping, Optional, Union
+from typing import Any, ContextManager, Iterator, Mapping, Optional, Union
 
 import torch
 
@@ -60,6 +60,7 @@ from sim.replay import ReplayMixin, _EagerWait
 from sim.streams import SimEvent, SimExternalEvent, SimStream
 from sim.task_groups import TaskGroupMixin
 from sim.tracing import SUPER_KERNEL_OPTION_KEYS, KernelRecord, TraceSpan, TracingMixin
+from sim.warmup import WarmupMode, warmup_scope
 
 __all__ = ["SimDevice", "SimPoolHandle", "KernelRecord", "TraceSpan", "OPTIONS", "SUPER_KERNEL_OPTION_KEYS"]
 
@@ -300,6 +301,12 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
         capture = self._capture
         if capture is not None:
             raise capture.host_sync_error(what)
+
+    def warmup_scope(self) -> ContextManager[WarmupMode]:
+        """A context for work whose results are discarded (the engine's warm-ups): every op
+        runs as issued, half-precision matrix products from float32 copies (`sim.warmup`)."""
+        self._check_alive()
+        return warmup_scope()
 
     def synchronize(self) -> None:
         """Wait for all streams. A replay suspended at an unrecorded ExternalEvent would

@@ -19,7 +19,7 @@ from ascendgraph.config import SOCS, GraphConfig, parse_json_argument
 from ascendgraph.errors import ConfigError
 from ascendgraph.models.backends import ATTENTION_BACKENDS
 from ascendgraph.models.presets import PRESETS
-from ascendgraph.readers import read_int
+from ascendgraph.readers import read_human_int, read_int
 
 __all__ = ["LIMITS", "MAX_SEED", "MODELLED_SPECULATIVE_KEYS", "positive_int", "non_negative_int", "bounded_int",
            "seed_int", "limit_error", "non_empty_text", "json_object_text", "add_config_arguments",
@@ -60,6 +60,19 @@ def positive_int(text: str) -> int:
         value = read_int(text, "")  # ASCII digits only: "²" and "١٢" are not numbers here
     except ConfigError:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {_shown(text)}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def positive_count(text: str) -> int:
+    """argparse type: an integer >= 1, also with vLLM's suffixes (8k = 8000, 8K = 8192)."""
+    try:
+        value = read_human_int(text, "")
+    except ConfigError:
+        raise argparse.ArgumentTypeError(
+            f"expected a positive integer (or vLLM's 8k / 8K forms), got {_shown(text)}"
+        ) from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
@@ -144,7 +157,8 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     vllm.add_argument("-O", "--optimization-level", dest="optimization_level", default=None, metavar="LEVEL",
                       help="optimisation level 0-3 as in vLLM (-O0 eager ... -O3; also -O 3, -O=3); default 2")
     vllm.add_argument("--max-num-seqs", type=positive_int, default=None, metavar="N", help="default 256")
-    vllm.add_argument("--max-num-batched-tokens", type=positive_int, default=None, metavar="N", help="default 8192")
+    vllm.add_argument("--max-num-batched-tokens", type=positive_count, default=None, metavar="N",
+                      help="default 8192; vLLM's suffixes work: 8k = 8000, 8K = 8192")
     vllm.add_argument("--num-speculative-tokens", type=non_negative_int, default=None, metavar="K",
                       help="speculative decoding: K draft tokens per step (q = 1 + K tokens per decoding request)")
     vllm.add_argument("--speculative-config", "-sc", type=json_object_text, default=None, metavar="JSON",

@@ -14,15 +14,22 @@ __all__ = ["COMMAND"]
 
 def add_explain_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser)
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
+                        help="the dtype the run would use (default bfloat16); float32 is listed under 'lenient' "
+                        "on sim and refused on npu")
+    parser.add_argument("--device", choices=("sim", "npu"), default="sim",
+                        help="the device the explanation is for (default sim); explain itself runs nothing")
     parser.add_argument("--json", action="store_true", help="print the resolution as JSON on stdout, instead of the text (nothing else on stdout)")
 
 
 def run_explain(args: argparse.Namespace) -> int:
     from ascendgraph.explanation import format_resolution, resolution_to_json
+    from ascendgraph.leniency import declared_leniencies
     from ascendgraph.resolve import resolve
     from ascendgraph.sizes import DEFAULT_MAX_STREAMS
 
     config = config_from_args(args)
+    lenient = declared_leniencies(args.dtype, args.device)
     resolution = resolve(
         config,
         env=env_from_args(args),
@@ -30,9 +37,16 @@ def run_explain(args: argparse.Namespace) -> int:
         hccl_op_expansion_mode=hccl_mode_from_args(args),
     )
     if args.json:
-        emit_json(resolution_to_json(resolution))
+        document = resolution_to_json(resolution)
+        document["lenient"] = lenient
+        emit_json(document)
     else:
-        emit_result(format_resolution(resolution))
+        text = format_resolution(resolution)
+        if lenient:
+            text += "\n\nlenient (the simulator runs it; an NPU would refuse it):\n" + "\n".join(
+                f"  - {item}" for item in lenient
+            )
+        emit_result(text)
     return 0
 
 

@@ -17,6 +17,7 @@ path, and the forward context says which set a forward uses.
 from __future__ import annotations
 
 import math
+import mmap
 import os
 from dataclasses import dataclass
 from typing import Optional
@@ -290,10 +291,31 @@ class DecoderModel(nn.Module):
         for layer in self.layers:
             shape = layer.self_attn.kv_cache_shape(num_blocks, block_size)
             caches[layer.self_attn.attn.layer_name] = KVCache(
-                key=torch.zeros(shape, dtype=weight.dtype, device=weight.device),
-                value=torch.zeros(shape, dtype=weight.dtype, device=weight.device),
+                key=zeros_on_first_touch(shape, weight.dtype, weight.device),
+                value=zeros_on_first_touch(shape, weight.dtype, weight.device),
             )
         return caches
+
+
+# Below this size a host tensor is zeroed the ordinary way (a memory map per tensor would
+# cost more than it saves).
+LAZY_ZEROS_MIN_BYTES = 1 << 20
+
+
+def zeros_on_first_touch(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
+    """``torch.zeros(shape, dtype=dtype, device=device)``; on the host, a large one is backed
+    by an anonymous memory map, whose pages the OS hands out zero-filled on first touch.
+
+    ``torch.zeros`` writes every page up front, so a paged KV cache sized for the longest
+    requests held its whole size in resident memory (320 MiB for the default run's two
+    caches) although requests write a few of its blocks. The values are the same zeros; only
+    the pages nobody writes stay unmapped. The tensor keeps the map alive."""
+    element = torch.empty((), dtype=dtype).element_size()
+    nbytes = math.prod(shape) * element
+    if torch.device(device).type != "cpu" or nbytes < LAZY_ZEROS_MIN_BYTES:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    buffer = mmap.mmap(-1, nbytes)
+    return torch.frombuffer(buffer, dtype=dtype).view(shape)
 
 
 # --------------------------------------------------------------------------- host memory

@@ -92,7 +92,7 @@ _ATOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 
 
 def default_atol(dtype: Union[str, torch.dtype]) -> float:
-    """INTERFACES "Checking against eager": 1e-4 for float32, 2e-2 for bfloat16."""
+    """docs/semantics.md "Checking against eager": 1e-4 for float32, 2e-2 for bfloat16."""
     return _ATOL[parse_dtype(dtype)]
 
 

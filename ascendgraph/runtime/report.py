@@ -234,7 +234,8 @@ class Report:
         return f"  check      max |{what} - eager| = {self.max_abs_diff_vs_eager:.3g} (atol {self.atol:g})"
 
 
-# The likely causes of a NumericalMismatch, by what served the step (SEMANTICS §7).
+# The likely causes of a NumericalMismatch, by what served the step (docs/semantics.md §7 and
+# "Checking against eager").
 MISMATCH_CAUSES_GRAPH = (
     "likely causes: stale attention parameters (a FULL graph replayed with the sequence lengths or block "
     "tables of an earlier step: the per-step parameter update was skipped or did not reach the graph, "

@@ -45,6 +45,13 @@ SAMPLES: dict[str, str] = {
     "additional_config": '{"xlite_graph_config": {"enabled": true}}',
 }
 SWITCHES = ("enforce_eager", "enable_expert_parallel")
+# Value forms tried on every integer destination: what vLLM's parser makes of each (its
+# human-readable counts, leading zeros, underscores, signs, floats), or that it refuses it.
+INT_DESTS = ("max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size", "data_parallel_size",
+             "pipeline_parallel_size", "prefill_context_parallel_size", "decode_context_parallel_size",
+             "block_size", "max_loras", "seed")
+VALUE_FORMS = ("8", "08", "1_000", "8k", "8K", "1.5k", "0.5k", "1.2345k", "2M", "1m", "1g", "1G",
+               "1.5K", "8kb", "8 k", "+8k", "1e3", "1.5", "0x10", "0k", "-1", "0")
 # Dotted keys of the JSON flags: (destination, dotted key, value).
 DOTTED = (
     ("compilation_config", "cudagraph_mode", "FULL_DECODE_ONLY"),
@@ -158,7 +165,7 @@ def generate() -> dict[str, Any]:
     parser = vllm_parser()
     option_strings: dict[str, list[str]] = {}
     for action in parser._actions:  # vLLM's parser: reading its declared option strings is the point
-        if action.dest in SAMPLES or action.dest in SWITCHES:
+        if action.dest in SAMPLES or action.dest in SWITCHES or action.dest in INT_DESTS:
             option_strings[action.dest] = list(action.option_strings)
     spellings, refused = [], []
     for dest, canonical, tokens in candidates(option_strings):
@@ -169,12 +176,22 @@ def generate() -> dict[str, Any]:
             spellings.append(entry)
         else:
             refused.append(entry)
+    values: dict[str, dict[str, Any]] = {}
+    for dest in INT_DESTS:
+        options = option_strings.get(dest) or []
+        if not options:
+            continue
+        values[dest] = {}
+        for form in VALUE_FORMS:
+            ok, value = _parse(parser, [options[0], form], dest)
+            values[dest][form] = value if ok else None
     return {
         "vllm_version": vllm.__version__,
         "generated_by": "tests/parity/vllm_flag_spellings.py (in the parity environment)",
         "option_strings": option_strings,
         "spellings": spellings,
         "refused_by_vllm": refused,
+        "int_values": values,
     }
 
 

@@ -89,3 +89,24 @@ def test_help_teaches_with_an_example(capsys):
     assert info.value.code == 0
     out = capsys.readouterr().out
     assert "--compilation-config" in out and "example:" in out
+
+
+def test_float32_is_listed_under_lenient_on_sim_and_refused_on_npu(capsys):
+    """DECISIONS D2: explain lists the declared float32 leniency as the run's report does."""
+    from ascendgraph.leniency import FLOAT32_ON_NPU, LENIENT_FLOAT32
+
+    assert main(["explain"]) == 0
+    out, _ = capsys.readouterr()
+    assert "lenient" not in out  # bfloat16, the default, needs no leniency
+    assert main(["explain", "--dtype", "float32"]) == 0
+    out, _ = capsys.readouterr()
+    assert "lenient (the simulator runs it; an NPU would refuse it):" in out
+    assert LENIENT_FLOAT32 in out
+    assert main(["explain", "--json", "--dtype", "float32"]) == 0
+    assert json.loads(capsys.readouterr().out)["lenient"] == [LENIENT_FLOAT32]
+    assert main(["explain", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["lenient"] == []
+    assert main(["explain", "--dtype", "float32", "--device", "npu"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert FLOAT32_ON_NPU in err

@@ -63,3 +63,47 @@ def test_a_vllm_spelling_given_directly_means_what_its_canonical_spelling_means(
 @pytest.mark.parametrize("entry", SPELLINGS, ids=_id)
 def test_a_vllm_spelling_in_a_pasted_line_means_what_its_canonical_spelling_means(entry):
     assert _parse([*PASTE, *entry["tokens"]]) == _parse([*PASTE, *entry["canonical"]])
+
+
+# ------------------------------------------------------------------ integer values
+# What vLLM's parser makes of each value form of an integer flag (tests/data, "int_values").
+# ascendgraph reads the same number, or refuses the form for a reason listed here.
+INT_VALUES: dict[str, dict[str, Any]] = DATA["int_values"]
+STRICTER_FORMS = {
+    "1_000": "ascendgraph's bounded reader takes ASCII digits only (the hostile-input corpus refuses "
+             "underscores for every count flag); write 1000",
+}
+# Below these, a value vLLM's parser takes is refused by ascendgraph's bounds (vLLM fails later or
+# reads -1 as "unset"; ascendgraph says so at the flag).
+MINIMUM = {"seed": 0, "max_loras": 0}
+
+
+def _read_int_flag(dest: str, form: str) -> Any:
+    from ascendgraph.cli.app import CliUsageError
+
+    option = DATA["option_strings"][dest][0]
+    try:
+        return getattr(parse_command_line(build_parser(), ["run", option, form]).args, dest)
+    except CliUsageError:
+        return None
+
+
+INT_CASES = [(dest, form) for dest, forms in sorted(INT_VALUES.items()) for form in forms]
+
+
+def test_the_value_forms_cover_vllms_human_readable_counts():
+    tokens = INT_VALUES["max_num_batched_tokens"]
+    assert (tokens["8k"], tokens["8K"], tokens["1.5k"], tokens["1.5K"]) == (8000, 8192, 1500, None)
+    assert INT_VALUES["max_num_seqs"]["8k"] is None  # the suffixes belong to a few flags only
+    assert len(INT_CASES) >= 200
+
+
+@pytest.mark.parametrize("dest,form", INT_CASES, ids=[f"{d}={f}" for d, f in INT_CASES])
+def test_an_integer_flag_reads_what_vllm_reads_or_refuses_for_a_listed_reason(dest, form):
+    expected, got = INT_VALUES[dest][form], _read_int_flag(dest, form)
+    if expected is None:
+        assert got is None, f"vLLM refuses {form!r} for {dest}; ascendgraph read {got!r}"
+    elif form in STRICTER_FORMS or expected < MINIMUM.get(dest, 1):
+        assert got is None, f"{form!r} is listed as refused by ascendgraph, which read {got!r}"
+    else:
+        assert got == expected

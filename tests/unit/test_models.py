@@ -148,3 +148,45 @@ def test_attention_outside_a_forward_context_says_what_to_do():
     model = build_model(PRESETS["tiny"].with_layers(1))
     with pytest.raises(NoForwardContext, match="set_forward_context"), torch.no_grad():
         model(torch.tensor([1, 2]), torch.tensor([0, 1]))
+
+
+# --------------------------------------------------------------------------- lazily zeroed KV caches
+
+
+def test_zeros_on_first_touch_is_torch_zeros_on_every_path():
+    from ascendgraph.models.build import LAZY_ZEROS_MIN_BYTES, zeros_on_first_touch
+
+    large = (LAZY_ZEROS_MIN_BYTES // 2 + 3, 2)  # bfloat16: just over the threshold, not a page multiple
+    for shape, device in [(large, "cpu"), ((4, 4), "cpu"), (large, "meta")]:
+        made = zeros_on_first_touch(shape, torch.bfloat16, torch.device(device))
+        want = torch.zeros(shape, dtype=torch.bfloat16, device=device)
+        assert (made.shape, made.dtype, made.device, made.stride()) == (want.shape, want.dtype, want.device, want.stride())
+        if device == "cpu":
+            assert torch.equal(made, want)
+    cache = zeros_on_first_touch(large, torch.float32, torch.device("cpu"))
+    cache[7].fill_(2.0)  # writable, and a slice outlives the name of its base
+    row = cache[7]
+    del cache
+    assert row.tolist() == [2.0, 2.0]
+
+
+def test_a_kv_cache_holds_no_resident_memory_until_written():
+    import gc
+    import os
+
+    if not os.path.exists("/proc/self/statm"):
+        pytest.skip("resident memory is read from /proc (Linux)")
+
+    def resident_bytes() -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    model = build_model(PRESETS["tiny"].with_layers(1), dtype=torch.bfloat16)
+    gc.collect()
+    before = resident_bytes()
+    caches = model.make_kv_caches(num_blocks=256, block_size=128)  # 32 MiB of keys and values
+    grown = resident_bytes() - before
+    assert model.kv_cache_bytes(256, 128) == 32 * 2**20
+    assert grown < 8 * 2**20
+    (cache,) = caches.values()
+    assert torch.count_nonzero(cache.key) == 0 and torch.count_nonzero(cache.value) == 0

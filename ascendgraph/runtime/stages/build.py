@@ -18,6 +18,7 @@ from ascendgraph.config import GraphConfig
 from ascendgraph.device import Device, get_device, resolve_device_name
 from ascendgraph.dispatch import GraphDispatcher
 from ascendgraph.errors import ConfigError
+from ascendgraph.leniency import FLOAT32_ATTENTION_WARNING, FLOAT32_ON_NPU, LENIENT_FLOAT32
 from ascendgraph.models.presets import ModelSpec
 from ascendgraph.modes import GraphMode
 from ascendgraph.resolve import Resolution
@@ -30,12 +31,6 @@ if TYPE_CHECKING:
 __all__ = ["BuildStage", "FLOAT32_ATTENTION_WARNING", "LENIENT_FLOAT32"]
 
 log = logging.getLogger("ascendgraph.runtime.engine")
-
-FLOAT32_ATTENTION_WARNING = "float32 attention would be refused on an NPU"
-LENIENT_FLOAT32 = (
-    "float32 attention (sim device option allow_float32_attention): the fused attention, rope, KV cache "
-    "and quant kernels take float16/bfloat16 on an NPU"
-)
 
 
 class BuildStage:
@@ -81,11 +76,7 @@ class BuildStage:
             )
         float32 = self.dtype is torch.float32
         if name == "npu" and float32:
-            raise ConfigError(
-                "--dtype float32 is refused on npu: torch_npu's fused attention takes float16/bfloat16; "
-                "use --dtype bfloat16 (float32 exists only as a declared leniency of --device sim)",
-                key="dtype",
-            )
+            raise ConfigError(FLOAT32_ON_NPU, key="dtype")
         device_options: dict[str, Any] = {}
         if name == "sim":
             device_options = {"seed": self.options.seed, "profile": self.options.sim_profile or self.config.soc}

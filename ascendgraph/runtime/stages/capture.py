@@ -10,11 +10,12 @@ and the stream plan and serves eagerly (`_fall_back_to_eager`).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import sys
 import time
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Optional
 
 import torch
 
@@ -102,6 +103,12 @@ class CaptureStage:
         )
         return self._forward(mode, descriptor, metadata, tokens)
 
+    def _warmup_scope(self) -> ContextManager[Any]:
+        """The device's context for work whose results are discarded (the simulator computes
+        the warm-ups' half-precision matmuls in float32, `sim.warmup`); a no-op elsewhere."""
+        scope: Optional[Callable[[], ContextManager[Any]]] = getattr(self.device, "warmup_scope", None)
+        return scope() if scope is not None else contextlib.nullcontext()
+
     def _progress(self) -> bool:
         if self.options.progress is not None:
             return self.options.progress
@@ -112,7 +119,8 @@ class CaptureStage:
         if not self.compiled.is_compiled or self.backend is None or self.backend.artifacts:
             return self.compiled.compile_seconds
         size = max(self.resolution.max_capture_size, 1)
-        self._dummy_forward(GraphMode.NONE, BatchDescriptor(size))
+        with self._warmup_scope():  # its results are discarded, like a warm-up's
+            self._dummy_forward(GraphMode.NONE, BatchDescriptor(size))
         self.device.synchronize()
         return self.compiled.compile_seconds
 
@@ -163,7 +171,8 @@ class CaptureStage:
         try:
             for mode, key in bar:
                 for _ in range(warmups):
-                    self._dummy_forward(GraphMode.NONE, key)
+                    with self._warmup_scope():
+                        self._dummy_forward(GraphMode.NONE, key)
                 self._dummy_forward(mode, key)
         finally:
             bar.close()

@@ -87,7 +87,7 @@ class TinyAttention:
 
 
 def capture_updatable_attention(device: Any, attention: TinyAttention, seq_lens: list[int]) -> tuple[Any, Any, Any]:
-    """The SEMANTICS §7 capture protocol around one attention call, after one eager warm-up
+    """The docs/semantics.md §7 capture protocol around one attention call, after one eager warm-up
     (the kernel's first launch for a shape allocates its workspace, which a capture refuses)."""
     attention.eager(seq_lens)
     graph = device.new_graph()

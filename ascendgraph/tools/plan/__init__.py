@@ -6,9 +6,11 @@ configuration (the `explain` flags) and one workload:
 1. **Streams.** The resolved `StreamPlan` (docs/semantics.md §9): streams per size, the largest
    number of sizes that fits the stack's streams, whether the configured sizes fit and,
    when they do not, the first size whose capture fails (in capture order, largest first)
-   and the largest fitting selections. The simulator charges streams with the same plan,
-   so the size named here is the one a simulated capture fails on (tests/engine/
-   test_plan_vs_sim.py checks it on a grid of parallel configs).
+   and the largest fitting selections. The formula is vLLM Ascend's `update_aclgraph_sizes`
+   (docs/semantics.md §9 cites the commit). The simulator does not charge the plan's
+   numbers: it counts what each captured graph holds, so the size named here being the one
+   a simulated capture fails on is evidence (tests/engine/test_plan_vs_sim.py checks it on a
+   grid of parallel configs).
 2. **Which sizes.** For a *budget* of N capture sizes, two selections from the configured
    sizes: even sampling (vLLM Ascend's old pruning, `sizes.sample_sizes`) and
    workload-aware (`sizes.select_sizes`: minimal expected padded tokens on the workload's

@@ -385,8 +385,8 @@ def _check_config_values(path: Path, config: Mapping[str, Any]) -> Any:
 
 
 def _is_combination_rule(exc: BaseException) -> bool:
-    """Errors a scenario may expect from a run: rules on combinations of values (SEMANTICS
-    §10's kernel chain), not on one value."""
+    """Errors a scenario may expect from a run: rules on combinations of values
+    (docs/semantics.md §10's kernel chain), not on one value."""
     from ascendgraph.config import STATIC_NEEDS_NPUGRAPH_EX, SUPER_NEEDS_STATIC
 
     return str(exc) in (SUPER_NEEDS_STATIC, STATIC_NEEDS_NPUGRAPH_EX)

@@ -1,0 +1,54 @@
+"""Suite-wide scheduling: the costliest tests start first.
+
+pytest-xdist hands items to the workers in collection order. A long test collected last
+(the README's `ascendgraph run`, alphabetically near the end) keeps one worker busy while
+the other has nothing left to do. Here the items of the modules known to be costly (they
+build, compile and capture engines, or start Python subprocesses) move to the front, in
+the order of the table; everything else keeps its collection order behind them. Only the
+order changes: the selection, the items and their fixtures do not (tests are independent,
+so order never changes an outcome). Figures: docs/bench.md, "The default suite".
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+
+# Path under tests/ (a module or a folder) -> why its items are costly. Order = start order.
+COSTLY_FIRST: dict[str, str] = {
+    "unit/test_readme.py": "runs every README command in-process, the default `ascendgraph run` (210 graphs) among them",
+    "engine": "every test builds, compiles, captures and serves an engine",
+    "scenarios": "each scenario file runs an engine",
+    "hostile/test_process_plumbing.py": "starts `python -m ascendgraph` subprocesses, one runs until interrupted",
+    "unit/test_passes_tiny.py": "compiles tiny per pass configuration",
+    "unit/test_static_kernel.py": "builds static kernels and captures twice",
+    "unit/test_scenario_pytest.py": "an inner pytest session in a subprocess",
+    "unit/test_ci_no_silent_green.py": "two inner pytest sessions in subprocesses",
+    "hw/test_npu_marker.py": "six inner pytest sessions in subprocesses",
+    "unit/test_cli_streams.py": "runs, profiles and plans through the CLI",
+    "unit/test_cli_ux_output.py": "a subprocess run with static kernels",
+    "fuzz": "hypothesis with hundreds of examples per test",
+    "unit/test_compile.py": "compiles models",
+    "unit/test_compile_cache.py": "compiles the same model cold and warm",
+    "unit/test_scenario.py": "runs scenarios against engines",
+    "unit/test_threads.py": "builds several engines",
+}
+
+
+def _rank(item: pytest.Item) -> int:
+    try:
+        relative = Path(str(item.path)).resolve().relative_to(TESTS).as_posix()
+    except ValueError:
+        return len(COSTLY_FIRST)
+    for rank, prefix in enumerate(COSTLY_FIRST):
+        if relative == prefix or relative.startswith(prefix + "/"):
+            return rank
+    return len(COSTLY_FIRST)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=_rank)  # stable: collection order within a rank
