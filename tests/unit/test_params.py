@@ -341,9 +341,9 @@ def test_an_update_defaults_to_one_query_token_per_request_and_counts_every_upda
 
 
 def test_the_update_runs_on_its_own_stream_not_the_replaying_one(sim_device):
-    # update: `stream = None` / `device.stream(None)` re-issued the kernels on the replay's stream,
-    # behind the replay that waits for the update's event (a deadlock on a device; the simulator
-    # does not model it, so the update's stream is read from its trace span)
+    # the task updates run on the update stream, read from their trace spans (an update on the
+    # replay's stream would queue behind the replay that waits for it: a hang on a device). Where
+    # the update records its events is not observable on the simulator (docs/testing.md).
     setup = _Setup(sim_device)
     setup.capture()
     sim_device.set_record_kernels(True)
