@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ascendgraph-installed
 
-.PHONY: run test test-all bench parity parity-record mutation clean
+.PHONY: run test test-all bench parity parity-record mutation mutation-rules clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,12 +34,21 @@ parity:
 parity-record:
 	"$$(scripts/parity-env.sh | tail -n 1)" scripts/record_vllm_answers.py
 
-# Mutation testing of the rule and capture modules: a one-off report (docs/testing.md), not CI.
+# Mutation testing (docs/testing.md), a habit and not CI (too slow for .ci/run).
+# mutmut over the capture modules ([tool.mutmut] in pyproject.toml; results cached in mutants/,
+# a rerun tests only the mutants of changed functions); MUTATION_ARGS names mutants, e.g.
+# MUTATION_ARGS='ascendgraph.runtime.params.*'.
 mutation: $(STAMP)
-	$(PY) scripts/mutate.py $(MUTATION_ARGS)
+	$(VENV)/bin/mutmut run --max-children 2 $(MUTATION_ARGS)
+	$(VENV)/bin/mutmut results
+
+# The rule modules (modes, sizes, resolve, dispatch) with the project's own AST mutation runner;
+# MUTATION_RULES_ARGS="--max 20 ascendgraph/sizes.py" narrows a run.
+mutation-rules: $(STAMP)
+	$(PY) scripts/mutate.py $(MUTATION_RULES_ARGS)
 
 bench: $(STAMP)
 	$(PY) -m bench
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis mutants

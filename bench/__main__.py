@@ -357,6 +357,9 @@ def print_goals(rows: list[dict[str, Any]]) -> None:
     for row in rows:
         verdict = {True: "met", False: "NOT met", None: ""}[row["met"]]
         print(f"   {row['figure']:<{width}}  {row['now']:<52}  goal {row['goal']:<24} {verdict}")
+    if any(row["met"] is False for row in rows):
+        print("   where the time goes and what stands in the way of the goals not met: docs/bench.md "
+              "(\"Where the time goes\", \"What stands in the way\")")
 
 
 # --------------------------------------------------------------------------- main

@@ -20,8 +20,11 @@ simulator's `EagerTracker` pricing the warm-ups on the virtual clock, as the pla
 measurement does, or a test's mode), the op is left alone, so what such a mode sees —
 the op, its dtypes, its kernel record — is what it saw before.
 
-Only warm-ups use it (`SimDevice.warmup_scope`): eager serving, the eager reference and
-replays compute as before, so every figure and verdict of a run is unchanged.
+Only warm-ups use it (`SimDevice.warmup_scope`), and the engine's first forward at the
+largest size, which triggers the Dynamo compile and whose results are discarded too (the
+compiled graph is the same under the mode: the mode declares ``ignore_compile_internals``).
+Eager serving, the eager reference and replays compute as before, so every figure and
+verdict of a run is unchanged.
 """
 
 from __future__ import annotations

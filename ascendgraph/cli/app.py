@@ -436,8 +436,45 @@ def _bad_input(message: str, error_type: str, wants_json: bool) -> int:
     return BAD_INPUT
 
 
+# Commands that run torch. torch's start-up imports numpy from C++ and, when that import is
+# interrupted, carries on without numpy instead of raising: a Ctrl-C in the first second or
+# two of `ascendgraph run` was silently lost and the run went on. So torch is imported first,
+# with Ctrl-C held back until the import is complete, then raised as the KeyboardInterrupt
+# the handlers below turn into exit 130.
+COMMANDS_USING_TORCH = ("run", "plan", "scenario", "profile")
+
+
+@contextmanager
+def _interrupts_deferred() -> Iterator[None]:
+    """Hold a Ctrl-C (SIGINT) back until the block ends, then raise it. A no-op off the main
+    thread or when someone else owns SIGINT (a test runner, an embedding program)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    received: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if received:
+        raise KeyboardInterrupt
+
+
+def _import_torch_whole() -> None:
+    with _interrupts_deferred():
+        import numpy  # noqa: F401  (before torch: its C++ start-up imports numpy)
+        import torch  # noqa: F401
+
+
 def _run_command(command: "Command", args: argparse.Namespace, wants_json: bool = False) -> int:
     try:
+        if command.name in COMMANDS_USING_TORCH:
+            _import_torch_whole()
         _check_pasted_env(args, command)
         with cli_warnings():
             return command.run(args)

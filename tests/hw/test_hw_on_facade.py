@@ -12,7 +12,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ascendgraph import ops
-from ascendgraph.errors import CaptureConstraintError
+from ascendgraph.errors import KernelContractError
 
 BF16 = torch.bfloat16
 
@@ -98,12 +98,13 @@ def test_capture_update_replay_equals_eager_with_new_lengths(npu: Any) -> None:
 
 
 def test_a_kernel_failing_inside_a_task_group_closes_the_group_and_keeps_its_own_error(npu: Any) -> None:
-    # float32 attention is refused inside a task group with the fix; the capture must end
-    # cleanly (group closed), so that error -- not "a task group was never closed" -- surfaces.
+    # float32 attention is refused by the contract pre-check inside a task group, with the fix; the
+    # capture must end cleanly (group closed), so that error -- not "a task group was never
+    # closed" -- surfaces.
     a = attention_args(torch.float32)
     default = npu.current_stream()
     graph = npu.new_graph()
-    with pytest.raises(CaptureConstraintError, match="--dtype bfloat16"):
+    with pytest.raises(KernelContractError, match="--dtype bfloat16"):
         with npu.graph(graph):
             stream = npu.current_stream()
             npu.task_group_begin(stream)

@@ -91,7 +91,8 @@ def test_scoped_warm_ups_still_initialise_the_kernels_captures_need(monkeypatch)
         assert engine.capture_state.graphs_captured == 2
     finally:
         engine.close()
-    assert len(scopes) == 2 and all(mode.upcast > 0 for mode in scopes)
+    # compile's first forward at the largest size, then one warm-up per size
+    assert len(scopes) == 1 + 2 and all(mode.upcast > 0 for mode in scopes)
 
 
 def test_without_warm_ups_the_capture_is_still_refused():

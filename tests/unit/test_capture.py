@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import logging
 
 import pytest
 import torch
@@ -211,3 +212,189 @@ def test_a_wrapper_can_be_given_a_bare_device(sim_device, inputs):
     sim_device.synchronize()
     assert torch.equal(out, torch.tensor([1.0, 3.0, 5.0, 7.0]))
     assert wrapper.state.device is sim_device and wrapper.state.graphs_captured == 1
+
+
+# --------------------------------------------------------------------------- mutation survivors
+# Written against survivors of the mutmut run over this module (docs/testing.md, "Mutation
+# testing"); each asserts what the code is for, the comment names the mutant.
+
+
+def _double(x: torch.Tensor) -> tuple[torch.Tensor]:
+    return (x * 2,)
+
+
+def test_release_gives_the_pool_back_and_the_next_capture_takes_a_fresh_one(sim_device):
+    # CaptureState.release: `self.pool = None` -> `self.pool = ""` kept a non-pool as the pool
+    state = CaptureState(sim_device, allowed=True)
+    wrapper = GraphWrapper(_double, GraphMode.PIECEWISE, state)
+    x = torch.ones(4)
+    with set_forward_context(_context(GraphMode.PIECEWISE)):
+        wrapper(x)
+    first_pool = state.pool
+    assert first_pool is not None
+    state.release()
+    assert state.pool is None
+    with set_forward_context(_context(GraphMode.PIECEWISE)):
+        wrapper(x)  # captured again, into a pool of its own
+        (out,) = wrapper(x)  # replayed
+    sim_device.synchronize()
+    assert type(state.pool) is type(first_pool) and state.pool != first_pool
+    assert torch.equal(out, torch.full((4,), 2.0))
+
+
+def test_release_counts_every_graph_of_a_wrapper(sim_device):
+    # GraphWrapper.release: `count += 1` -> `count = 1` reported one graph for a wrapper holding three
+    state = CaptureState(sim_device, allowed=True)
+    wrapper = GraphWrapper(_double, GraphMode.FULL, state)
+    for size in (1, 2, 4):
+        with set_forward_context(_context(GraphMode.FULL, BatchDescriptor(size))):
+            wrapper(torch.ones(size))
+    assert sim_device.stats().graphs_alive == 3
+    assert wrapper.release() == 3
+    assert wrapper.entries == {} and sim_device.stats().graphs_alive == 0
+
+
+@pytest.mark.parametrize("label, expected", [("layer0.attn", "layer0.attn"), ("", "_double")])
+def test_a_wrapper_names_its_label_or_else_its_runnable_with_mode_and_graph_count(sim_device, label, expected):
+    # GraphWrapper.__repr__ (logs and errors name wrappers by it): `label or runnable` -> `and`
+    wrapper = GraphWrapper(_double, GraphMode.FULL, sim_device, options=GraphOptions(label=label))
+    with set_forward_context(_context(GraphMode.FULL, BatchDescriptor(2))):
+        wrapper(torch.ones(2))
+    text = repr(wrapper)
+    assert text.startswith("GraphWrapper(") and text.endswith(", FULL, 1 graphs)")
+    assert expected in text
+
+
+@pytest.mark.parametrize("engine_budget, reported", [(None, 1), (7, 7)])
+def test_a_capture_error_reports_the_engines_stream_budget_or_else_the_devices_limit(inputs, engine_budget, reported):
+    # GraphWrapper._capture_context: the engine's planned budget when it has one, the device's
+    # stream limit otherwise (mutants inverted or short-circuited the choice)
+    device = get_device("sim", stream_limit=1)
+    state = CaptureState(device, allowed=True, stream_budget=engine_budget)
+    wrapper = GraphWrapper(_double_plus, GraphMode.PIECEWISE, state)
+    with set_forward_context(_context(GraphMode.PIECEWISE, BatchDescriptor(4))):
+        wrapper(*inputs)
+    with set_forward_context(_context(GraphMode.PIECEWISE, BatchDescriptor(8))):
+        with pytest.raises(StreamResourceExhausted) as excinfo:
+            wrapper(*inputs)
+    assert (excinfo.value.graphs_captured, excinfo.value.streams_in_use, excinfo.value.stream_budget) == (1, 1, reported)
+
+
+@pytest.mark.parametrize("mode, kind", [(GraphMode.PIECEWISE, "piecewise"), (GraphMode.FULL, "full")])
+def test_the_device_is_told_which_kind_of_graph_it_captures(sim_device, inputs, mode, kind):
+    # CaptureState.graph_context: graph_kind goes to devices that charge streams by kind (the
+    # simulator's StreamPlan); mutants of the signature check dropped it (every graph "full")
+    state = CaptureState(sim_device, allowed=True)
+    wrapper = GraphWrapper(_double_plus, mode, state)
+    with set_forward_context(_context(mode)):
+        wrapper(*inputs)
+    assert wrapper.entries[KEY].graph.kind == kind
+
+
+def test_a_list_output_is_handed_back_and_stored_as_weak_references_to_the_same_storage(sim_device):
+    # weak_ref_tensors' list branch and GraphOptions(weak_ref_output=True) (the last piece)
+    state = CaptureState(sim_device, allowed=True)
+    x = torch.arange(4.0)
+    wrapper = GraphWrapper(lambda t: [t * 2, t + 1], GraphMode.PIECEWISE, state,
+                           options=GraphOptions(weak_ref_output=True))
+    with set_forward_context(_context(GraphMode.PIECEWISE)):
+        captured = wrapper(x)
+        assert isinstance(captured, list) and len(captured) == 2
+        stored = wrapper.entries[KEY].output
+        assert isinstance(stored, list)
+        assert [t.data_ptr() for t in stored] == [t.data_ptr() for t in captured]
+        x.copy_(torch.tensor([1.0, 2.0, 3.0, 4.0]))
+        replayed = wrapper(x)
+    sim_device.synchronize()
+    assert torch.equal(replayed[0], torch.tensor([2.0, 4.0, 6.0, 8.0]))
+    assert torch.equal(replayed[1], torch.tensor([2.0, 3.0, 4.0, 5.0]))
+
+
+@pytest.mark.parametrize("label, named", [("model.layers.0", "model.layers.0"), ("", "wrapper")])
+def test_refusing_a_capture_outside_the_capture_phase_says_it_is_a_bug_and_names_the_wrapper(sim_device, inputs,
+                                                                                            label, named):
+    # GraphWrapper._capture's CaptureNotAllowed text (mutants garbled it)
+    wrapper = GraphWrapper(_double_plus, GraphMode.FULL, CaptureState(sim_device), options=GraphOptions(label=label))
+    with set_forward_context(_context(GraphMode.FULL)), pytest.raises(CaptureNotAllowed) as excinfo:
+        wrapper(*inputs)
+    assert str(excinfo.value) == (
+        f"FULL graph for batch ({KEY}) was never captured and capture is not allowed outside the engine's capture "
+        f"phase ({named}); the dispatcher returned a key the engine did not capture — this is an ascendgraph bug, "
+        "please report it"
+    )
+
+
+def test_a_wrapper_for_a_mode_without_graphs_is_refused_naming_the_mode(sim_device):
+    # GraphWrapper.__init__'s ValueError text (mutant: None)
+    with pytest.raises(ValueError) as excinfo:
+        GraphWrapper(_double_plus, GraphMode.NONE, sim_device)
+    assert str(excinfo.value) == "a GraphWrapper captures PIECEWISE or FULL graphs, not NONE"
+
+
+def test_capture_scopes_are_opened_around_the_runnable_with_the_wrapper(state, inputs):
+    # GraphWrapper._capture: `scope(self)` (mutants: the scope not entered, or given None)
+    import contextlib
+
+    events = []
+
+    @contextlib.contextmanager
+    def scope(wrapper):
+        events.append(("enter", wrapper))
+        yield
+        events.append(("exit", wrapper))
+
+    def runnable(x, y):
+        events.append(("run", None))
+        return (x + y,)
+
+    state.capture_scopes.append(scope)
+    wrapper = GraphWrapper(runnable, GraphMode.FULL, state)
+    with set_forward_context(_context(GraphMode.FULL)):
+        wrapper(*inputs)
+    assert events == [("enter", wrapper), ("run", None), ("exit", wrapper)]
+
+
+def test_every_replay_is_counted(state, inputs):
+    # GraphWrapper._replay: `entry.replays += 1` (mutant: `= 1`)
+    wrapper = GraphWrapper(_double_plus, GraphMode.PIECEWISE, state)
+    with set_forward_context(_context(GraphMode.PIECEWISE)):
+        for _ in range(4):
+            wrapper(*inputs)
+    assert wrapper.entries[KEY].replays == 3
+
+
+def test_debug_logging_alone_turns_the_address_check_on_and_each_capture_is_logged(state, inputs, caplog):
+    # GraphWrapper._replay: `options.debug or state.debug or log.isEnabledFor(DEBUG)` (mutant: `and`
+    # before the logging test), and _capture's debug record (mutants garbled it)
+    caplog.set_level(logging.DEBUG, logger="ascendgraph.runtime.capture")
+    x, y = inputs
+    wrapper = GraphWrapper(_double_plus, GraphMode.FULL, state, options=GraphOptions(label="lm_head"))
+    with set_forward_context(_context(GraphMode.FULL)):
+        wrapper(x, y)
+        assert [r.getMessage() for r in caplog.records if r.name == "ascendgraph.runtime.capture"] == [
+            f"captured FULL graph lm_head for {KEY}"
+        ]
+        with pytest.raises(AssertionError, match="Input addresses for aclgraphs are different during replay"):
+            wrapper(x.clone(), y)
+
+
+def test_a_full_replay_waits_for_its_own_stream_only(inputs):
+    # _synchronize_current_stream: the FULL replay synchronises the current stream, not the whole
+    # device (mutants fell back to device.synchronize(), which waits for every stream's work)
+    device = get_device("sim", faults="replay=1*hang->off")
+    state = CaptureState(device, allowed=True)
+    side = device.new_stream()
+    x = torch.ones(4)
+    piece = GraphWrapper(lambda t: (t + 1,), GraphMode.PIECEWISE, state)
+    full = GraphWrapper(lambda t: (t * 3,), GraphMode.FULL, state)
+    with set_forward_context(_context(GraphMode.FULL)):
+        full(x)
+    with device.stream(side), set_forward_context(_context(GraphMode.PIECEWISE)):
+        piece(x)
+        piece(x)  # this replay hangs (injected), on the side stream
+    with set_forward_context(_context(GraphMode.FULL)):
+        (out,) = full(x)  # synchronises the current stream: not blocked by the side stream
+    device.current_stream().synchronize()
+    assert torch.equal(out, torch.full((4,), 3.0))
+    with pytest.raises(GraphHang):
+        device.synchronize()  # the side stream's replay is still hung

@@ -286,3 +286,130 @@ def test_allocating_the_output_inside_the_task_group_is_refused(sim_device):
             device.task_group_begin(stream)
             x + 1
     assert not graph.is_captured
+
+
+# --------------------------------------------------------------------------- mutation survivors
+# Written against survivors of the mutmut run over ascendgraph/runtime/params.py (docs/testing.md,
+# "Mutation testing"); each asserts what the code is for, the comment names the mutant.
+
+
+def test_the_refusals_say_what_went_wrong():
+    # padded_attention_lengths' messages (mutants dropped or garbled them; `//` -> `/` printed 4.0)
+    too_many = _metadata([1, 2, 3], [1, 1, 1], tokens=4)
+    with pytest.raises(ValueError) as excinfo:
+        padded_attention_lengths(too_many, BatchDescriptor(4, 2), captured_num_reqs=2, query_len=1)
+    assert str(excinfo.value) == (
+        f"batch of 3 requests replays a graph captured for 2 ({BatchDescriptor(4, 2)}); "
+        "the dispatcher padded to a key that is too small"
+    )
+    uniform = _metadata([2], [5], tokens=8, uniform=True, q=2)
+    key = BatchDescriptor(8, 4, True)
+    with pytest.raises(ValueError) as excinfo:
+        padded_attention_lengths(uniform, key, captured_num_reqs=3, query_len=2)
+    assert str(excinfo.value) == f"uniform graph {key} holds 4 requests of 2 tokens, but it was captured with 3"
+
+
+def test_an_update_before_the_sizes_or_for_an_uncaptured_key_names_the_cause(sim_device):
+    # GraphParams.update's GraphParamsNotSet and KeyError texts (mutants dropped or garbled them)
+    params = GraphParams(sim_device)
+    with pytest.raises(GraphParamsNotSet) as excinfo:
+        params.update(BatchDescriptor(4), _metadata([1], [1], tokens=4))
+    assert str(excinfo.value) == "GraphParams.update before set_sizes: nothing was captured"
+    setup = _Setup(sim_device)
+    setup.capture()
+    with pytest.raises(KeyError) as excinfo:
+        setup.params.update(BatchDescriptor(2, 2, True), _metadata([1, 2], [1, 1], tokens=2, uniform=True))
+    message = excinfo.value.args[0]
+    assert message.startswith(f"no FULL-graph attention parameters were captured for {BatchDescriptor(2, 2, True)}; ")
+    assert message.endswith(f"captured keys: {[str(setup.descriptor)]}")
+
+
+def test_an_update_defaults_to_one_query_token_per_request_and_counts_every_update(sim_device):
+    # update(query_len=1) default (mutant: 2) and `self.updates += 1` (mutant: `= 1`)
+    setup = _Setup(sim_device)
+    setup.capture()
+    for count, seq_lens in enumerate(([5, 3, 8], [2, 2, 2, 2]), start=1):
+        metadata = _metadata([1, 2, 3, 4][: len(seq_lens)], seq_lens, tokens=4, uniform=True,
+                             block_table=setup.block_table)
+        with set_forward_context(setup.context()):
+            (out,) = setup.wrapper(setup.query)
+        assert setup.params.update(setup.descriptor, metadata) == 1  # no query_len: decode, q = 1
+        sim_device.synchronize()
+        padded = seq_lens + [0] * (4 - len(seq_lens))
+        torch.testing.assert_close(out, setup.eager([1, 2, 3, 4], padded), rtol=0, atol=0)
+        assert setup.params.updates == count
+
+
+def test_the_update_runs_on_its_own_stream_not_the_replaying_one(sim_device):
+    # the task updates run on the update stream, read from their trace spans (an update on the
+    # replay's stream would queue behind the replay that waits for it: a hang on a device). Where
+    # the update records its events is not observable on the simulator (docs/testing.md).
+    setup = _Setup(sim_device)
+    setup.capture()
+    sim_device.set_record_kernels(True)
+    replay_stream = sim_device.current_stream()
+    setup.replay([5, 3, 8])
+    updates = [span for span in sim_device.trace_spans if span.kind == "task_update"]
+    assert [span.stream_id for span in updates] == [setup.params.update_stream.stream_id]
+    assert updates[0].stream_id != replay_stream.stream_id
+
+
+def test_the_update_gives_a_mixed_batch_its_query_ends_and_block_table(sim_device):
+    # update / _update_one: the real query ends (mutant: None kept the captured ones, equal
+    # for uniform decode) and the batch's block table (mutant: None kept the captured one)
+    setup = _Setup(sim_device)
+    setup.descriptor = BatchDescriptor(4, 4, False)  # a mixed batch graph of 4 tokens
+    setup.capture()
+    block_table = torch.tensor([[3, 2], [1, 0], [0, 0]], dtype=torch.int32)  # the batch's blocks + a spare row
+    metadata = _metadata([3], [20], tokens=4, block_table=block_table)  # one request of 3 tokens, 20 in KV
+    with set_forward_context(setup.context()):
+        (out,) = setup.wrapper(setup.query)
+    setup.params.update(setup.descriptor, metadata, query_len=1)
+    sim_device.synchronize()
+    # the real end 3, then one dummy request ending at the graph's 4 tokens with KV length 0
+    expected = torch.empty_like(setup.query)
+    ops.paged_attention(setup.query, setup.key_cache, setup.value_cache, block_table[:2], [3, 4], [20, 0], SCALE,
+                        expected)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+def test_a_capture_before_the_sizes_or_of_another_size_names_the_cause(sim_device):
+    # GraphParams.capture_attention's GraphParamsNotSet and ValueError texts (mutants garbled them)
+    setup = _Setup(sim_device)
+    setup.eager(*setup.captured_lengths)
+    setup.params = GraphParams(sim_device)  # sizes never set
+    setup.state.graph_params = setup.params
+    with pytest.raises(GraphParamsNotSet) as excinfo:
+        setup.capture()
+    assert str(excinfo.value) == (
+        "FULL-graph capture needs GraphParams.set_sizes(capture_sizes) first (the engine does it before capturing)"
+    )
+    setup.params.set_sizes([1, 2])
+    with pytest.raises(ValueError) as excinfo:
+        setup.capture()
+    assert str(excinfo.value) == (
+        f"FULL graph for {setup.descriptor} captured, but 4 is not one of the capture sizes [1, 2] its parameters "
+        "were set for"
+    )
+
+
+def test_a_failing_post_capture_step_discards_the_graphs_parameters(sim_device):
+    # GraphWrapper._capture: a failing after_capture hook discards the FULL graph's records for
+    # its own key (mutant: `_discard_failed(graph, None)`)
+    setup = _Setup(sim_device)
+
+    def refuse(wrapper, entry):
+        raise RuntimeError("post-capture step failed")
+
+    setup.state.after_capture.append(refuse)
+    with pytest.raises(RuntimeError, match="post-capture step failed"):
+        setup.capture()
+    assert setup.params.records(setup.descriptor) == [] and setup.params.descriptors == []
+
+
+def test_the_parameters_describe_their_sizes_graphs_and_attention_calls(sim_device):
+    # GraphParams.__repr__ (had no test)
+    setup = _Setup(sim_device)
+    assert repr(setup.params) == "GraphParams(sizes=[4], graphs=0, attention_calls=0)"
+    setup.capture()
+    assert repr(setup.params) == "GraphParams(sizes=[4], graphs=1, attention_calls=1)"

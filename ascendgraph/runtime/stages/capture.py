@@ -119,7 +119,8 @@ class CaptureStage:
         if not self.compiled.is_compiled or self.backend is None or self.backend.artifacts:
             return self.compiled.compile_seconds
         size = max(self.resolution.max_capture_size, 1)
-        self._dummy_forward(GraphMode.NONE, BatchDescriptor(size))
+        with self._warmup_scope():  # its results are discarded, like a warm-up's
+            self._dummy_forward(GraphMode.NONE, BatchDescriptor(size))
         self.device.synchronize()
         return self.compiled.compile_seconds
 
