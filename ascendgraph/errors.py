@@ -251,6 +251,11 @@ GRAPH_HANG_STREAM = (
     "{stream} is waiting on {event}, which nothing has recorded: the stream would hang on the "
     "device. Record the event before synchronizing."
 )
+RECORD_BEHIND_ITS_WAIT = (
+    "{event} is recorded on {stream}, which is blocked by {blocked_by} waiting on that same event: "
+    "the record queues behind the wait and the stream would hang on the device. Record the event on "
+    "another stream (the one that issued the task updates)."
+)
 EXTERNAL_EVENT_NOT_RESET = (
     "{event} was recorded again without reset(); an ExternalEvent must be reset before it is "
     "reused (call event.reset(stream) after the wait it released)."

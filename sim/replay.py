@@ -1,6 +1,8 @@
 """Replay and ExternalEvents on the simulator: launched replays run their program segment by
 segment and suspend at a captured wait on an event nobody has recorded yet; recording the
-event (eagerly, or from a task update on another stream) resumes them.
+event (eagerly, or from a task update on another stream) resumes them. An eager record is a
+task of its stream: on a stream with work pending it waits its turn, and a record queued
+behind a wait for that same event is a hang on the device (GraphHang at the record).
 
 `ReplayMixin` is part of `sim.device.SimDevice`.
 """
@@ -12,7 +14,7 @@ from typing import Any, Optional
 
 import torch
 
-from ascendgraph.errors import EXTERNAL_EVENT_NOT_RESET
+from ascendgraph.errors import EXTERNAL_EVENT_NOT_RESET, RECORD_BEHIND_ITS_WAIT, GraphHang
 from sim import kernels
 from sim.capture import COPY_MANY, COPY_ONE, modes_off
 from sim.faults import Action
@@ -33,6 +35,23 @@ class _EagerWait:
         self.event = event
 
 
+class _QueuedRecord:
+    """An eager ExternalEvent record issued on a stream with work pending: like any task on
+    a stream, it takes effect when the stream reaches it."""
+
+    __slots__ = ("event",)
+
+    def __init__(self, event: SimExternalEvent) -> None:
+        self.event = event
+
+
+def _waits_on(item: Any) -> Optional[SimExternalEvent]:
+    if isinstance(item, _EagerWait):
+        return item.event
+    if isinstance(item, _QueuedRecord):
+        return None
+    return getattr(item, "waiting_on", None)
+
 
 class ReplayMixin:
     """ExternalEvent record / wait / reset, stream draining, and graph replay."""
@@ -47,6 +66,18 @@ class ReplayMixin:
         term = self._fault("event_record", stream_id=stream.stream_id)
         if term is not None and term.action is Action.HANG:
             return  # the record never reaches the device
+        if stream.pending:
+            # Stream order: the record runs after what the stream is blocked on. If that is
+            # a wait for this very event, the record can never run: a hang on the device.
+            for item in stream.pending:
+                if _waits_on(item) is event:
+                    blocked_by = f"replay of {item.graph.name}" if hasattr(item, "graph") else "an eager wait"
+                    raise GraphHang(RECORD_BEHIND_ITS_WAIT.format(event=event, stream=stream, blocked_by=blocked_by))
+            stream.pending.append(_QueuedRecord(event))
+            return
+        self._set_flag(event)
+
+    def _set_flag(self, event: SimExternalEvent) -> None:
         if event.flag:
             raise RuntimeError(EXTERNAL_EVENT_NOT_RESET.format(event=event))
         event.flag = True
@@ -77,8 +108,7 @@ class ReplayMixin:
     def _wake(self, event: SimExternalEvent) -> None:
         for stream in list(self._busy):
             head = stream.pending[0] if stream.pending else None
-            waiting = head.event if isinstance(head, _EagerWait) else getattr(head, "waiting_on", None)
-            if waiting is event:
+            if head is not None and _waits_on(head) is event:
                 self._drain(stream)
 
     def _drain(self, stream: SimStream) -> None:
@@ -89,6 +119,10 @@ class ReplayMixin:
                 if not head.event.flag:
                     return
                 pending.popleft()
+                continue
+            if isinstance(head, _QueuedRecord):
+                pending.popleft()
+                self._set_flag(head.event)
                 continue
             if head.waiting_on is not None:
                 if not head.waiting_on.flag:

@@ -476,3 +476,47 @@ def test_bf16_attention_in_a_graph_matches_eager():
     expected = torch.empty_like(out)
     ops.paged_attention(q, cache, cache, table, [2, 4], [5, 9], 1 / math.sqrt(16), expected)
     assert torch.equal(out, expected)
+
+
+# --------------------------------------------------------------------------- eager records in stream order
+
+
+def test_a_record_on_the_stream_its_own_wait_blocks_is_a_hang_at_the_record():
+    # A FULL replay waits for its update event; recording that event on the replay's own
+    # stream queues the record behind the wait: the device hangs for ever.
+    device = SimDevice()
+    event = device.new_external_event()
+    graph = device.new_graph(name="decode-8")
+    with device.graph(graph):
+        event.wait(device.current_stream())
+    stream = device.new_stream()
+    with device.stream(stream):
+        graph.replay()
+    with pytest.raises(GraphHang, match=rf"{event}.*blocked by replay of decode-8"):
+        event.record(stream)
+    event.record(device.new_stream())  # the update's own stream: the replay finishes
+    device.synchronize()
+    assert stream.query()
+
+
+def test_a_record_behind_other_pending_work_takes_effect_when_the_stream_reaches_it():
+    device = SimDevice()
+    first, second = device.new_external_event(), device.new_external_event()
+    stream, other = device.new_stream(), device.new_stream()
+    first.wait(stream)
+    second.record(stream)  # queued behind the wait for `first`
+    second.wait(other)
+    assert not second.flag and not other.query()
+    first.record(device.new_stream())
+    assert second.flag  # the stream drained to the record
+    device.synchronize()
+    assert stream.query() and other.query()
+
+
+def test_an_eager_wait_ahead_of_a_record_of_the_same_event_is_a_hang():
+    device = SimDevice()
+    event = device.new_external_event()
+    stream = device.new_stream()
+    event.wait(stream)
+    with pytest.raises(GraphHang, match="an eager wait"):
+        event.record(stream)
