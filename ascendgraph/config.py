@@ -496,8 +496,7 @@ def _validate(config: GraphConfig) -> None:
         if value is not None and value > limit:
             raise ConfigError(f"{name}={value} is larger than ascendgraph supports (at most {limit})", key=name)
     _check_token_budget(config)
-    # Imported here: the contract table needs torch, and parsing flags must not import it.
-    from ascendgraph.kernel_contracts import block_size_problem
+    from ascendgraph.block_sizes import block_size_problem  # the contract table's rule, torch-free
 
     problem = block_size_problem(config.block_size, config.attention_backend or "default")
     if problem is not None:

@@ -35,6 +35,12 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 
+from ascendgraph.block_sizes import (
+    PAGED_BLOCK_SIZE_SOURCE,
+    block_size_problem,
+    describe_paged_block_size,
+    paged_block_size_ok,
+)
 from ascendgraph.errors import KernelContractError
 
 __all__ = [
@@ -270,12 +276,9 @@ _FIA_RULES = (
                lambda a: int(a["key"].shape[0]) >= sum(_blocks_needed(a)),
                lambda a: f"the cache holds {int(a['key'].shape[0])} blocks but the KV lengths "
                          f"{_ints(a['actual_seq_lengths_kv'])} need {sum(_blocks_needed(a))} of {a['block_size']}"),
-    KernelRule(FIA, "paged_block_size", f"{DOCS}:8280 (page attention: block_size non-zero, <= 512, 16-aligned "
-               "for float16/bfloat16 KV, 128 recommended); :8219 (Q_S>1: multiples of 128) is not applied: which "
-               "branch a ragged TND batch takes is undocumented and vLLM Ascend runs 128 in both",
-               _paged, lambda a: 0 < int(a.get("block_size", 0)) <= 512 and int(a.get("block_size", 0)) % 16 == 0,
-               lambda a: f"block_size={a.get('block_size', 0)}; page attention needs 16..512 in steps of 16 "
-                         "(128 is vLLM Ascend's default)"),
+    KernelRule(FIA, "paged_block_size", PAGED_BLOCK_SIZE_SOURCE,
+               _paged, lambda a: paged_block_size_ok(a.get("block_size", 0)),
+               lambda a: describe_paged_block_size(a.get("block_size", 0))),
     KernelRule(FIA, "kv_covers_query_sparse3", f"{DOCS}:8248 (sparse_mode 3: kv_len - q_len < 0 is intercepted); "
                f"relaxed for kv_len 0 (padded requests): {SRC_ZERO_KV}",
                lambda a: a.get("sparse_mode") == 3 and _tnd_with_lengths(a) and a.get("actual_seq_lengths_kv") is not None,
@@ -475,16 +478,4 @@ def check(kernel: str, arguments: Mapping[str, Any]) -> None:
         lines = [message(kernel, rule, arguments) for rule in broken]
         raise KernelContractError("\n".join(lines), kernel=kernel, rules=tuple(rule.name for rule in broken))
 
-
-def block_size_problem(block_size: int, attention_backend: str = "ascend") -> Optional[str]:
-    """Why a paged KV cache of ``block_size`` would be refused by the attention kernel (None: legal).
-
-    Every attention backend here issues the same torch_npu call on an NPU (hw/kernels.py:
-    the fused attention, TND, paged KV), so the rule is that call's ``paged_block_size``.
-    """
-    rule = next(r for r in rules_for(FIA) if r.name == "paged_block_size")
-    arguments = {"block_size": int(block_size)}
-    if rule.holds(arguments):
-        return None
-    return f"{rule.name}: {rule.describe(arguments)} (attention backend {attention_backend}; source: {rule.source})"
 

@@ -110,3 +110,19 @@ def test_float32_is_listed_under_lenient_on_sim_and_refused_on_npu(capsys):
     out, err = capsys.readouterr()
     assert out == ""
     assert FLOAT32_ON_NPU in err
+
+
+def test_explain_refuses_an_illegal_block_size_without_importing_torch():
+    """explain runs nothing, so it needs no torch: the block-size rule it checks is the contract
+    table's, kept torch-free in ascendgraph.block_sizes (explain went from ~5 s to ~0.5 s)."""
+    script = (
+        "import sys\n"
+        "from ascendgraph.cli.app import main\n"
+        "assert main(['explain', '--block-size', '8']) == 2\n"
+        "assert main(['explain']) == 0\n"
+        "print('torch' in sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "False"
+    assert "paged_block_size" in result.stderr
