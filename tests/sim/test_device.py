@@ -251,15 +251,20 @@ def test_a_replay_behind_a_blocked_stream_waits_its_turn():
     torch.testing.assert_close(out, x * 3)
 
 
-def test_stream_synchronize_names_the_suspended_graph():
-    device = SimDevice()
-    event = device.new_external_event()
-    graph = device.new_graph(name="decode-8")
+def _replay_suspended_at(device, event, name: str = "decode-8"):
+    """A graph named ``name`` that waits on ``event``, replayed on a new stream: the stream."""
+    graph = device.new_graph(name=name)
     with device.graph(graph):
         event.wait(device.current_stream())
     stream = device.new_stream()
     with device.stream(stream):
         graph.replay()
+    return stream
+
+
+def test_stream_synchronize_names_the_suspended_graph():
+    device = SimDevice()
+    stream = _replay_suspended_at(device, device.new_external_event())
     with pytest.raises(GraphHang, match="decode-8"):
         stream.synchronize()
 
@@ -486,12 +491,7 @@ def test_a_record_on_the_stream_its_own_wait_blocks_is_a_hang_at_the_record():
     # stream queues the record behind the wait: the device hangs for ever.
     device = SimDevice()
     event = device.new_external_event()
-    graph = device.new_graph(name="decode-8")
-    with device.graph(graph):
-        event.wait(device.current_stream())
-    stream = device.new_stream()
-    with device.stream(stream):
-        graph.replay()
+    stream = _replay_suspended_at(device, event)
     with pytest.raises(GraphHang, match=rf"{event}.*blocked by replay of decode-8"):
         event.record(stream)
     event.record(device.new_stream())  # the update's own stream: the replay finishes
