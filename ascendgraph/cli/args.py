@@ -54,39 +54,32 @@ def _shown(text: str) -> str:
     return repr(text if len(text) <= 40 else text[:37] + "...")
 
 
+def _int_at_least(text: str, low: int, expected: str, *, forms: str = "",
+                  read: Callable[..., int] = read_int) -> int:
+    """An argparse integer >= ``low``: ASCII digits only ("²" and "١٢" are not numbers here);
+    ``forms`` names the other spellings ``read`` takes, in the message for unreadable text."""
+    try:
+        value = read(text, "")
+    except ConfigError:
+        raise argparse.ArgumentTypeError(f"expected {expected}{forms}, got {_shown(text)}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
+    return value
+
+
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1."""
-    try:
-        value = read_int(text, "")  # ASCII digits only: "²" and "١٢" are not numbers here
-    except ConfigError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {_shown(text)}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+    return _int_at_least(text, 1, "a positive integer")
 
 
 def positive_count(text: str) -> int:
     """argparse type: an integer >= 1, also with vLLM's suffixes (8k = 8000, 8K = 8192)."""
-    try:
-        value = read_human_int(text, "")
-    except ConfigError:
-        raise argparse.ArgumentTypeError(
-            f"expected a positive integer (or vLLM's 8k / 8K forms), got {_shown(text)}"
-        ) from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+    return _int_at_least(text, 1, "a positive integer", forms=" (or vLLM's 8k / 8K forms)", read=read_human_int)
 
 
 def non_negative_int(text: str) -> int:
     """argparse type: an integer >= 0."""
-    try:
-        value = read_int(text, "")  # ASCII digits only: "²" and "١٢" are not numbers here
-    except ConfigError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {_shown(text)}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
+    return _int_at_least(text, 0, "an integer >= 0")
 
 
 def limit_error(dest: str, value: int) -> Optional[str]:
