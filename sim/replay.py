@@ -1,6 +1,6 @@
 """Replay and ExternalEvents on the simulator: launched replays run their program segment by
 segment and suspend at a captured wait on an event nobody has recorded yet; recording the
-event (eagerly, or from a task update on another stream) resumes them. An eager record is a
+event (eagerly, or from a task update on another stream) resumes them. An eager record (or reset) is a
 task of its stream: on a stream with work pending it waits its turn, and a record queued
 behind a wait for that same event is a hang on the device (GraphHang at the record).
 
@@ -35,20 +35,21 @@ class _EagerWait:
         self.event = event
 
 
-class _QueuedRecord:
-    """An eager ExternalEvent record issued on a stream with work pending: like any task on
-    a stream, it takes effect when the stream reaches it."""
+class _QueuedEventOp:
+    """An eager ExternalEvent record or reset issued on a stream with work pending: like any
+    task on a stream, it takes effect when the stream reaches it."""
 
-    __slots__ = ("event",)
+    __slots__ = ("kind", "event")
 
-    def __init__(self, event: SimExternalEvent) -> None:
+    def __init__(self, kind: str, event: SimExternalEvent) -> None:
+        self.kind = kind  # "record" or "reset"
         self.event = event
 
 
 def _waits_on(item: Any) -> Optional[SimExternalEvent]:
     if isinstance(item, _EagerWait):
         return item.event
-    if isinstance(item, _QueuedRecord):
+    if isinstance(item, _QueuedEventOp):
         return None
     return getattr(item, "waiting_on", None)
 
@@ -73,7 +74,7 @@ class ReplayMixin:
                 if _waits_on(item) is event:
                     blocked_by = f"replay of {item.graph.name}" if hasattr(item, "graph") else "an eager wait"
                     raise GraphHang(RECORD_BEHIND_ITS_WAIT.format(event=event, stream=stream, blocked_by=blocked_by))
-            stream.pending.append(_QueuedRecord(event))
+            stream.pending.append(_QueuedEventOp("record", event))
             return
         self._set_flag(event)
 
@@ -103,6 +104,9 @@ class ReplayMixin:
         if capture is not None and stream is capture.stream:
             capture.control("reset", event)
             return
+        if stream.pending:  # stream order, as a record
+            stream.pending.append(_QueuedEventOp("reset", event))
+            return
         event.flag = False
 
     def _wake(self, event: SimExternalEvent) -> None:
@@ -120,9 +124,12 @@ class ReplayMixin:
                     return
                 pending.popleft()
                 continue
-            if isinstance(head, _QueuedRecord):
+            if isinstance(head, _QueuedEventOp):
                 pending.popleft()
-                self._set_flag(head.event)
+                if head.kind == "record":
+                    self._set_flag(head.event)
+                else:
+                    head.event.flag = False
                 continue
             if head.waiting_on is not None:
                 if not head.waiting_on.flag:

@@ -520,3 +520,17 @@ def test_an_eager_wait_ahead_of_a_record_of_the_same_event_is_a_hang():
     event.wait(stream)
     with pytest.raises(GraphHang, match="an eager wait"):
         event.record(stream)
+
+
+def test_a_reset_behind_a_suspended_replay_runs_after_the_replay_is_released():
+    # The replay's own stream resets the event after its wait, as vLLM Ascend does: queued, the
+    # reset clears the flag only once the update's record has released the replay.
+    device = SimDevice()
+    event = device.new_external_event()
+    stream = _replay_suspended_at(device, event)
+    event.reset(stream)  # queued behind the suspended replay
+    event.record(device.new_stream())
+    assert not event.flag  # the replay ran, then the reset
+    event.record(device.new_stream())  # so a second record is legal, not "recorded again without reset"
+    device.synchronize()
+    assert stream.query()
