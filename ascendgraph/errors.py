@@ -11,6 +11,7 @@ Hierarchy (INTERFACES.md, "Errors"):
                                      ResourceAllocFailed, CaptureConstraintError
                   -> GraphHang, StaleGraphParams, DeviceLost, NumericalMismatch,
                      DeviceUnavailable, KernelContractError
+                  -> CollectiveError -> CollectiveMismatch, CollectiveDeadlock, CollectiveTimeout
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ __all__ = [
     "NumericalMismatch",
     "DeviceUnavailable",
     "KernelContractError",
+    "CollectiveError",
+    "CollectiveMismatch",
+    "CollectiveDeadlock",
+    "CollectiveTimeout",
     "CaptureContext",
     "classify_capture_error",
     "rewrite_capture_error",
@@ -145,6 +150,43 @@ class KernelContractError(AscendGraphError, RuntimeError):
 
 class DeviceUnavailable(AscendGraphError, RuntimeError):
     """The requested device backend cannot be used here; the message says why."""
+
+
+# --------------------------------------------------------------------------- many ranks (docs/ranks.md)
+
+
+class CollectiveError(AscendGraphError, RuntimeError):
+    """Base of what the in-process collective fabric (sim.fabric) detects between ranks.
+
+    ``ranks`` are the ranks involved; ``flight_record`` is the per-rank report (pending
+    fingerprint and last collectives, as torch's NCCL flight recorder dumps), also in the
+    message; ``rules`` the ids of the broken compatibility rules (mismatches).
+    """
+
+    def __init__(self, message: str, *, ranks: tuple[int, ...] = (), flight_record: Optional[dict] = None,
+                 rules: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.ranks = ranks
+        self.flight_record = flight_record or {}
+        self.rules = rules
+
+
+class CollectiveMismatch(CollectiveError):
+    """The ranks of one meeting point brought incompatible fingerprints (op, shape, dtype,
+    graph vs eager, graph key, MC2 token counts), or disagreed after a DP sync."""
+
+
+class CollectiveDeadlock(CollectiveError):
+    """Every live rank is blocked in a collective and no group can complete."""
+
+
+class CollectiveTimeout(CollectiveError):
+    """Ranks waited in a collective past HCCL's execution timeout; ``straggler`` is the rank
+    that arrived last (or never)."""
+
+    def __init__(self, message: str, *, straggler: int = -1, **kwargs: object) -> None:
+        super().__init__(message, **kwargs)  # type: ignore[arg-type]
+        self.straggler = straggler
 
 
 # --------------------------------------------------------------------------- texts

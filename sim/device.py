@@ -345,6 +345,18 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
         self._check_alive()
         return SimXliteRuntime(self, model, spec)
 
+    def collective_fabric(self, layout: Any, *, seed: int = 0, timeout_s: Optional[float] = 1836.0) -> Any:
+        """A `sim.fabric.Fabric` stepping the rank programs of ``layout`` (docs/ranks.md): how the
+        runtime, which never imports ``sim``, reaches the in-process collective fabric."""
+        from sim.fabric import Fabric
+
+        return Fabric(layout, seed=seed, timeout_s=timeout_s)
+
+    @property
+    def host_clock_us(self) -> float:
+        """The virtual host clock (injected delays included), read by the multi-rank runner."""
+        return self._host_us
+
     def clock(self) -> tuple[float, float]:
         """(host clock, device clock) in virtual microseconds."""
         return self._host_us, self._device_us

@@ -1,0 +1,108 @@
+"""The rank layout of vLLM and its communication groups.
+
+vLLM orders the ranks of one engine as ``[DP][PP][TP]`` (the innermost index moves fastest):
+``rank = (dp_rank * pp + pp_rank) * tp + tp_rank``. Source: vLLM
+``vllm/distributed/parallel_state.py``, ``initialize_model_parallel`` (``all_ranks`` is
+``arange(world_size).reshape(-1, dp, pp, pcp, tp)``; pcp is 1 here). The groups:
+
+* ``tp``: the ranks of one (dp, pp) that differ only in tp_rank (consecutive ranks);
+* ``dp``: the ranks of one (pp, tp) that differ only in dp_rank;
+* ``pp``: the ranks of one (dp, tp) that differ only in pp_rank;
+* ``ep``: every rank of one pp stage, ``dp * tp`` of them (vLLM's expert-parallel group
+  is DP x TP, the same function: the ``all_ranks`` transpose for EP);
+* ``world``: every rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+from ascendgraph.errors import ConfigError
+
+__all__ = ["GROUP_NAMES", "MAX_WORLD_SIZE", "RankCoords", "ParallelLayout"]
+
+GROUP_NAMES = ("world", "dp", "pp", "tp", "ep")
+MAX_WORLD_SIZE = 4096  # a simulated world beyond this is a typo, not a cluster
+
+
+@dataclass(frozen=True)
+class RankCoords:
+    """Where one rank sits: its global rank and its index in each dimension."""
+
+    rank: int
+    dp_rank: int
+    pp_rank: int
+    tp_rank: int
+
+    def __str__(self) -> str:
+        return f"rank {self.rank} (dp {self.dp_rank}, pp {self.pp_rank}, tp {self.tp_rank})"
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    """``dp`` x ``pp`` x ``tp`` ranks in vLLM's order (see the module docstring)."""
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("dp", "tp", "pp"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} size must be an integer >= 1, got {value!r}", key=name)
+        if self.world_size > MAX_WORLD_SIZE:
+            raise ConfigError(
+                f"dp x pp x tp = {self.world_size} ranks is more than the {MAX_WORLD_SIZE} the simulator steps; "
+                "lower --data-parallel-size or --tensor-parallel-size",
+                key="data_parallel_size",
+            )
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.pp * self.tp
+
+    @property
+    def ep(self) -> int:
+        """The expert-parallel group size: DP x TP."""
+        return self.dp * self.tp
+
+    def rank_of(self, dp_rank: int, pp_rank: int, tp_rank: int) -> int:
+        return (dp_rank * self.pp + pp_rank) * self.tp + tp_rank
+
+    def coords(self, rank: int) -> RankCoords:
+        if not 0 <= rank < self.world_size:
+            raise ConfigError(f"rank {rank} is outside 0..{self.world_size - 1}", key="rank")
+        tp_rank = rank % self.tp
+        pp_rank = (rank // self.tp) % self.pp
+        dp_rank = rank // (self.tp * self.pp)
+        return RankCoords(rank, dp_rank, pp_rank, tp_rank)
+
+    def ranks(self) -> Iterator[RankCoords]:
+        return (self.coords(r) for r in range(self.world_size))
+
+    def group(self, name: str, rank: int) -> tuple[int, ...]:
+        """The members of ``rank``'s group ``name`` (one of GROUP_NAMES), in rank order."""
+        c = self.coords(rank)
+        if name == "world":
+            return tuple(range(self.world_size))
+        if name == "tp":
+            return tuple(self.rank_of(c.dp_rank, c.pp_rank, t) for t in range(self.tp))
+        if name == "dp":
+            return tuple(self.rank_of(d, c.pp_rank, c.tp_rank) for d in range(self.dp))
+        if name == "pp":
+            return tuple(self.rank_of(c.dp_rank, p, c.tp_rank) for p in range(self.pp))
+        if name == "ep":
+            return tuple(self.rank_of(d, c.pp_rank, t) for d in range(self.dp) for t in range(self.tp))
+        raise ConfigError(f"unknown group {name!r}; groups: {', '.join(GROUP_NAMES)}", key="group")
+
+    def groups(self, name: str) -> list[tuple[int, ...]]:
+        """Every distinct group of kind ``name``."""
+        seen: dict[tuple[int, ...], None] = {}
+        for rank in range(self.world_size):
+            seen.setdefault(self.group(name, rank), None)
+        return list(seen)
+
+    def describe(self) -> str:
+        return f"dp={self.dp} pp={self.pp} tp={self.tp} (world {self.world_size}, ep {self.ep})"

@@ -1,0 +1,313 @@
+"""The in-process collective fabric: many ranks, one deterministic scheduler.
+
+Theory of operation. Each rank runs a *program*: a generator that yields a `Collective`
+whenever the rank would call a collective and receives its result back. The fabric steps
+the runnable ranks one at a time in an order drawn from its seeded generator, so a seed
+reproduces a run exactly; a rank that yields is parked at the meeting point named by its
+group (kind and members) and its sequence number in that group. When every member of a
+group has arrived, the fingerprints are checked against
+`ascendgraph.parallel.fingerprints.COMPATIBILITY_RULES`:
+
+* a broken rule raises ``CollectiveMismatch`` (the rule, its source, each rank's fingerprint);
+* otherwise the collective completes: all-reduces sum (or take the maximum of) their rows,
+  and every member resumes at the latest arrival on its virtual clock.
+
+Virtual clocks: each rank's clock advances by the local time it reports with each
+collective (``Collective.local_us``: what its device spent since its last collective,
+delays injected by the fault plan included). A member that waits longer than the timeout
+(HCCL's execution timeout) makes the fabric raise ``CollectiveTimeout`` naming the
+straggler. When every live rank is parked and no meeting can complete, the fabric raises
+``CollectiveDeadlock``; a rank that hangs (``RankHung``) never arrives, so its peers time
+out naming it. Both reports are flight-recorder style: per rank, the pending fingerprint and
+the last collectives it completed.
+
+Post-sync invariant: a program may yield a `Decision` after a DP sync; it does not block.
+When every member of the group has recorded its n-th decision they must be equal (mode,
+graph key, ``num_tokens_across_dp``), else ``CollectiveMismatch`` (rule
+``post_sync_invariant``). Everything lives on the fabric object.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Generator, Mapping, Optional, Union
+
+from ascendgraph.errors import CollectiveDeadlock, CollectiveMismatch, CollectiveError, CollectiveTimeout, GraphHang
+from ascendgraph.parallel.fingerprints import EAGER, Fingerprint, check_meeting
+from ascendgraph.parallel.layout import ParallelLayout
+
+__all__ = ["Collective", "Decision", "RankHung", "Fabric", "FabricStats", "Program"]
+
+HISTORY = 8  # completed collectives kept per rank for the flight record
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective call of a rank. ``rows`` is an all-reduce's payload (int rows)."""
+
+    group: str
+    op: str
+    shape: tuple[int, ...]
+    dtype: str = "int32"
+    how: str = EAGER
+    site: str = ""
+    params: tuple[tuple[str, int], ...] = ()
+    rows: Optional[list[list[int]]] = None
+    reduce: str = "sum"  # "sum" | "max"
+    local_us: float = 0.0
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A rank's step decision after a DP sync (checked, never waited on)."""
+
+    group: str
+    value: tuple[Any, ...]
+    sp_tp: int = 1  # > 1: sequence parallelism needs the padded size to be a multiple of tp
+    padded: int = 0
+
+
+class RankHung(GraphHang):
+    """Raised inside a rank program: the rank stops making progress (an injected hang; any
+    GraphHang a rank program raises counts as one)."""
+
+
+Program = Generator[Union[Collective, Decision], Any, Any]
+
+
+@dataclass
+class FabricStats:
+    """What a run of the fabric did: collectives met per group kind, per-rank clocks."""
+
+    met: dict[str, int] = field(default_factory=dict)
+    met_by_rank: dict[int, int] = field(default_factory=dict)
+    clocks_us: dict[int, float] = field(default_factory=dict)
+    max_wait_us: float = 0.0
+    results: dict[int, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Arrival:
+    fingerprint: Fingerprint
+    collective: Collective
+    at_us: float
+
+
+class Fabric:
+    """Steps rank programs under one seeded scheduler (see the module docstring)."""
+
+    def __init__(self, layout: ParallelLayout, *, seed: int = 0, timeout_s: Optional[float] = 1836.0) -> None:
+        self.layout = layout
+        self.timeout_us = None if timeout_s is None else timeout_s * 1e6
+        self._random = random.Random(seed)
+        self._seq: dict[tuple[int, tuple[str, tuple[int, ...]]], int] = {}
+        self._meetings: dict[tuple[str, tuple[int, ...], int], dict[int, _Arrival]] = {}
+        self._pending: dict[int, Fingerprint] = {}
+        self._history: dict[int, deque[Fingerprint]] = {}
+        self._decisions: dict[tuple[str, tuple[int, ...]], dict[int, list[Decision]]] = {}
+        self._checked: dict[tuple[str, tuple[int, ...]], int] = {}
+        self.clock_us: dict[int, float] = {}
+        self.failures: dict[int, BaseException] = {}
+        self.stats = FabricStats()
+
+    # ------------------------------------------------------------------ running
+    def run(self, programs: Mapping[int, Program]) -> FabricStats:
+        """Run every program to its end; raise what the fabric detects."""
+        runnable: dict[int, Any] = {rank: None for rank in programs}  # rank -> value to send
+        parked: set[int] = set()
+        hung: set[int] = set()
+        finished: set[int] = set()
+        for rank in programs:
+            self.clock_us[rank] = 0.0
+            self._history[rank] = deque(maxlen=HISTORY)
+        while runnable:
+            ranks = sorted(runnable)
+            rank = ranks[self._random.randrange(len(ranks))]
+            value = runnable.pop(rank)
+            program = programs[rank]
+            try:
+                item = program.send(value)
+                while isinstance(item, Decision):
+                    self._decide(rank, item)
+                    item = program.send(None)
+            except StopIteration as stop:
+                finished.add(rank)
+                self.stats.results[rank] = stop.value
+                continue
+            except GraphHang as exc:
+                hung.add(rank)
+                self.failures[rank] = exc
+                continue
+            except CollectiveError:
+                raise
+            except Exception as exc:  # the rank fails: it never arrives anywhere again
+                self.failures[rank] = exc
+                hung.add(rank)
+                continue
+            if not isinstance(item, Collective):
+                raise TypeError(f"rank {rank} yielded {item!r}; programs yield Collective or Decision")
+            parked.add(rank)
+            done = self._arrive(rank, item)
+            if done is not None:
+                for member, result in done.items():
+                    parked.discard(member)
+                    runnable[member] = result
+        self.stats.clocks_us = dict(self.clock_us)
+        if parked:
+            self._stuck(parked, hung, finished)
+        if self.failures:  # nobody waits on them: the first original failure is the run's error
+            originals = [r for r in sorted(self.failures) if not getattr(self.failures[r], "peer_abort", False)]
+            rank = (originals or sorted(self.failures))[0]
+            exc = self.failures[rank]
+            setattr(exc, "rank", rank)
+            raise exc
+        return self.stats
+
+    # ------------------------------------------------------------------ meetings
+    def _arrive(self, rank: int, call: Collective) -> Optional[dict[int, Any]]:
+        members = self.layout.group(call.group, rank)
+        slot = (rank, (call.group, members))
+        seq = self._seq.get(slot, 0)
+        self._seq[slot] = seq + 1
+        fp = Fingerprint(call.group, members, seq, call.op, tuple(call.shape), call.dtype, call.how,
+                         tuple(call.params), call.site)
+        self.clock_us[rank] += call.local_us
+        key = (call.group, members, seq)
+        meeting = self._meetings.setdefault(key, {})
+        meeting[rank] = _Arrival(fp, call, self.clock_us[rank])
+        self._pending[rank] = fp
+        if len(meeting) < len(members):
+            return None
+        del self._meetings[key]
+        fps = {r: a.fingerprint for r, a in meeting.items()}
+        violations = check_meeting(fps)
+        if violations:
+            lines = [f"- {v.rule}: {v.detail} (source: {v.source})" for v in violations]
+            record = self.flight_record()
+            raise CollectiveMismatch(
+                f"collective mismatch at {call.group}#{seq} (ranks {', '.join(map(str, members))}): the ranks "
+                "brought incompatible fingerprints; on a cluster they would hang or corrupt each other.\n"
+                + "\n".join(lines) + "\n" + self.format_record(record),
+                ranks=members, flight_record=record, rules=tuple(v.rule for v in violations),
+            )
+        latest = max(a.at_us for a in meeting.values())
+        straggler = max(meeting, key=lambda r: (meeting[r].at_us, r))
+        waits = {r: latest - a.at_us for r, a in meeting.items()}
+        self.stats.max_wait_us = max(self.stats.max_wait_us, max(waits.values()))
+        if self.timeout_us is not None:
+            late = sorted(r for r, w in waits.items() if w > self.timeout_us)
+            if late:
+                self._timeout(late, straggler, key, waits)
+        result = self._combine(meeting)
+        for r in meeting:
+            self.clock_us[r] = latest
+            self._history[r].append(fps[r])
+            self._pending.pop(r, None)
+            self.stats.met_by_rank[r] = self.stats.met_by_rank.get(r, 0) + 1
+        self.stats.met[call.group] = self.stats.met.get(call.group, 0) + 1
+        return {r: result for r in meeting}
+
+    @staticmethod
+    def _combine(meeting: Mapping[int, _Arrival]) -> Optional[list[list[int]]]:
+        payloads = [a.collective.rows for _, a in sorted(meeting.items()) if a.collective.rows is not None]
+        if not payloads:
+            return None
+        reduce_max = next(iter(meeting.values())).collective.reduce == "max"
+        out = [list(row) for row in payloads[0]]
+        for rows in payloads[1:]:
+            for i, row in enumerate(rows):
+                out[i] = [max(a, b) if reduce_max else a + b for a, b in zip(out[i], row)]
+        return out
+
+    # ------------------------------------------------------------------ the invariant
+    def _decide(self, rank: int, decision: Decision) -> None:
+        if decision.sp_tp > 1 and decision.padded % decision.sp_tp:
+            record = self.flight_record()
+            raise CollectiveMismatch(
+                f"post-sync invariant: rank {rank} pads to {decision.padded} tokens, not a multiple of tp="
+                f"{decision.sp_tp} as sequence parallelism needs\n" + self.format_record(record),
+                ranks=(rank,), flight_record=record, rules=("post_sync_invariant",),
+            )
+        members = self.layout.group(decision.group, rank)
+        slot = (decision.group, members)
+        table = self._decisions.setdefault(slot, {})
+        table.setdefault(rank, []).append(decision)
+        index = self._checked.get(slot, 0)
+        while all(len(table.get(m, [])) > index for m in members):
+            values = {m: table[m][index].value for m in members}
+            if len(set(values.values())) > 1:
+                record = self.flight_record()
+                shown = "\n".join(f"  rank {m}: mode, key, num_tokens_across_dp = {v}" for m, v in sorted(values.items()))
+                raise CollectiveMismatch(
+                    f"post-sync invariant broken at decision {index} of {decision.group} group "
+                    f"{list(members)}: after the DP sync every rank must hold the same (mode, key, "
+                    f"num_tokens_across_dp)\n{shown}\n" + self.format_record(record),
+                    ranks=members, flight_record=record, rules=("post_sync_invariant",),
+                )
+            index += 1
+        self._checked[slot] = index
+
+    # ------------------------------------------------------------------ failures
+    def _timeout(self, late: list[int], straggler: int, key: tuple, waits: Mapping[int, float]) -> None:
+        group, members, seq = key
+        record = self.flight_record()
+        assert self.timeout_us is not None
+        raise CollectiveTimeout(
+            f"collective timeout at {group}#{seq}: rank(s) {', '.join(map(str, late))} waited "
+            f"{max(waits[r] for r in late) / 1e6:.1f} s, past the {self.timeout_us / 1e6:g} s HCCL_EXEC_TIMEOUT; "
+            f"the straggler is rank {straggler}\n" + self.format_record(record),
+            straggler=straggler, ranks=tuple(late), flight_record=record,
+        )
+
+    def _stuck(self, parked: set[int], hung: set[int], finished: set[int]) -> None:
+        record = self.flight_record()
+        waiting = {r: self._pending[r] for r in sorted(parked)}
+        missing: dict[int, set[int]] = {}
+        for rank, fp in waiting.items():
+            key = (fp.group, fp.members, fp.seq)
+            arrived = set(self._meetings.get(key, {}))
+            missing[rank] = set(fp.members) - arrived
+        absent = set().union(*missing.values()) if missing else set()
+        if absent & hung:
+            straggler = min(absent & hung)
+            cause = self.failures.get(straggler)
+            what = f"failed ({type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''})" \
+                if cause is not None and not isinstance(cause, GraphHang) else "hung"
+            raise CollectiveTimeout(
+                f"collective timeout: rank(s) {', '.join(map(str, sorted(parked)))} wait for rank {straggler}, which "
+                f"{what} and never arrives; HCCL_EXEC_TIMEOUT "
+                f"({'never' if self.timeout_us is None else f'{self.timeout_us / 1e6:g} s'}) ends the wait; "
+                f"the straggler is rank {straggler}\n" + self.format_record(record),
+                straggler=straggler, ranks=tuple(sorted(parked)), flight_record=record,
+            )
+        why = []
+        for rank, fp in waiting.items():
+            gone = sorted(missing[rank])
+            states = ", ".join(f"{m} ({'finished' if m in finished else 'blocked elsewhere'})" for m in gone)
+            why.append(f"  rank {rank} waits in {fp} for {states}")
+        raise CollectiveDeadlock(
+            "collective deadlock: every live rank is blocked and no group can complete\n" + "\n".join(why) + "\n"
+            + self.format_record(record),
+            ranks=tuple(sorted(parked)), flight_record=record,
+        )
+
+    # ------------------------------------------------------------------ flight record
+    def flight_record(self) -> dict[int, dict[str, Any]]:
+        return {
+            rank: {
+                "pending": str(self._pending[rank]) if rank in self._pending else None,
+                "last": [str(fp) for fp in self._history.get(rank, ())],
+                "clock_us": self.clock_us.get(rank, 0.0),
+            }
+            for rank in sorted(self.clock_us)
+        }
+
+    @staticmethod
+    def format_record(record: Mapping[int, Mapping[str, Any]], *, last: int = 3) -> str:
+        lines = ["flight record (per rank: pending collective; last completed, newest last):"]
+        for rank, entry in record.items():
+            recent = list(entry["last"])[-last:]
+            lines.append(f"  rank {rank}: pending {entry['pending'] or '-'}; last: {' | '.join(recent) or '-'}")
+        return "\n".join(lines)
