@@ -100,6 +100,8 @@ class RankOptions:
     unfinished_interval: int = 32  # vLLM's DP engines all-reduce "unfinished requests" every N steps
     timeout_s: Optional[float] = None  # None: HCCL_EXEC_TIMEOUT's default (env)
     stream_limits: Mapping[int, int] = field(default_factory=dict)  # per rank
+    # per rank: capture sizes that differ from the configuration's (a rank started differently)
+    capture_sizes_by_rank: Mapping[int, Sequence[int]] = field(default_factory=dict)
     env: Optional[Mapping[str, str]] = None
     sim_profile: Optional[str] = None
     max_steps: int = 100_000
@@ -214,6 +216,7 @@ class _Rank:
         stream_limit = limit or self.device.stats().stream_limit
         self.resolution = resolve(config, env=options.env, stream_limit=stream_limit,
                                   device_profile=self.device.profile)
+        self.capture_sizes = list(options.capture_sizes_by_rank.get(coords.rank, self.resolution.capture_sizes))
         self.set_mode(self.resolution.mode)
         self.graphs: dict[str, Any] = {}
         self.summary = RankSummary(coords.rank, coords.dp_rank, coords.tp_rank)
@@ -235,7 +238,7 @@ class _Rank:
 
     def set_mode(self, mode: GraphMode) -> None:
         self.dispatcher = GraphDispatcher(
-            mode, capture_sizes=self.resolution.capture_sizes if mode is not GraphMode.NONE else [],
+            mode, capture_sizes=self.capture_sizes if mode is not GraphMode.NONE else [],
             max_num_seqs=self.config.max_num_seqs, uniform_decode_query_len=self.config.uniform_decode_query_len,
             max_loras=self.config.max_loras, specialize_lora=self.config.cudagraph_specialize_lora)
 
@@ -297,8 +300,12 @@ def _program(rank: _Rank, world: Sequence[_Rank]) -> Generator[Any, Any, None]:
 
     # 1. capture
     keys = rank.dispatcher.capture_order()
-    if options.capture_agreement == "agreed" and keys:
-        size = max(k.num_tokens for _, k in keys) + 1
+    if options.capture_agreement == "agreed":
+        # two world all-reduces: the largest size any rank captures, then which keys each has
+        local_max = max((k.num_tokens for _, k in keys), default=0)
+        largest = yield rank.call("world", "all_reduce", (1,), "int32", rows=[[local_max]], reduce="max",
+                                  site="capture_sizes", local_us=elapsed())
+        size = largest[0][0] + 1
         rows = [[0] * size for _ in range(2)]
         for mode, key in keys:
             rows[0 if mode is GraphMode.FULL else 1][key.num_tokens] = 1
@@ -307,14 +314,19 @@ def _program(rank: _Rank, world: Sequence[_Rank]) -> Generator[Any, Any, None]:
         world_size = layout.world_size
         kept = [(m, k) for m, k in keys if agreed[0 if m is GraphMode.FULL else 1][k.num_tokens] == world_size]
         rank.dropped = len(keys) - len(kept)
-        keys = kept
+        if rank.dropped:  # dispatch only to what every rank captures
+            rank.capture_sizes = sorted({k.num_tokens for _, k in kept})
+            rank.set_mode(rank.dispatcher.mode if kept else GraphMode.NONE)
+            keys = [(m, k) for m, k in rank.dispatcher.capture_order() if (m, k) in kept]
+        else:
+            keys = kept
     failure: Optional[BaseException] = None
     try:
         rank.capture(keys)
     except RuntimeError as exc:
         failure = rewrite_capture_error(exc)
         rank.release()
-    if options.capture_agreement == "agreed" and keys:
+    if options.capture_agreement == "agreed":
         flags = [[0] * layout.world_size]
         flags[0][c.rank] = 1 if failure is not None else 0
         outcome = yield rank.call("world", "all_reduce", (1, layout.world_size), "int32", rows=flags,

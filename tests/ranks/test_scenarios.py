@@ -68,3 +68,17 @@ def test_a_delayed_rank_is_named_the_straggler_past_hccl_exec_timeout():
                                             env={"HCCL_EXEC_TIMEOUT": "2"}))
     assert in_time.error is None
     assert in_time.ranks[0].clock_us >= 1_000_000  # rank 0 waited for rank 1 on its virtual clock
+
+
+@pytest.mark.parametrize("sizes, rule", [([1, 2, 4], "graph_never_meets_eager"), ([1, 2, 4, 16], "same_graph_key")])
+def test_capture_lists_are_compared_before_capture(sizes, rule):
+    config = GraphConfig.from_vllm_args(model="tiny-moe", tensor_parallel_size=2,
+                                        compilation_config={"cudagraph_mode": "FULL_DECODE_ONLY",
+                                                            "cudagraph_capture_sizes": [1, 2, 4, 8]})
+    steps = {0: [Step(8, True)] * 2}
+    per_rank = run_ranks(config, RankOptions(steps=steps, capture_agreement="per_rank",
+                                             capture_sizes_by_rank={1: sizes}))
+    assert type(per_rank.error).__name__ == "CollectiveMismatch" and rule in per_rank.error.rules
+    agreed = run_ranks(config, RankOptions(steps=steps, capture_sizes_by_rank={1: sizes}))
+    assert agreed.error is None and agreed.dropped_keys >= 1
+    assert [r.graphs_captured for r in agreed.ranks] == [3, 3]  # only the sizes every rank has
