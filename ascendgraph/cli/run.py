@@ -17,6 +17,7 @@ import traceback
 from typing import Any, Callable, Optional
 
 from ascendgraph.cli.app import Command, emit_json, emit_result, emit_text
+from ascendgraph.cli.ranks_args import add_rank_arguments, engine_faults, run_ranks_for, world_size
 from ascendgraph.cli.args import (
     LIMITS,
     add_config_arguments,
@@ -90,6 +91,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     run_group.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="debug logging")
     run_group.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                            help="traceback of the failure when the run fails; address checks on every replay")
+    add_rank_arguments(parser)  # -dp / -tp > 1: every rank on the simulator (docs/ranks.md)
     # npugraph_ex issue: the quantised model variant and Ascend-format profiles (docs/npugraph_ex.md,
     # docs/profiling.md).
     extras = parser.add_argument_group("model variant and profiling")
@@ -148,7 +150,7 @@ def run_command(args: argparse.Namespace, on_report: Optional[Callable[[Any], No
         on_capture_error=args.on_capture_error,
         stream_limit=args.stream_limit,
         hccl_op_expansion_mode=args.hccl_op_expansion_mode,
-        faults=args.faults,
+        faults=engine_faults(args.faults, world_size(args)),
         sim_profile=args.sim_profile,
         dtype=args.dtype,
         atol=args.atol,
@@ -161,15 +163,19 @@ def run_command(args: argparse.Namespace, on_report: Optional[Callable[[Any], No
         # on a busy machine). OMP_NUM_THREADS, when set, wins.
         num_threads=None if os.environ.get("OMP_NUM_THREADS") else 1,
     )
+    ranks = run_ranks_for(args, config, env)  # None for one rank
     if on_report is not None:
         on_report(report)
     if debug and report.exception is not None:
         emit_text("".join(traceback.format_exception(report.exception)).rstrip())
     if args.json:
-        emit_json(report.to_json())
+        document = report.to_json()
+        if ranks is not None:
+            document["ranks"] = ranks.to_json()
+        emit_json(document)
     else:
-        emit_result(report.format_text())
-    return report.exit_code
+        emit_result(report.format_text() + ("" if ranks is None else "\n" + ranks.format_text()))
+    return max(report.exit_code, 0 if ranks is None else ranks.exit_code)
 
 
 COMMAND = Command(

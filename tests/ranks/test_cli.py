@@ -1,0 +1,54 @@
+"""`ascendgraph run -dp N -tp M`: every rank on the simulator, the `ranks` report section,
+the exit code of a failed multi-rank run, and rank-scoped fault plans."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ascendgraph.cli.app import main
+from ascendgraph.cli.ranks_args import (
+    CAPTURE_AGREEMENT_NAMES,
+    DP_SYNC_POLICY_NAMES,
+    IDLE_POLICY_NAMES,
+    engine_faults,
+)
+from ascendgraph.parallel.coordination import DP_SYNC_POLICIES, IDLE_POLICIES
+from ascendgraph.runtime.ranks import CAPTURE_AGREEMENTS
+
+SMALL = ["--device", "sim", "--num-layers", "1", "--requests", "2", "--model", "tiny-moe", "--compilation-config",
+         '{"cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": [1, 2, 4]}']
+
+
+def test_the_cli_choices_are_the_policy_tables():
+    assert set(DP_SYNC_POLICY_NAMES) == set(DP_SYNC_POLICIES)
+    assert set(IDLE_POLICY_NAMES) == set(IDLE_POLICIES)
+    assert set(CAPTURE_AGREEMENT_NAMES) == set(CAPTURE_AGREEMENTS)
+
+
+def test_the_engine_gets_only_the_rules_without_a_rank():
+    assert engine_faults("replay=delay(1); rank=1:replay=hang", 2) == "replay=delay(1)"
+    assert engine_faults("rank=1:replay=hang", 2) is None
+    assert engine_faults(None, 4) is None
+
+
+def test_run_with_dp_and_tp_reports_every_rank(capsys):
+    code = main(["run", *SMALL, "-dp", "2", "-tp", "2", "--json", "--faults", "rank=3:replay=delay(1)"])
+    document = json.loads(capsys.readouterr().out)
+    assert code == 0, document.get("ranks", {}).get("error")
+    ranks = document["ranks"]
+    assert ranks["layout"] == {"dp": 2, "pp": 1, "tp": 2, "world_size": 4, "ep": 4}
+    assert [r["rank"] for r in ranks["per_rank"]] == [0, 1, 2, 3]
+    assert all(r["collectives_met"] > 0 and sum(r["batches_by_mode"].values()) > 0 for r in ranks["per_rank"])
+    assert ranks["collectives_met"]["tp"] > 0 and ranks["error"] is None
+
+
+def test_a_per_rank_capture_fallback_fails_the_run_with_exit_1(capsys):
+    code = main(["run", *SMALL, "-tp", "2", "--capture-agreement", "per_rank", "--on-capture-error", "eager",
+                 "--faults", "rank=1:capture_begin=1*off->raise(207008)"])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "FAILED: CollectiveMismatch" in out and "graph_never_meets_eager" in out
+
+
