@@ -1,51 +1,61 @@
-"""Every multi-rank scenario fails with its error under the buggy policy and passes (or fails
-cleanly, together) under the fixed one (ascendgraph.parallel.scenarios, docs/ranks.md)."""
+"""Every multi-rank scenario file (tests/ranks/scenario_files/*.toml, kind = "ranks") fails
+with its error under the buggy policy and meets its expectation under the fixed one
+(ascendgraph.tools.scenario.ranks, docs/ranks.md)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from ascendgraph.config import GraphConfig
-from ascendgraph.parallel.scenarios import RANK_SCENARIOS, RankScenario
 from ascendgraph.runtime.ranks import RankOptions, Step, run_ranks
+from ascendgraph.tools.scenario.model import ScenarioError
+from ascendgraph.tools.scenario.ranks import discover_rank_scenarios, load_rank_scenario, run_rank_scenario
+
+FILES = discover_rank_scenarios(Path(__file__).parent / "scenario_files")
+NAMED = ("#13826", "#43547", "#12036", "#9689", "#6011", "#13688", "#45610")
 
 
-def _run(scenario: RankScenario, which: str):
-    options = dict(scenario.common)
-    options.update(scenario.buggy if which == "buggy" else scenario.fixed)
-    steps = {dp: [Step(*s) for s in items] for dp, items in scenario.steps.items()}
-    return run_ranks(GraphConfig.from_vllm_args(**scenario.config), RankOptions(steps=steps, **options))
+def test_every_named_issue_has_a_scenario():
+    issues = " ".join(load_rank_scenario(path).issue for path in FILES)
+    assert all(number in issues for number in NAMED)
 
 
-@pytest.mark.parametrize("scenario", RANK_SCENARIOS, ids=lambda s: s.name)
-def test_the_buggy_policy_fails_with_the_named_error(scenario):
-    report = _run(scenario, "buggy")
-    assert report.error is not None, scenario.catches
-    assert type(report.error).__name__ == scenario.expect_buggy, report.error
-    if scenario.buggy_rule is not None:
-        assert scenario.buggy_rule in report.error.rules
-    if scenario.buggy_straggler is not None:
-        assert report.error.straggler == scenario.buggy_straggler
-        assert f"the straggler is rank {scenario.buggy_straggler}" in str(report.error)
-    assert "flight record" in str(report.error) or scenario.expect_buggy not in (
-        "CollectiveMismatch", "CollectiveTimeout", "CollectiveDeadlock")
+@pytest.mark.parametrize("side", ["buggy", "fixed"])
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
+def test_each_side_meets_its_expectation(path, side):
+    scenario = load_rank_scenario(path)
+    report, misses = run_rank_scenario(scenario, side)
+    assert misses == [], f"{scenario.issue} ({side}): {misses}"
+    if side == "buggy":
+        assert report.error is not None  # every buggy policy is caught
+        if type(report.error).__name__.startswith("Collective"):
+            assert "flight record" in str(report.error)
 
 
-@pytest.mark.parametrize("scenario", RANK_SCENARIOS, ids=lambda s: s.name)
-def test_the_fixed_policy_passes(scenario):
-    report = _run(scenario, "fixed")
-    if scenario.expect_fixed == "ok":
-        assert report.error is None, report.error
-        assert sum(r.collectives_met for r in report.ranks) > 0
-    else:  # every rank stops together with the original error: no rank is left waiting
-        assert type(report.error).__name__ == scenario.expect_fixed
+def test_a_scenario_that_misses_its_expectation_says_how(tmp_path):
+    text = (Path(__file__).parent / "scenario_files" / "graph_meets_eager.toml").read_text()
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text.replace('dp_sync_policy = "pre_6011"', 'dp_sync_policy = "fixed"'))
+    _, misses = run_rank_scenario(load_rank_scenario(bad), "buggy")
+    assert misses == ["expected CollectiveMismatch, the run passed"]
 
 
-def test_capture_fallback_is_agreed_by_every_rank():
-    scenario = next(s for s in RANK_SCENARIOS if s.name == "capture_fallback_on_one_rank")
-    report = _run(scenario, "fixed")
-    assert [r.capture_fallback for r in report.ranks] == [True, True]
-    assert all(r.replays == 0 and r.batches_by_mode["NONE"] > 0 for r in report.ranks)
+@pytest.mark.parametrize("edit, key", [
+    (("kind = \"ranks\"", "kind = \"engine\""), "kind"),
+    (("[buggy.expect]", "[buggy.expectation]"), "expectation"),
+    (("dp_sync_policy = \"pre_6011\"", "dp_sync_polizy = \"pre_6011\""), "dp_sync_polizy"),
+    (("0 = [[4, true, 0], [4, true, 0]]", "0 = [[4, 1, 0]]"), "[ranks.steps] 0"),
+])
+def test_a_bad_file_names_the_key(tmp_path, edit, key):
+    text = (Path(__file__).parent / "scenario_files" / "graph_meets_eager.toml").read_text()
+    assert edit[0] in text
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text.replace(edit[0], edit[1]))
+    with pytest.raises(ScenarioError) as info:
+        load_rank_scenario(bad)
+    assert key in str(info.value)
 
 
 def test_a_seed_reproduces_a_run_exactly():
