@@ -391,7 +391,7 @@ def _(
 # all-reduce is a fresh tensor); the implementation is device-independent (every backend
 # gets it), unlike the kernels above.
 
-COLLECTIVE_OP_NAMES = ("all_reduce",)
+COLLECTIVE_OP_NAMES = ("all_reduce", "moe_dispatch", "moe_combine")
 
 
 @torch.library.custom_op(f"{NAMESPACE}::all_reduce", mutates_args=(), device_types=None,
@@ -404,6 +404,33 @@ def all_reduce(x: Tensor, group: str, world_size: int) -> Tensor:
 
 @all_reduce.register_fake
 def _(x: Tensor, group: str, world_size: int) -> Tensor:
+    return torch.empty_like(x)
+
+
+# MoE token dispatch and combine on the expert-parallel group (MC2 on Ascend: vLLM Ascend's
+# TokenDispatcherWithMC2, npu_moe_distribute_dispatch / combine). ``global_bs`` is MC2's global
+# batch size: 0 when every rank is padded to one count (docs/ranks.md). One rank's view: identity.
+@torch.library.custom_op(f"{NAMESPACE}::moe_dispatch", mutates_args=(), device_types=None,
+                         schema="(Tensor x, str group, int world_size, int global_bs) -> Tensor")
+def moe_dispatch(x: Tensor, group: str, world_size: int, global_bs: int) -> Tensor:
+    """Send each token to its experts' ranks of ``group``; this rank's view is its own tokens."""
+    return x.clone()
+
+
+@moe_dispatch.register_fake
+def _(x: Tensor, group: str, world_size: int, global_bs: int) -> Tensor:
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::moe_combine", mutates_args=(), device_types=None,
+                         schema="(Tensor x, str group, int world_size, int global_bs) -> Tensor")
+def moe_combine(x: Tensor, group: str, world_size: int, global_bs: int) -> Tensor:
+    """Gather the experts' outputs back to each token's rank; this rank's view: identity."""
+    return x.clone()
+
+
+@moe_combine.register_fake
+def _(x: Tensor, group: str, world_size: int, global_bs: int) -> Tensor:
     return torch.empty_like(x)
 
 

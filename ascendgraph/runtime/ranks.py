@@ -275,7 +275,7 @@ class _Rank:
                 if self.layout.tp > 1:
                     x = ops.all_reduce(x, "tp", self.layout.tp)
                 if self.moe and self.layout.ep > 1:
-                    x = ops.all_reduce(x, "ep", self.layout.ep)  # the MC2 dispatch/combine pair's streams
+                    x = ops.moe_combine(ops.moe_dispatch(x, "ep", self.layout.ep, 0), "ep", self.layout.ep, 0)
             self.graphs[name] = graph
         self.summary.graphs_captured = len(self.graphs)
         self.summary.streams_in_use = self.device.stats().streams_in_use

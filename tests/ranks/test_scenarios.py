@@ -92,3 +92,20 @@ def test_capture_lists_are_compared_before_capture(sizes, rule):
     agreed = run_ranks(config, RankOptions(steps=steps, capture_sizes_by_rank={1: sizes}))
     assert agreed.error is None and agreed.dropped_keys >= 1
     assert [r.graphs_captured for r in agreed.ranks] == [3, 3]  # only the sizes every rank has
+
+
+def test_captured_collectives_charge_streams_per_communicator():
+    """A graph holding TP and EP collectives holds one more stream per group under AIV
+    (sim/budget.py); the MoE pair on one group is charged once."""
+    def streams(**config):
+        base = {"model": "tiny-moe", "compilation_config": {"cudagraph_mode": "FULL_DECODE_ONLY",
+                                                            "cudagraph_capture_sizes": [1, 2]}}
+        report = run_ranks(GraphConfig.from_vllm_args(**base, **config),
+                           RankOptions(steps={0: [Step(1, True)], 1: [Step(1, True)]},
+                                       env={"HCCL_OP_EXPANSION_MODE": "AIV"}))
+        assert report.error is None, report.error
+        return report.ranks[0].streams_in_use - report.ranks[0].graphs_captured
+
+    alone = streams()
+    assert streams(data_parallel_size=2) == alone + 2  # the EP group (dp x tp = 2): 2 graphs x 1 stream
+    assert streams(data_parallel_size=2, tensor_parallel_size=2) == alone + 4  # EP and TP groups
