@@ -58,8 +58,8 @@ from ascendgraph.resolve import resolve
 from ascendgraph.parallel.rank_faults import split_rank_faults
 from ascendgraph.runtime.workload import WorkloadSpec, generate_workload, simulate_batches
 
-__all__ = ["Step", "RankOptions", "RankSummary", "RanksReport", "run_ranks", "CAPTURE_AGREEMENTS",
-           "DRAFT_STEP_POLICIES"]
+__all__ = ["Step", "RankOptions", "RankSummary", "RanksReport", "run_ranks", "build_rank", "layout_of",
+           "rank_program", "CAPTURE_AGREEMENTS", "DRAFT_STEP_POLICIES"]
 
 log = logging.getLogger(__name__)
 
@@ -286,7 +286,7 @@ class _Rank:
         self.graphs.clear()
 
 
-def _program(rank: _Rank, world: Sequence[_Rank]) -> Generator[Any, Any, None]:
+def _program(rank: _Rank, world: Sequence[_Rank]) -> Generator[Any, Any, None]:  # noqa: ARG001
     """The program of one rank (see the module docstring)."""
     options, layout, c = rank.options, rank.layout, rank.coords
     dp = layout.dp
@@ -447,29 +447,44 @@ def _generated_steps(config: GraphConfig, options: RankOptions, dp_rank: int) ->
             for b in batches]
 
 
+def build_rank(config: GraphConfig, options: RankOptions, layout: ParallelLayout, rank: int) -> _Rank:
+    """One rank of the layout with its device, fault plan and workload shard."""
+    common, by_rank = split_rank_faults(options.faults, layout.world_size)
+    coords = layout.coords(rank)
+    steps = (options.steps.get(coords.dp_rank, ()) if options.steps is not None
+             else _generated_steps(config, options, coords.dp_rank))
+    plan = "; ".join(p for p in (common, by_rank.get(coords.rank, "")) if p) or None
+    return _Rank(coords, config, options, layout, plan, steps)
+
+
+def layout_of(config: GraphConfig) -> ParallelLayout:
+    return ParallelLayout(dp=config.data_parallel_size, tp=config.tensor_parallel_size,
+                          pp=getattr(config, "pipeline_parallel_size", 1) or 1)
+
+
+def rank_program(rank: _Rank, collective_types: tuple[Any, Any]) -> Generator[Any, Any, None]:
+    """The program of one rank, yielding ``collective_types`` = (Collective, Decision) objects
+    (the fabric's, or any executor's that reads the same fields: the gloo tier)."""
+    rank.fabric_types = collective_types
+    return _program(rank, ())
+
+
 def run_ranks(config: GraphConfig, options: RankOptions = RankOptions()) -> RanksReport:
     """Run every rank of ``config``'s layout (dp x pp x tp) on the simulator; never raises for
     a failed run (the error is in the report); bad options raise ConfigError."""
-    layout = ParallelLayout(dp=config.data_parallel_size, tp=config.tensor_parallel_size,
-                            pp=getattr(config, "pipeline_parallel_size", 1) or 1)
-    common, by_rank = split_rank_faults(options.faults, layout.world_size)
-    ranks: list[_Rank] = []
-    for coords in layout.ranks():
-        steps = (options.steps.get(coords.dp_rank, ()) if options.steps is not None
-                 else _generated_steps(config, options, coords.dp_rank))
-        plan = "; ".join(p for p in (common, by_rank.get(coords.rank, "")) if p) or None
-        ranks.append(_Rank(coords, config, options, layout, plan, steps))
+    layout = layout_of(config)
+    split_rank_faults(options.faults, layout.world_size)  # a bad rank prefix fails before any device
+    ranks = [build_rank(config, options, layout, rank) for rank in range(layout.world_size)]
     timeout = options.timeout_s if options.timeout_s is not None else default_collective_timeout_s(
         options.env, expansion_mode=(options.env or {}).get("HCCL_OP_EXPANSION_MODE", ""))
     fabric = ranks[0].device.collective_fabric(layout, seed=options.seed, timeout_s=timeout)
     from importlib import import_module
 
     fabric_module = import_module(type(fabric).__module__)
-    for r in ranks:
-        r.fabric_types = (fabric_module.Collective, fabric_module.Decision)
+    types = (fabric_module.Collective, fabric_module.Decision)
     error: Optional[BaseException] = None
     try:
-        fabric.run({r.coords.rank: _program(r, ranks) for r in ranks})
+        fabric.run({r.coords.rank: rank_program(r, types) for r in ranks})
     except (RuntimeError, GraphHang) as exc:  # collective errors, capture errors, device failures
         error = exc
     for r in ranks:

@@ -109,3 +109,23 @@ def test_captured_collectives_charge_streams_per_communicator():
     alone = streams()
     assert streams(data_parallel_size=2) == alone + 2  # the EP group (dp x tp = 2): 2 graphs x 1 stream
     assert streams(data_parallel_size=2, tensor_parallel_size=2) == alone + 4  # EP and TP groups
+
+
+def test_shards_cover_every_job_once():
+    from ascendgraph.tools.scenario.sweep import parse_shard, plan_jobs
+
+    seeds = range(0, 5)
+    every = plan_jobs(FILES, seeds)
+    shards = [plan_jobs(FILES, seeds, parse_shard(f"{i}/3")) for i in range(3)]
+    assert sorted(sum(shards, []), key=repr) == sorted(every, key=repr)
+    assert len(every) == len(FILES) * 2 * 5
+    with pytest.raises(Exception, match="i/n"):
+        parse_shard("3/3")
+
+
+def test_a_sweep_over_seeds_meets_every_expectation(capsys):
+    from ascendgraph.tools.scenario.sweep import main
+
+    path = Path(__file__).parent / "scenario_files" / "sync_tensors_differ.toml"
+    assert main([str(path), "--seeds", "0:3", "--json"]) == 0
+    assert '"jobs": 6, "missed": []' in capsys.readouterr().out
