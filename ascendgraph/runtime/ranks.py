@@ -286,7 +286,7 @@ class _Rank:
         self.graphs.clear()
 
 
-def _program(rank: _Rank, world: Sequence[_Rank]) -> Generator[Any, Any, None]:  # noqa: ARG001
+def _program(rank: _Rank) -> Generator[Any, Any, None]:
     """The program of one rank (see the module docstring)."""
     options, layout, c = rank.options, rank.layout, rank.coords
     dp = layout.dp
@@ -466,7 +466,7 @@ def rank_program(rank: _Rank, collective_types: tuple[Any, Any]) -> Generator[An
     """The program of one rank, yielding ``collective_types`` = (Collective, Decision) objects
     (the fabric's, or any executor's that reads the same fields: the gloo tier)."""
     rank.fabric_types = collective_types
-    return _program(rank, ())
+    return _program(rank)
 
 
 def run_ranks(config: GraphConfig, options: RankOptions = RankOptions()) -> RanksReport:
