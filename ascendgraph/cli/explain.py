@@ -5,6 +5,7 @@ resolution document alone."""
 from __future__ import annotations
 
 import argparse
+from typing import Any, Optional
 
 from ascendgraph.cli.app import Command, emit_json, emit_result
 from ascendgraph.cli.args import add_config_arguments, config_from_args, env_from_args, hccl_mode_from_args
@@ -36,18 +37,36 @@ def run_explain(args: argparse.Namespace) -> int:
         stream_limit=args.stream_limit or DEFAULT_MAX_STREAMS,
         hccl_op_expansion_mode=hccl_mode_from_args(args),
     )
+    comms = _communicators(config, resolution)  # -dp / -tp > 1 (docs/ranks.md)
     if args.json:
         document = resolution_to_json(resolution)
         document["lenient"] = lenient
+        if comms:
+            document["communicators"] = comms[0]
         emit_json(document)
     else:
-        text = format_resolution(resolution)
+        text = format_resolution(resolution) + (f"\n\n{comms[1]}" if comms else "")
         if lenient:
             text += "\n\nlenient (the simulator runs it; an NPU would refuse it):\n" + "\n".join(
                 f"  - {item}" for item in lenient
             )
         emit_result(text)
     return 0
+
+
+def _communicators(config: Any, resolution: Any) -> Optional[tuple[list[dict[str, Any]], str]]:
+    """(JSON, text) of the layout's communicators when it has more than one rank, else None."""
+    from ascendgraph.parallel.communicators import communicators, communicators_to_json, format_communicators
+    from ascendgraph.parallel.layout import ParallelLayout
+
+    layout = ParallelLayout(dp=config.data_parallel_size, tp=config.tensor_parallel_size,
+                            pp=config.pipeline_parallel_size)
+    if layout.world_size <= 1:
+        return None
+    plan = resolution.stream_plan
+    expansion = plan.expansion_mode if plan is not None else ""
+    found = communicators(layout, moe=config.model.num_experts > 0, expansion_mode=expansion)
+    return communicators_to_json(found), format_communicators(found, expansion_mode=expansion)
 
 
 COMMAND = Command(

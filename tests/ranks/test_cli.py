@@ -52,3 +52,23 @@ def test_a_per_rank_capture_fallback_fails_the_run_with_exit_1(capsys):
     assert "FAILED: CollectiveMismatch" in out and "graph_never_meets_eager" in out
 
 
+
+
+def test_the_communicator_stream_table_is_the_simulators():
+    from ascendgraph.parallel.communicators import COLLECTIVE_STREAMS_PER_GROUP
+    from sim.budget import COLLECTIVE_STREAMS
+
+    assert COLLECTIVE_STREAMS_PER_GROUP == COLLECTIVE_STREAMS
+
+
+def test_explain_accounts_per_communicator(capsys):
+    assert main(["explain", "-dp", "2", "-tp", "2", "--model", "tiny-moe", "--hccl-op-expansion-mode", "AIV"]) == 0
+    text = capsys.readouterr().out
+    assert "communicators (HCCL expansion AIV" in text
+    assert "tp    2 group(s) of 2" in text and "ep    1 group(s) of 4" in text
+    assert "a captured graph holds 1 + 2 stream(s)" in text
+    assert main(["explain", "-dp", "2", "--json"]) == 0
+    names = [c["name"] for c in json.loads(capsys.readouterr().out)["communicators"]]
+    assert names == ["world", "dp"]  # a dense model: no EP traffic; dp syncs run eagerly
+    assert main(["explain", "--json"]) == 0
+    assert "communicators" not in json.loads(capsys.readouterr().out)
