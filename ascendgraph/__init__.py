@@ -48,6 +48,12 @@ _EXPORTS: dict[str, str] = {
     "plan_stream_budget": "ascendgraph.sizes",
     "select_sizes": "ascendgraph.sizes",
     "Report": "ascendgraph.runtime.report",
+    # many ranks (docs/ranks.md)
+    "CollectiveDeadlock": "ascendgraph.errors",
+    "CollectiveMismatch": "ascendgraph.errors",
+    "CollectiveTimeout": "ascendgraph.errors",
+    "RankOptions": "ascendgraph.runtime.ranks",
+    "run_ranks": "ascendgraph.runtime.ranks",
 }
 
 

@@ -72,3 +72,14 @@ def test_explain_accounts_per_communicator(capsys):
     assert names == ["world", "dp"]  # a dense model: no EP traffic; dp syncs run eagerly
     assert main(["explain", "--json"]) == 0
     assert "communicators" not in json.loads(capsys.readouterr().out)
+
+
+def test_the_api_exports_run_ranks_and_the_collective_errors():
+    import ascendgraph
+    from ascendgraph.errors import CollectiveError
+
+    report = ascendgraph.run_ranks(ascendgraph.GraphConfig.from_vllm_args(data_parallel_size=2),
+                                   ascendgraph.RankOptions(requests=2))
+    assert report.error is None and report.layout.world_size == 2
+    for name in ("CollectiveMismatch", "CollectiveDeadlock", "CollectiveTimeout"):
+        assert issubclass(getattr(ascendgraph, name), CollectiveError)
