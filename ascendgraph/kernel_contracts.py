@@ -18,7 +18,7 @@ written once so the simulator (which enforces the table) and hw/ (whose pre-chec
 it) agree on which torch_npu arguments an op call becomes. Eagerly hw passes attention only the real query
 tokens (``query[:actual_seq_lengths[-1]]``); in a graph (capture or task update) the
 whole captured query, so there ``T == actual_seq_lengths[-1]`` is the caller's job (the
-FULL padding of `ascendgraph.runtime.forward_context.fia_padded_lengths`).
+FULL padding of `ascendgraph.forward_context.fia_padded_lengths`).
 
 `check(kernel, arguments)` raises `KernelContractError` naming the rule, the values and
 the source. Where torch_npu's own error text is known it is quoted; for these kernels the

@@ -88,7 +88,7 @@ def test_simulated_time_of_graph_and_eager_paths_is_reported():
 def test_replays_with_address_checks_on_pass(monkeypatch):
     # the check runs: every capture records the input addresses and, in debug mode, every
     # replay compares them again (counted, not assumed)
-    import ascendgraph.runtime.capture as capture_module
+    import ascendgraph.compile.graph_wrapper as capture_module
 
     real = capture_module.input_addresses
     calls: list[int] = []

@@ -6,12 +6,12 @@ import pytest
 import torch
 from torch._higher_order_ops.auto_functionalize import auto_functionalized, auto_functionalized_v2
 
-from ascendgraph.runtime.capture import CaptureState
+from ascendgraph.compile.graph_wrapper import CaptureState
 from ascendgraph.compile import ATTENTION_SPLITTING_OPS, AscendGraphBackend, CompiledModel, PassManager
 from ascendgraph.compile.lowering import count_calls
 from ascendgraph.config import GraphConfig
 from ascendgraph.dispatch import BatchDescriptor
-from ascendgraph.runtime.forward_context import AttentionMetadata, ForwardContext, set_forward_context
+from ascendgraph.forward_context import AttentionMetadata, ForwardContext, set_forward_context
 from ascendgraph.models.build import build_model
 from ascendgraph.models.presets import PRESETS
 from ascendgraph.modes import GraphMode

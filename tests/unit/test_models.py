@@ -7,7 +7,7 @@ import torch
 
 from ascendgraph.dispatch import BatchDescriptor
 from ascendgraph.errors import CaptureConstraintError, ConfigError
-from ascendgraph.runtime.forward_context import (
+from ascendgraph.forward_context import (
     AttentionMetadata,
     ForwardContext,
     NoForwardContext,

@@ -22,11 +22,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ascendgraph.runtime.capture import CaptureState
+from ascendgraph.compile.graph_wrapper import CaptureState
 from ascendgraph.compile import AscendGraphBackend, CompiledModel, PassManager
 from ascendgraph.config import GraphConfig
 from ascendgraph.dispatch import BatchDescriptor
-from ascendgraph.runtime.forward_context import AttentionMetadata, ForwardContext, set_forward_context
+from ascendgraph.forward_context import AttentionMetadata, ForwardContext, set_forward_context
 from ascendgraph.models.build import build_model
 from ascendgraph.models.presets import PRESETS
 from ascendgraph.modes import GraphMode

@@ -15,7 +15,7 @@ from ascendgraph.dispatch import BatchDescriptor
 from ascendgraph.errors import DeviceUnavailable
 from ascendgraph import explain
 from ascendgraph.explanation import format_resolution, resolution_to_json
-from ascendgraph.runtime.forward_context import AttentionMetadata, ForwardContext, set_forward_context
+from ascendgraph.forward_context import AttentionMetadata, ForwardContext, set_forward_context
 from ascendgraph.models.build import build_model
 from ascendgraph.models.presets import PRESETS
 from ascendgraph.modes import GraphMode
