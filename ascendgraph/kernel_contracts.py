@@ -7,7 +7,7 @@ the rule's branch matches the call (page attention, TND, sparse_mode 3...), ``ho
 whether the call satisfies it and ``describe`` names the offending values. ``source``
 cites where the rule comes from: the torch-npu 2.13.0 wheel's op documentation
 (``torch_npu/_op_plugin_docs.py`` line), its registered schema, or vLLM Ascend's call site
-(file@commit or pull request) where the wheel documents nothing (D1: where the docs and
+(file@commit or pull request) where the wheel documents nothing (docs/decisions.md "Kernel contracts": where the docs and
 vLLM Ascend's production calls disagree, vLLM Ascend wins and the rule is relaxed).
 
 Two levels. The torch_npu rules above; and the rules our own ops imply
@@ -96,7 +96,7 @@ SRC_ADD_RMS_NORM = (
 )
 
 # Rules relaxed by the simulator's declared float32 leniency (device option
-# ``allow_float32_attention``, D2): the kernels' half-precision dtype rules.
+# ``allow_float32_attention``, docs/decisions.md "float32 on the simulator"): the kernels' half-precision dtype rules.
 FLOAT32_LENIENT_RULES = frozenset(
     {
         "query_dtype",

@@ -13,7 +13,7 @@ values into the paged cache (``reshape_and_cache``) and issues the FIA-like kern
 launched through `GraphParams.capture_attention` (external event + task group, docs/semantics.md
 §7) so the engine can update the frozen lengths after each replay.
 
-The op is registered as a *wrapper op* (SIMULATOR-NOTES recipe (a)): a graph recorder
+The op is registered as a *wrapper op* (docs/decisions.md "Attention under capture is a wrapper op"): a graph recorder
 records the kernels it issues, with their host lists frozen by value, never the op
 itself — so replay without a parameter update is stale, exactly as on an NPU.
 

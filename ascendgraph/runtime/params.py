@@ -18,7 +18,7 @@ separate update stream, layer by layer: ``task_update_begin(handle)``, re-issues
 kernel with the batch's real (padded) lengths, ``task_update_end``, records the event — and
 the replay proceeds past its wait with fresh parameters. An update that fails still ends
 the update and records every event, then raises the first error. Forgetting the update
-leaves the frozen lengths in place: the simulator raises StaleGraphParams (DECISIONS D3),
+leaves the frozen lengths in place: the simulator raises StaleGraphParams (docs/decisions.md "Stale FULL-graph parameters"),
 and the engine's check against eager is the second line; never recording the event leaves
 the replay waiting (a hang the device reports).
 

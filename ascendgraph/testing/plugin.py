@@ -6,7 +6,7 @@ ascendgraph gets it without a conftest; a conftest may still load it with
 ``fault_plan``) live in `ascendgraph.testing.fixtures`; fault scenarios are collected by
 `ascendgraph.testing.scenarios`.
 
-The npu gate (one rule, DECISIONS D6). npu items are the tests marked ``npu``. When no
+The npu gate (one rule, docs/decisions.md "The npu gate"). npu items are the tests marked ``npu``. When no
 NPU is usable here:
 
 * a selection that holds npu items *alone* (``-m npu``, ``--device npu``, ``pytest

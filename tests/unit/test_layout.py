@@ -1,4 +1,4 @@
-"""ARCHITECTURE.md: the core (`ascendgraph/`) never imports `sim`, `hw` or `torch_npu`; it
+"""docs/ARCHITECTURE.md: the core (`ascendgraph/`) never imports `sim`, `hw` or `torch_npu`; it
 reaches the backends through the `ascendgraph.devices` entry points only."""
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ def test_the_sim_runtime_preallocates_a_buffer_of_budget_rows(sim_device):
 
 @pytest.fixture()
 def float32_kernels_unchecked():
-    """This test builds a float32 model (a declared simulator leniency, DECISIONS D2)."""
+    """This test builds a float32 model (a declared simulator leniency, docs/decisions.md)."""
     from sim.kernels import unchecked
 
     with unchecked():
