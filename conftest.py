@@ -4,7 +4,7 @@ The plugins (ascendgraph.testing.plugin, sim.facade.pytest_plugin) are ``pytest1
 points once the project is installed; from a checkout whose installed metadata predates
 them they are loaded here instead (never twice).
 
-INTERFACES.md: tests use a temporary ASCENDGRAPH_CACHE_DIR per test so xdist workers never
+docs/decisions.md "A cache directory per test": tests use a temporary ASCENDGRAPH_CACHE_DIR per test so xdist workers never
 share static-kernel builds. Downloads that are expensive and immutable (the torch-npu wheel
 the contract test reads) keep using the user's persistent cache.
 """

@@ -3,7 +3,7 @@
 Every string users grep for lives here (docs/semantics.md cites their sources), so the
 simulator, the engine and the diagnostics tools can never drift apart.
 
-Hierarchy (INTERFACES.md, "Errors"):
+Hierarchy (docs/decisions.md "One error hierarchy, three exit codes"):
 
     ValueError    -> ConfigError -> XliteConfigError (also a RuntimeError)
                   -> GraphModeError
@@ -123,7 +123,7 @@ class GraphHang(AscendGraphError, RuntimeError):
 
 class StaleGraphParams(AscendGraphError, RuntimeError):
     """A FULL replay executed an attention task group without a task update since that
-    replay began (DECISIONS D3): its attention ran with an earlier batch's parameters.
+    replay began (docs/decisions.md "Stale FULL-graph parameters"): its attention ran with an earlier batch's parameters.
     Raised by the device (the simulator with ``require_task_updates=True``, the default)."""
 
 

@@ -31,7 +31,7 @@ def _stream_plan_json(resolution: Resolution) -> dict[str, Any]:
 
 
 def resolution_to_json(resolution: Resolution) -> dict[str, Any]:
-    """The `explain --json` document (INTERFACES.md "Output")."""
+    """The `explain --json` document (docs/decisions.md "Results on stdout, one JSON document")."""
     config = resolution.config
     return {
         "schema_version": SCHEMA_VERSION,

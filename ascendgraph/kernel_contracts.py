@@ -7,7 +7,7 @@ the rule's branch matches the call (page attention, TND, sparse_mode 3...), ``ho
 whether the call satisfies it and ``describe`` names the offending values. ``source``
 cites where the rule comes from: the torch-npu 2.13.0 wheel's op documentation
 (``torch_npu/_op_plugin_docs.py`` line), its registered schema, or vLLM Ascend's call site
-(file@commit or pull request) where the wheel documents nothing (D1: where the docs and
+(file@commit or pull request) where the wheel documents nothing (docs/decisions.md "Kernel contracts": where the docs and
 vLLM Ascend's production calls disagree, vLLM Ascend wins and the rule is relaxed).
 
 Two levels. The torch_npu rules above; and the rules our own ops imply
@@ -18,7 +18,7 @@ written once so the simulator (which enforces the table) and hw/ (whose pre-chec
 it) agree on which torch_npu arguments an op call becomes. Eagerly hw passes attention only the real query
 tokens (``query[:actual_seq_lengths[-1]]``); in a graph (capture or task update) the
 whole captured query, so there ``T == actual_seq_lengths[-1]`` is the caller's job (the
-FULL padding of `ascendgraph.runtime.forward_context.fia_padded_lengths`).
+FULL padding of `ascendgraph.forward_context.fia_padded_lengths`).
 
 `check(kernel, arguments)` raises `KernelContractError` naming the rule, the values and
 the source. Where torch_npu's own error text is known it is quoted; for these kernels the
@@ -96,7 +96,7 @@ SRC_ADD_RMS_NORM = (
 )
 
 # Rules relaxed by the simulator's declared float32 leniency (device option
-# ``allow_float32_attention``, D2): the kernels' half-precision dtype rules.
+# ``allow_float32_attention``, docs/decisions.md "float32 on the simulator"): the kernels' half-precision dtype rules.
 FLOAT32_LENIENT_RULES = frozenset(
     {
         "query_dtype",

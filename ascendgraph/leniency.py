@@ -1,7 +1,7 @@
 """Declared leniencies: where the simulator runs what an NPU would refuse, on purpose.
 
 The simulator refuses what torch_npu's kernels refuse; the one exception a user can ask for is
-float32 (DECISIONS D2): ``--dtype float32`` on the sim device turns on the device option
+float32 (docs/decisions.md "float32 on the simulator"): ``--dtype float32`` on the sim device turns on the device option
 ``allow_float32_attention``. Every surface that can be affected says so under "lenient": the
 run's report and ``ascendgraph explain``. On npu float32 is refused before anything is built.
 This module holds the texts and the rule, so the two surfaces cannot drift apart.

@@ -6,7 +6,7 @@ pathological input is refused the same way everywhere: a ConfigError whose messa
 where the text came from, never a RecursionError, an OverflowError or a ValueError from
 Python's integer-conversion limit.
 
-Bounds (DECISIONS.md D7):
+Bounds (docs/decisions.md "Bounded input"):
 
 * an integer has at most ``MAX_INT_DIGITS`` digits (a 21-digit count is a typo, not a size);
 * containers nest at most ``MAX_NESTING`` deep;

@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from ascendgraph.config import GraphConfig
-    from ascendgraph.runtime.forward_context import ForwardContext
+    from ascendgraph.forward_context import ForwardContext
 
 __all__ = [
     "XLITE_ARCHITECTURES",

@@ -8,7 +8,7 @@ Sections (``--only NAME ...`` runs a subset; names in brackets):
    1 / 8 / 64 (`bench_sim`): replay / eager, floor / eager, and replay's fraction of the way
    from eager to the floor;
 3. [capture] capture of the 210 graphs in a fresh process with an empty compile cache
-   (cold) and again with the cache the first one filled (warm; the goal is for warm, D10);
+   (cold) and again with the cache the first one filled (warm; the goal is for warm, docs/decisions.md "Performance figures");
 4. [plan] the README's ``ascendgraph plan`` example in a fresh process;
 5. [api] ``ascendgraph.run(...)`` vs the same CLI run, idle and under a load the bench makes
    itself (one busy process per core);

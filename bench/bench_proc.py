@@ -6,7 +6,7 @@ bench makes itself.
   the bench ever waited for).
 * `busy_load` starts one busy process per core (a Python loop that never sleeps) and stops
   exactly those processes, by id, when the block ends: the "loaded machine" of the
-  API-vs-CLI row (DECISIONS D10), whatever else the machine happens to be doing.
+  API-vs-CLI row (docs/decisions.md "Performance figures"), whatever else the machine happens to be doing.
 
 No assertions here: these are measurements.
 """

@@ -5,7 +5,7 @@ capture sizes (35: vLLM's default list up to 256; 67: up to 768), the default mo
 (FULL_AND_PIECEWISE), captured on a simulator with **meta tensors** (shapes, strides, pool
 bytes and streams are exact; no weight or activation is materialised: the 28-layer model's
 weights alone would be 2.4 GB in float32) and the stream limit raised out of the way
-(DECISIONS D10). Every cell runs in a fresh process (`python -m bench.bench_scale LAYERS
+(docs/decisions.md "Performance figures"). Every cell runs in a fresh process (`python -m bench.bench_scale LAYERS
 SIZES`), so its peak RSS is its own.
 
 No assertions: this is a measurement.

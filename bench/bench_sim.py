@@ -11,7 +11,7 @@ batches of 1, 8 and 64 tokens, and reports the median host CPU time of
 
 * floor: the same aten overloads the graph recorded, called directly in a loop (the C++
   overload handles, no dispatch mode, no Python wrapper, no copy into captured outputs) —
-  what the kernels cost on their own (DECISIONS D10),
+  what the kernels cost on their own (docs/decisions.md "Performance figures"),
 
 their ratios to eager (goals: replay <= 0.5 / 0.7 / 0.9 at batch 1 / 8 / 64), replay's
 fraction of the way from eager to the floor, the number of recorded tasks, and the capture

@@ -395,7 +395,7 @@ class NpuDevice:
     # ------------------------------------------------------------------ memory, sync, profiling
     def check_kernel_call(self, kernel: str, arguments: Any) -> None:
         """Pre-check one torch_npu kernel call against the contract table, as hw's router
-        does before any kernel is reached (KernelContractError; DECISIONS D1). No card is
+        does before any kernel is reached (KernelContractError; docs/decisions.md "Kernel contracts"). No card is
         touched, so a refusal never depends on CANN's own message."""
         kernel_contracts.check(kernel, arguments)
 

@@ -15,7 +15,7 @@ load NNAL lazily and raise OSError) is dropped for the rest of the process.
 
 Contracts first. Before any binding is tried, the call passes `ascendgraph.kernel_calls`'
 pre-check (the kernel-contract table, as the simulator applies it): a violation is a
-KernelContractError, never a fallback (DECISIONS D1), so float32 attention is refused,
+KernelContractError, never a fallback (docs/decisions.md "Kernel contracts"), so float32 attention is refused,
 not run through the reference formula. Fallbacks serve a torch_npu that lacks a kernel.
 
 Graph safety. Attention's reference fallback is refused inside a task group (a FULL
@@ -552,7 +552,7 @@ class KernelRouter:
 
     def pre_check(self, op: str, args: tuple[Any, ...]) -> None:
         """The kernel-contract table, before any kernel: a violation is a hard error
-        (KernelContractError), never a fallback (DECISIONS D1)."""
+        (KernelContractError), never a fallback (docs/decisions.md "Kernel contracts")."""
         check_op = _contract_check()
         if check_op is not None:
             check_op(op, args, in_graph=self.in_task_group or self.capturing())
@@ -581,7 +581,7 @@ class KernelRouter:
     def call(self, op: str, *args: Any) -> Any:
         route = KERNEL_ROUTES[op]
         # The contract table first: what a card's kernel refuses is refused here, whichever
-        # kernel or fallback would run (DECISIONS D1: never a silent fallback).
+        # kernel or fallback would run (docs/decisions.md "Kernel contracts": never a silent fallback).
         self.pre_check(op, args)
         reasons = []
         for binding in route.bindings:

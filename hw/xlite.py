@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from ascendgraph.errors import ConfigError, DeviceUnavailable
-from ascendgraph.runtime.forward_context import ForwardContext
+from ascendgraph.forward_context import ForwardContext
 from ascendgraph.xlite import XliteRuntimeSpec, check_within_budget
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -74,7 +74,7 @@ OPTIONS = {
     "poison_capture_outputs": "fill fresh capture outputs with NaN until the first replay (default True)",
     "stream_error": "'207008' (default) or 'el0009': which CANN line a stream exhaustion carries",
     "record_kernels": "keep a KernelRecord per executed task from the start (default False)",
-    "allow_float32_attention": "declared leniency (D2): accept float32 where the kernels take only "
+    "allow_float32_attention": "declared leniency (docs/decisions.md, 'float32 on the simulator'): accept float32 where the kernels take only "
     "float16/bfloat16 (an NPU would refuse it; default False)",
     "lazy_kernel_init": "model the workspace allocation of a kernel's first launch per shape, refused "
     "inside a capture (so captures need warm-ups; default True)",
@@ -179,7 +179,7 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
         kernels.check_kernel_call(self.contracts, kernel, arguments)
 
     def allow_float32_attention_now(self) -> None:
-        """Turn on the declared float32 leniency (D2) on a device made without it."""
+        """Turn on the declared float32 leniency (docs/decisions.md) on a device made without it."""
         self.allow_float32_attention = True
         self.contracts.lenient = self.contracts.lenient | kernels.FLOAT32_LENIENT_RULES
         kernels.activate(self.contracts)

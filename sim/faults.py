@@ -1,4 +1,4 @@
-"""Failpoints: the fault-plan grammar of INTERFACES.md and the errors each code raises.
+"""Failpoints: the fault-plan grammar of docs/faults.md ("The plan grammar") and the errors each code raises.
 
 Theory of operation. A plan maps a *site* (a place in the simulator that consults the
 plan: capture_begin, capture_end, replay, task_update, event_record, malloc, synchronize)

@@ -13,11 +13,11 @@ NPU would refuse it: when issued eagerly (here, in the kernel), when recorded by
 and when re-issued by a task update (`on_capture` / `on_update`, called by ``sim.capture``),
 never per replay (a replay runs under `replaying()`). A violation raises
 KernelContractError. The rules a device relaxes (``allow_float32_attention``: the
-half-precision dtype rules, D2) come from the device's `ContractPolicy`; eager kernels use
+half-precision dtype rules, docs/decisions.md "float32 on the simulator") come from the device's `ContractPolicy`; eager kernels use
 the policy of the most recently created SimDevice (the kernels are process-wide, as
 torch.library is), or the strict default.
 
-Lazy initialisation (D8). The first launch of a kernel for a new shape allocates its
+Lazy initialisation (docs/decisions.md "Warm-ups and lazy initialisation"). The first launch of a kernel for a new shape allocates its
 workspace (aclnn tiling and workspace). Eager launches mark (kernel, shape, dtype) as
 initialised on the device's policy; a capture that records a kernel for a signature never
 launched before refuses it with CaptureConstraintError: a capture without warm-up fails.

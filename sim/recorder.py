@@ -323,7 +323,7 @@ def wrapper_reentry() -> Iterator[None]:
 class _Mode(TorchDispatchMode):
     """Base of the simulator's dispatch modes.
 
-    A wrapper op (SIMULATOR-NOTES recipe (a)) is never handled as one op: the mode
+    A wrapper op (docs/decisions.md "Attention under capture is a wrapper op") is never handled as one op: the mode
     re-enters itself and runs the wrapper's Python implementation, so the kernel ops it
     issues are what the subclass sees in `handle`.
     """

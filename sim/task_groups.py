@@ -31,7 +31,7 @@ class TaskGroupMixin:
 
         vLLM Ascend updates every attention task group after every FULL replay, so a group
         executed without an update since its replay began ran with an earlier batch's
-        parameters (DECISIONS D3). The replay still completes (the device does not stop for
+        parameters (docs/decisions.md "Stale FULL-graph parameters"). The replay still completes (the device does not stop for
         it); the error surfaces at the next point the host hears from the device."""
         for group in segment.groups:
             if group.updated_stamp < run.stamp:

@@ -4,7 +4,7 @@ Theory of operation. Before capturing a size the engine runs warm-up forwards (v
 ``_dummy_run`` with ``CUDAGraphMode.NONE``, ``cudagraph_num_of_warmups`` times per size) and
 throws their results away. What a warm-up must do on the simulator is issue every kernel
 at the size's shapes: the custom kernels check their contracts and initialise lazily
-(`sim.kernels`), so a capture without a warm-up is refused as on an NPU (DECISIONS D8).
+(`sim.kernels`), so a capture without a warm-up is refused as on an NPU (docs/decisions.md "Warm-ups and lazy initialisation").
 None of that depends on the values computed.
 
 On a CPU without native bfloat16 matrix units (AVX2: most laptops and CI runners) torch's

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from ascendgraph.errors import ConfigError
-from ascendgraph.runtime.forward_context import ForwardContext, set_forward_context
+from ascendgraph.forward_context import ForwardContext, set_forward_context
 from ascendgraph.modes import GraphMode
 from ascendgraph.xlite import XliteRuntimeSpec, check_within_budget
 

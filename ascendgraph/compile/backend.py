@@ -34,7 +34,7 @@ import torch
 from torch import fx
 from torch._ops import OpOverload
 
-from ascendgraph.runtime.capture import CaptureState, GraphOptions, GraphWrapper
+from ascendgraph.compile.graph_wrapper import CaptureState, GraphOptions, GraphWrapper
 from ascendgraph.compile.lowering import restore_out_mutations
 from ascendgraph.compile.pass_manager import PassManager, PassRun
 from ascendgraph.compile.split import SplitGraph, split_at_attention

@@ -46,7 +46,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ascendgraph.ops import argument_tensors
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ascendgraph.runtime.engine import Engine
+    from ascendgraph.compile.pass_manager import PassManager
     from ascendgraph.resolve import Resolution
 
 __all__ = [
@@ -326,17 +326,17 @@ class StaticKernelStage:
         return 0
 
 
-def attach_static_kernels(engine: "Engine") -> Optional[StaticKernelStage]:
-    """Install each static-kernel build of the engine's compile on its device (None when the
-    configuration builds none)."""
-    stage = next((p for p in engine.pass_manager.passes if isinstance(p, StaticKernelStage)), None)
+def attach_static_kernels(pass_manager: "PassManager", device: Any) -> Optional[StaticKernelStage]:
+    """Install each static-kernel build of the compile ``pass_manager`` runs on ``device``
+    (None when its passes build none)."""
+    stage = next((p for p in pass_manager.passes if isinstance(p, StaticKernelStage)), None)
     if stage is None:
         return None
-    install = getattr(engine.device, "install_static_kernels", None)
+    install = getattr(device, "install_static_kernels", None)
     if install is None:
         log.warning(
             "device %s cannot install ascendgraph's static kernels (on an NPU they are built by npugraph_ex); "
-            "the build only records the fixed-shape launches", getattr(engine.device, "name", engine.device),
+            "the build only records the fixed-shape launches", getattr(device, "name", device),
         )
         return stage
     stage.listeners.append(lambda build: install(build.kernel_table()))

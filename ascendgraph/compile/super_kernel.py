@@ -25,8 +25,7 @@ from typing import TYPE_CHECKING, Any, ContextManager, Optional
 from ascendgraph.modes import GraphMode
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ascendgraph.runtime.capture import GraphEntry, GraphWrapper
-    from ascendgraph.runtime.engine import Engine
+    from ascendgraph.compile.graph_wrapper import CaptureState, GraphEntry, GraphWrapper
 
 __all__ = ["SUPER_KERNEL_LOG", "SUPER_KERNEL_OPTIONS", "SUPER_KERNEL_SCOPE", "SuperKernelStage", "attach_super_kernel"]
 
@@ -69,17 +68,17 @@ class SuperKernelStage:
             log.info("%s", SUPER_KERNEL_LOG)
 
 
-def attach_super_kernel(engine: "Engine") -> Optional[SuperKernelStage]:
-    """Hook super-kernel optimisation into the engine's captures when it resolved on."""
-    if not engine.resolution.super_kernel:
+def attach_super_kernel(enabled: bool, device: Any, capture_state: "CaptureState") -> Optional[SuperKernelStage]:
+    """Hook super-kernel optimisation into the captures of ``capture_state`` when the resolution
+    turned it on (``enabled``; `Resolution.super_kernel`) and ``device`` can optimise a graph."""
+    if not enabled:
         return None
-    if getattr(engine.device, "super_kernel_optimize", None) is None:
+    if getattr(device, "super_kernel_optimize", None) is None:
         log.warning(
-            "device %s has no super_kernel_optimize; enable_super_kernel has no effect",
-            getattr(engine.device, "name", engine.device),
+            "device %s has no super_kernel_optimize; enable_super_kernel has no effect", getattr(device, "name", device)
         )
         return None
-    stage = SuperKernelStage(engine.device)
-    engine.capture_state.capture_scopes.append(stage.scope)
-    engine.capture_state.after_capture.append(stage)
+    stage = SuperKernelStage(device)
+    capture_state.capture_scopes.append(stage.scope)
+    capture_state.after_capture.append(stage)
     return stage

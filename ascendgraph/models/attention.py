@@ -6,14 +6,14 @@ an opaque node (Dynamo compiles the model once for all sizes; piecewise splittin
 graph at it) and it writes into ``out``, a buffer allocated by the graph piece before it,
 so the piece after it reads a stable address when graphs replay.
 
-At run time the op looks up the current forward context (`ascendgraph.runtime.forward_context`)
+At run time the op looks up the current forward context (`ascendgraph.forward_context`)
 for the layer's backend, its KV cache and the batch's metadata, writes the new keys and
 values into the paged cache (``reshape_and_cache``) and issues the FIA-like kernel
 ``paged_attention`` with *host* sequence lengths. Under a FULL-graph capture the kernel is
 launched through `GraphParams.capture_attention` (external event + task group, docs/semantics.md
 §7) so the engine can update the frozen lengths after each replay.
 
-The op is registered as a *wrapper op* (SIMULATOR-NOTES recipe (a)): a graph recorder
+The op is registered as a *wrapper op* (docs/decisions.md "Attention under capture is a wrapper op"): a graph recorder
 records the kernels it issues, with their host lists frozen by value, never the op
 itself — so replay without a parameter update is stale, exactly as on an NPU.
 
@@ -34,7 +34,7 @@ from torch import Tensor
 
 from ascendgraph import ops
 from ascendgraph.errors import CaptureConstraintError
-from ascendgraph.runtime.forward_context import AttentionMetadata, ForwardContext, KVCache, get_forward_context
+from ascendgraph.forward_context import AttentionMetadata, ForwardContext, KVCache, get_forward_context
 from ascendgraph.models.backends import AttentionBackendInfo, attention_backend_info
 from ascendgraph.modes import AttentionGraphSupport, GraphMode
 

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from ascendgraph.errors import ConfigError
-from ascendgraph.runtime.forward_context import KVCache
+from ascendgraph.forward_context import KVCache
 from ascendgraph.models.attention import AttentionImpl, attention_impl_for
 from ascendgraph.models.layers import (
     QUANTIZATION_METHODS,

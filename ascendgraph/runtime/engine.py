@@ -53,8 +53,8 @@ from ascendgraph.errors import ConfigError, NumericalMismatch
 from ascendgraph.models.build import DecoderModel, build_model, parse_dtype
 from ascendgraph.modes import GraphMode
 from ascendgraph.resolve import Decision, Resolution, resolve
-from ascendgraph.runtime.capture import CaptureState
-from ascendgraph.runtime.forward_context import KVCache
+from ascendgraph.compile.graph_wrapper import CaptureState
+from ascendgraph.forward_context import KVCache
 from ascendgraph.runtime.params import GraphParams
 from ascendgraph.runtime.profiler import KernelCounter, profile_run
 from ascendgraph.runtime.report import Report
@@ -283,8 +283,8 @@ class Engine(BuildStage, ForwardPlumbing, CaptureStage, ServeStage, CheckStage, 
         self.observers: list[StepObserver] = []
         # npugraph_ex (issue 10): static-kernel builds are installed on the device, super kernel
         # optimises each captured FULL graph, and kernels per step are counted for the report.
-        self.static_kernels = attach_static_kernels(self)
-        self.super_kernel = attach_super_kernel(self)
+        self.static_kernels = attach_static_kernels(self.pass_manager, self.device)
+        self.super_kernel = attach_super_kernel(self.resolution.super_kernel, self.device, self.capture_state)
         self.kernel_counter = KernelCounter.attach(self)
         # route name -> runner; `route(batch)` picks one per batch (xlite adds its own).
         self.runners: dict[str, Callable[[ScheduledBatch], RunResult]] = {"native": self._run_native}

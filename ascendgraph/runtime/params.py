@@ -18,12 +18,12 @@ separate update stream, layer by layer: ``task_update_begin(handle)``, re-issues
 kernel with the batch's real (padded) lengths, ``task_update_end``, records the event — and
 the replay proceeds past its wait with fresh parameters. An update that fails still ends
 the update and records every event, then raises the first error. Forgetting the update
-leaves the frozen lengths in place: the simulator raises StaleGraphParams (DECISIONS D3),
+leaves the frozen lengths in place: the simulator raises StaleGraphParams (docs/decisions.md "Stale FULL-graph parameters"),
 and the engine's check against eager is the second line; never recording the event leaves
 the replay waiting (a hang the device reports).
 
 Padding (`padded_attention_lengths`, vLLM Ascend's rule in
-`ascendgraph.runtime.forward_context.fia_padded_lengths`): the last query end always equals
+`ascendgraph.forward_context.fia_padded_lengths`): the last query end always equals
 the graph's N tokens. Uniform decode batches (q = 1 + k tokens per request) keep the
 captured request count R: ends [q, 2q, ..., R q], KV lengths padded with zeros. Mixed
 batches: the real cumulative ends plus one dummy request ending at N (KV length 0). The
@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 from ascendgraph.dispatch import BatchDescriptor
 from ascendgraph.errors import GRAPH_PARAMS_ALREADY_SET, StaleGraphParams
-from ascendgraph.runtime.forward_context import AttentionMetadata, fia_padded_lengths
+from ascendgraph.forward_context import AttentionMetadata, fia_padded_lengths
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch

@@ -67,7 +67,7 @@ class Report:
     requests_total: int = 0
     warnings: list[str] = field(default_factory=list)
     capture_fallback: Optional[dict[str, str]] = None
-    # Report honesty (DECISIONS D6): what happened, and only that.
+    # Report honesty (docs/decisions.md "Report honesty"): what happened, and only that.
     graphs_captured_before_failure: Optional[int] = None  # a capture failed after this many graphs
     eager_checked_steps: Optional[int] = None  # steps compared with eager (0: nothing was checked)
     requested_mode_is_default: bool = False  # cudagraph_mode not set: the requested mode is the level's default

@@ -2,7 +2,7 @@
 
 Theory of operation. ``torch.set_num_threads`` changes the whole process, so engines must
 not change it for each other (issue 17 item 10: two engines closed in creation order used
-to leave the process at the first engine's value). The rule (DECISIONS D6):
+to leave the process at the first engine's value). The rule (docs/decisions.md "One thread policy per process"):
 
 * the first engine that asks for a thread count saves the process's value and sets its own;
 * further engines asking for the *same* count share it; one asking for a different count

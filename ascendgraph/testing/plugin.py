@@ -6,8 +6,11 @@ ascendgraph gets it without a conftest; a conftest may still load it with
 ``fault_plan``) live in `ascendgraph.testing.fixtures`; fault scenarios are collected by
 `ascendgraph.testing.scenarios`.
 
-The npu gate (one rule, DECISIONS D6). npu items are the tests marked ``npu``. When no
-NPU is usable here:
+The ``npu`` marker is registered here (a project that installs ascendgraph and marks tests
+``npu`` needs no ``markers`` entry of its own, also under ``--strict-markers``).
+
+The npu gate (one rule, docs/decisions.md "The npu gate"). npu items are the tests marked
+``npu``. When no NPU is usable here:
 
 * a selection that holds npu items *alone* (``-m npu``, ``--device npu``, ``pytest
   tests/npu``) is a usage error that says why and names ``--npu-facade`` (the simulator's
@@ -16,7 +19,8 @@ NPU is usable here:
   line, whatever ``-m`` says (``-m "not slow"`` must not pull npu items into a CPU run).
 
 With ``--npu-facade`` the facade is torch_npu, the npu backend is usable and nothing is
-gated. A suite that declares no ``npu`` marker and uses no ``--device`` is not gated.
+gated. A run that has no npu items, selects none with ``-m`` and uses no ``--device npu`` is
+not gated (and never asks whether an NPU is usable).
 """
 
 from __future__ import annotations
@@ -43,8 +47,9 @@ NPU_ITEMS_USAGE_ERROR = (
 )
 FACADE_HINT = "add --npu-facade to run them on the simulator's torch_npu facade, "
 DESELECTED_NOTICE = "ascendgraph: {count} npu test(s) deselected: no usable NPU here ({reason})"
+NPU_MARKER = "npu: needs a usable Ascend NPU; deselected without one, and -m npu without one is a usage error (ascendgraph)"
 NPU_TIMEOUT_S = 300.0  # per npu test (pytest-timeout): one hang must not stall a node
-_GATE_KEY = pytest.StashKey[Optional[str]]()
+_GATE_KEY = pytest.StashKey[Optional[str]]()  # why no NPU is usable (None: usable); set once asked
 _NOTICE_KEY = pytest.StashKey[str]()
 
 
@@ -108,30 +113,35 @@ def pytest_configure(config: pytest.Config) -> None:
     for module in _optional_plugin_modules():
         if not config.pluginmanager.is_registered(module):
             config.pluginmanager.register(module, name=module.__name__)
+    if not _declares_npu_marker(config):
+        config.addinivalue_line("markers", NPU_MARKER)
     markexpr = config.getoption("markexpr", default="") or ""
     device = config.getoption("--device", default=None)
-    gated = device == "npu" or _declares_npu_marker(config)
-    config.stash[_GATE_KEY] = None
-    if not gated:
-        return
-    reason = npu_unusable_reason()
-    config.stash[_GATE_KEY] = reason
+    if device != "npu" and not selects_npu_tests(markexpr):
+        return  # gated at collection, and only if npu items are collected
+    reason = _npu_gate_reason(config)
     if reason is None:
         return
     if device == "npu":
         raise pytest.UsageError(DEVICE_NPU_USAGE_ERROR.format(reason=reason, facade=_facade_hint(config)))
-    if selects_npu_tests(markexpr):
-        raise pytest.UsageError(NPU_USAGE_ERROR.format(reason=reason, facade=_facade_hint(config)))
+    raise pytest.UsageError(NPU_USAGE_ERROR.format(reason=reason, facade=_facade_hint(config)))
+
+
+def _npu_gate_reason(config: pytest.Config) -> Optional[str]:
+    """Why no NPU is usable here (None when one is), asked once per session."""
+    if _GATE_KEY not in config.stash:
+        config.stash[_GATE_KEY] = npu_unusable_reason()
+    return config.stash[_GATE_KEY]
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    reason = config.stash.get(_GATE_KEY, None)
     npu_items = [item for item in items if item.get_closest_marker("npu") is not None]
+    if not npu_items:
+        return
+    reason = _npu_gate_reason(config)
     if reason is None:
         _add_timeouts(config, npu_items)
-        return
-    if not npu_items:
         return
     if len(npu_items) == len(items):
         raise pytest.UsageError(NPU_ITEMS_USAGE_ERROR.format(reason=reason, facade=_facade_hint(config)))

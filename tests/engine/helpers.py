@@ -97,3 +97,57 @@ def expected_runtime_mode(mode: GraphMode, *, uniform: bool, num_tokens: int, ma
     }
     decode, mixed = table[mode]
     return decode if uniform else mixed
+
+
+# --------------------------------------------------------------------------- shared runs
+#
+# Many engine tests assert different facts about the same run. A shared run is built once
+# per worker (pytest-xdist process) and handed to every test that asks for the same
+# configuration and options through the `shared_run` fixture (tests/engine/conftest.py).
+# The contract: a test given a shared run only READS it (the report, the step records, the
+# closed engine's dispatcher and device statistics). It is checked, not trusted: the run's
+# fingerprint is taken when it is built and compared after each test that used it, and a
+# test that changed it fails by name. A test that needs to observe or change a run (a
+# monkeypatched spy, a fault, an option) builds its own with `run_engine`.
+
+
+def run_fingerprint(run: EngineRun) -> str:
+    """A digest of everything a reading test can see of a run."""
+    import hashlib
+    import json
+
+    engine = run.engine
+    seen = {
+        "report": json.dumps(run.report.to_json(), sort_keys=True, default=repr),
+        "text": run.report.format_text(),
+        "steps": [repr(record) for record in run.steps],
+        "stats": [repr(run.stats_before_capture), repr(run.stats_after_capture), repr(engine.device.stats())],
+        "capture_order": repr(engine.dispatcher.capture_order()),
+        "error": repr(engine.error),
+    }
+    return hashlib.sha256(json.dumps(seen, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass
+class SharedRuns:
+    """The shared runs of one worker, keyed by configuration and options, with their fingerprints."""
+
+    runs: dict[str, EngineRun] = field(default_factory=dict)
+    fingerprints: dict[str, str] = field(default_factory=dict)
+    built: int = 0
+
+    @staticmethod
+    def key(config: GraphConfig, options: dict[str, Any]) -> str:
+        return repr((config, sorted(options.items()), WORKLOAD))
+
+    def get(self, config: GraphConfig, **options: Any) -> tuple[str, EngineRun]:
+        key = self.key(config, options)
+        if key not in self.runs:
+            self.runs[key] = run_engine(config, **options)
+            self.fingerprints[key] = run_fingerprint(self.runs[key])
+            self.built += 1
+        return key, self.runs[key]
+
+    def changed(self, keys: Sequence[str]) -> list[str]:
+        """The keys among ``keys`` whose run no longer has the fingerprint it was built with."""
+        return [key for key in keys if run_fingerprint(self.runs[key]) != self.fingerprints[key]]

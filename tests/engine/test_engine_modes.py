@@ -1,5 +1,10 @@
 """Every mode x backend completes on the simulator, matches eager, captures what the keys
-imply and routes each batch as docs/semantics.md §5 says."""
+imply and routes each batch as docs/semantics.md §5 says.
+
+The runs of the mode grid are shared per worker (`shared_run`): the tests that read a mode's
+run (padding waste, simulated time, FULL_DECODE_ONLY routing) reuse the grid's run of that
+mode instead of building their own. The grid's MLA rows other than FULL_AND_PIECEWISE (which
+captures both FULL and piecewise MLA graphs) run with ``-m slow``."""
 
 from __future__ import annotations
 
@@ -11,14 +16,25 @@ from tests.engine.helpers import LAYERS, SIZES, expected_runtime_mode, run_engin
 
 MODES = ["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"]
 BACKENDS = [("tiny", "ascend"), ("tiny-mla", "mla")]
+# The exhaustive rest of the grid (-m slow): MLA in the modes FULL_AND_PIECEWISE already covers.
+SLOW_ROWS = {(mode, "tiny-mla") for mode in ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY")}
+GRID = [
+    pytest.param(mode, model, backend, marks=[pytest.mark.slow] if (mode, model) in SLOW_ROWS else [])
+    for mode in MODES
+    for model, backend in BACKENDS
+]
 
 
-@pytest.mark.parametrize("model, backend", BACKENDS)
-@pytest.mark.parametrize("mode", MODES)
-def test_every_mode_and_backend_serves_all_requests_like_eager(mode, model, backend):
+def grid_config(mode: str):
+    """The grid's configuration of ``mode`` on the default (tiny, ascend) row: its run is shared."""
+    return small_config(mode, model="tiny", backend="ascend")
+
+
+@pytest.mark.parametrize("mode, model, backend", GRID)
+def test_every_mode_and_backend_serves_all_requests_like_eager(mode, model, backend, shared_run):
     config = small_config(mode, model=model, backend=backend)
     resolution = resolve(config)
-    result = run_engine(config)
+    result = shared_run(config)
     report = result.report
 
     assert report.ok, report.format_text()
@@ -56,8 +72,8 @@ def test_every_mode_and_backend_serves_all_requests_like_eager(mode, model, back
     assert report.batches_by_mode == counted
 
 
-def test_full_decode_only_runs_mixed_batches_eagerly_and_decodes_in_full_graphs():
-    result = run_engine(small_config("FULL_DECODE_ONLY"))
+def test_full_decode_only_runs_mixed_batches_eagerly_and_decodes_in_full_graphs(shared_run):
+    result = shared_run(grid_config("FULL_DECODE_ONLY"))
     mixed = [r for r in result.steps if r.kind != "decode"]
     decodes = [r for r in result.steps if r.kind == "decode" and r.num_tokens <= max(SIZES)]
     assert mixed and all(r.runtime_mode is GraphMode.NONE for r in mixed)
@@ -72,23 +88,23 @@ def test_a_never_backend_runs_piecewise():
     assert result.report.batches_by_mode["FULL"] == 0 and result.report.batches_by_mode["PIECEWISE"] > 0
 
 
-def test_padding_waste_counts_padded_tokens_of_graphed_batches():
-    result = run_engine(small_config("PIECEWISE"))
+def test_padding_waste_counts_padded_tokens_of_graphed_batches(shared_run):
+    result = shared_run(grid_config("PIECEWISE"))
     graphed = [r for r in result.steps if r.runtime_mode is not GraphMode.NONE]
     real = sum(r.num_tokens for r in graphed)
     padded = sum(r.padded_tokens for r in graphed)
     assert result.report.padding_waste == pytest.approx(padded / real - 1)
 
 
-def test_simulated_time_of_graph_and_eager_paths_is_reported():
-    report = run_engine(small_config("FULL_DECODE_ONLY")).report
+def test_simulated_time_of_graph_and_eager_paths_is_reported(shared_run):
+    report = shared_run(grid_config("FULL_DECODE_ONLY")).report
     assert report.simulated_time_us["graph"] > 0 and report.simulated_time_us["eager"] > 0
 
 
 def test_replays_with_address_checks_on_pass(monkeypatch):
     # the check runs: every capture records the input addresses and, in debug mode, every
     # replay compares them again (counted, not assumed)
-    import ascendgraph.runtime.capture as capture_module
+    import ascendgraph.compile.graph_wrapper as capture_module
 
     real = capture_module.input_addresses
     calls: list[int] = []

@@ -1,6 +1,6 @@
 """The stream planner against the simulator, and the plan's meta-tensor capture measurement.
 
-docs/semantics.md "Streams" (DECISIONS D5): the simulator charges a captured graph from what
+docs/semantics.md §9 (docs/decisions.md "Streams: the simulator counts, the planner predicts"): the simulator charges a captured graph from what
 it holds (1 stream, plus 1 (AIV) or 2 (FFTS+) per communication group whose collectives it
 captured, plus 40 per group up front under FFTS+; sim/budget.py), and the model issues its
 tensor-parallel all-reduces as recorded ops. The simulator never sees the planner's
@@ -114,7 +114,7 @@ def test_piecewise_capture_fits_exactly_the_planners_n_sizes_and_fails_on_the_ne
     assert error.graphs_captured < (n + 1) * (config.num_hidden_layers + 1)
 
 
-# ----------------------------------------------------------------- the D5 grid (inequalities)
+# ----------------------------------------------------------------- the §9 grid (inequalities)
 
 
 def _dense_aiv_margin_sizes(plan: StreamPlan) -> int:

@@ -1,4 +1,4 @@
-"""Every capability field of a simulator profile changes behaviour (issue 15 item 8, D11).
+"""Every capability field of a simulator profile changes behaviour (issue 15 item 8, docs/decisions.md "Profiles: every capability field acts").
 
 Each test changes one field of an inline profile (``{"base": "A2", field: value}``) and
 shows the run resolve or capture differently; --sim-profile 310P resolves as --soc 310P,
@@ -132,7 +132,7 @@ def test_every_capability_field_is_covered_here():
     from ascendgraph.device import DeviceProfile
     import dataclasses
 
-    labels = {"name", "soc", "hdk_version", "cann_version", "description"}  # D11: names and descriptions
+    labels = {"name", "soc", "hdk_version", "cann_version", "description"}  # docs/decisions.md: names and descriptions
     covered = {"supports_npugraph_ex", "supports_static_kernel", "supports_super_kernel", "supports_task_update",
                "max_piecewise_sizes", "stream_limit", "memory_bytes", "reserved_streams",
                "old_hdk"}  # old_hdk: tests/sim (Alloc sq cq fail instead of 207008)

@@ -12,10 +12,15 @@ from tests.engine.helpers import run_engine, small_config
 WORKLOAD = WorkloadSpec(num_requests=4, seed=1, prompt_words=(3, 8), output_tokens=(4, 8), burst_size=2, burst_gap=3)
 
 
-@pytest.mark.parametrize("k", [1, 2])
+# Each row runs one k by default; the other k of each row is the exhaustive rest (-m slow).
 @pytest.mark.parametrize(
-    "mode, model, backend",
-    [("FULL_DECODE_ONLY", "tiny-mla", "mla"), ("FULL_AND_PIECEWISE", "tiny", "ascend")],
+    "k, mode, model, backend",
+    [
+        pytest.param(2, "FULL_DECODE_ONLY", "tiny-mla", "mla"),
+        pytest.param(1, "FULL_AND_PIECEWISE", "tiny", "ascend"),
+        pytest.param(1, "FULL_DECODE_ONLY", "tiny-mla", "mla", marks=pytest.mark.slow),
+        pytest.param(2, "FULL_AND_PIECEWISE", "tiny", "ascend", marks=pytest.mark.slow),
+    ],
 )
 def test_spec_decode_serves_uniform_batches_of_q_tokens_per_request_in_full_graphs(k, mode, model, backend):
     q = 1 + k

@@ -60,8 +60,8 @@ def test_float32_on_sim_is_a_declared_leniency_with_one_warning(caplog):
     assert "lenient" in run.report.format_text()
 
 
-def test_bfloat16_runs_are_not_lenient():
-    run = run_engine(small_config("FULL_AND_PIECEWISE", sizes=(1, 2)))
+def test_bfloat16_runs_are_not_lenient(shared_run):
+    run = shared_run(small_config("FULL_AND_PIECEWISE", sizes=(1, 2)))
     assert run.report.error is None and "lenient" not in run.report.extensions
 
 
@@ -71,20 +71,22 @@ def test_float32_on_npu_is_refused_up_front():
     assert info.value.key == "dtype"
 
 
-def test_without_warm_up_the_capture_fails_with_lazy_initialisation():
+def test_without_warm_up_the_capture_fails_with_lazy_initialisation(shared_run):
+    warmed_config = small_config("FULL_DECODE_ONLY", model="tiny", backend="ascend")
     config = GraphConfig.from_vllm_args(
-        compilation_config={"cudagraph_capture_sizes": [1, 2], "cudagraph_mode": "FULL_DECODE_ONLY",
+        compilation_config={"cudagraph_capture_sizes": [1, 2, 4], "cudagraph_mode": "FULL_DECODE_ONLY",
                             "cudagraph_num_of_warmups": 0},
-        model="tiny", num_layers=2, max_num_seqs=4, max_num_batched_tokens=8,
+        model="tiny", attention_backend="ascend", num_layers=2, max_num_seqs=4, max_num_batched_tokens=8,
     )
     run = run_engine(config)
     assert isinstance(run.engine.error, CaptureConstraintError)
     assert "lazy initialisation during capture" in str(run.engine.error)
-    warmed = run_engine(small_config("FULL_DECODE_ONLY", sizes=(1, 2)))
+    # the same configuration with its warm-ups (the mode grid's run, shared)
+    warmed = shared_run(warmed_config)
     assert warmed.report.error is None
 
 
-def test_the_default_run_is_bfloat16_and_not_lenient_on_the_report():
-    run = run_engine(small_config("FULL", sizes=(1, 2)))
+def test_the_default_run_is_bfloat16_and_not_lenient_on_the_report(shared_run):
+    run = shared_run(small_config("FULL_AND_PIECEWISE", sizes=(1, 2)))
     assert run.report.dtype == "bfloat16"
     assert run.engine.dtype is torch.bfloat16

@@ -1,4 +1,4 @@
-"""The npu gate (DECISIONS D6): on a machine without an NPU, npu items are deselected with
+"""The npu gate (docs/decisions.md "The npu gate"): on a machine without an NPU, npu items are deselected with
 one notice whatever -m says; a selection of npu items alone (-m npu, --device npu, a path
 of npu tests) is a usage error naming --npu-facade; with --npu-facade they run. Checked on
 a small suite of its own (the plugins loaded with -p), so each run takes seconds."""

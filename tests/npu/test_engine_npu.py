@@ -37,7 +37,7 @@ def test_a_short_run_per_mode_completes_and_matches_eager(capsys: pytest.Capture
 
 
 def test_float32_is_refused_up_front_with_the_dtype_advice(capsys: pytest.CaptureFixture[str]) -> None:
-    # DECISIONS D2: the fused attention takes no float32, so npu refuses it before building anything.
+    # docs/decisions.md "float32 on the simulator": the fused attention takes no float32, so npu refuses it before building anything.
     code, report = run_json(capsys, "--dtype", "float32", "--compilation-config",
                             json.dumps({"cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": SIZES}))
     assert code == 2 and report["error"] is not None

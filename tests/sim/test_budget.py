@@ -1,6 +1,6 @@
 """Stream charging from what a captured graph holds (sim/budget.py, docs/semantics.md "Streams").
 
-The figures are the physical model's (D5), written here as literals: 1 stream per graph,
+The figures are the physical model's (docs/semantics.md §9, docs/decisions.md), written here as literals: 1 stream per graph,
 +1 (AIV) or +2 (FFTS+) per communication group whose collectives the graph holds, and 40
 per group reserved under FFTS+ at its first collective. No StreamPlan is involved.
 """

@@ -1,4 +1,4 @@
-"""The fault-plan grammar (INTERFACES.md) and the errors each code raises."""
+"""The fault-plan grammar (docs/faults.md) and the errors each code raises."""
 
 from __future__ import annotations
 

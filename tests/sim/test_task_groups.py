@@ -1,4 +1,4 @@
-"""Task-group rules and stale-parameter detection of the simulator (issue 15, DECISIONS D3).
+"""Task-group rules and stale-parameter detection of the simulator (issue 15, docs/decisions.md "Stale FULL-graph parameters").
 
 Inside graph_task_group_begin/_end only single-operator kernel tasks may sit: everything
 else is refused with a text naming it, and the failed capture gives back every stream and

@@ -8,11 +8,11 @@ import logging
 import pytest
 import torch
 
-from ascendgraph.runtime.capture import CaptureNotAllowed, CaptureState, GraphOptions, GraphWrapper
+from ascendgraph.compile.graph_wrapper import CaptureNotAllowed, CaptureState, GraphOptions, GraphWrapper
 from ascendgraph.device import get_device
 from ascendgraph.dispatch import BatchDescriptor
 from ascendgraph.errors import ADDRESS_MISMATCH, GraphHang, StreamResourceExhausted
-from ascendgraph.runtime.forward_context import ForwardContext, set_forward_context
+from ascendgraph.forward_context import ForwardContext, set_forward_context
 from ascendgraph.modes import GraphMode
 
 KEY = BatchDescriptor(4)
@@ -366,12 +366,12 @@ def test_every_replay_is_counted(state, inputs):
 def test_debug_logging_alone_turns_the_address_check_on_and_each_capture_is_logged(state, inputs, caplog):
     # GraphWrapper._replay: `options.debug or state.debug or log.isEnabledFor(DEBUG)` (mutant: `and`
     # before the logging test), and _capture's debug record (mutants garbled it)
-    caplog.set_level(logging.DEBUG, logger="ascendgraph.runtime.capture")
+    caplog.set_level(logging.DEBUG, logger="ascendgraph.compile.graph_wrapper")
     x, y = inputs
     wrapper = GraphWrapper(_double_plus, GraphMode.FULL, state, options=GraphOptions(label="lm_head"))
     with set_forward_context(_context(GraphMode.FULL)):
         wrapper(x, y)
-        assert [r.getMessage() for r in caplog.records if r.name == "ascendgraph.runtime.capture"] == [
+        assert [r.getMessage() for r in caplog.records if r.name == "ascendgraph.compile.graph_wrapper"] == [
             f"captured FULL graph lm_head for {KEY}"
         ]
         with pytest.raises(AssertionError, match="Input addresses for aclgraphs are different during replay"):

@@ -92,7 +92,7 @@ def test_help_teaches_with_an_example(capsys):
 
 
 def test_float32_is_listed_under_lenient_on_sim_and_refused_on_npu(capsys):
-    """DECISIONS D2: explain lists the declared float32 leniency as the run's report does."""
+    """docs/decisions.md "float32 on the simulator": explain lists the declared float32 leniency as the run's report does."""
     from ascendgraph.leniency import FLOAT32_ON_NPU, LENIENT_FLOAT32
 
     assert main(["explain"]) == 0

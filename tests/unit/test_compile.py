@@ -6,12 +6,12 @@ import pytest
 import torch
 from torch._higher_order_ops.auto_functionalize import auto_functionalized, auto_functionalized_v2
 
-from ascendgraph.runtime.capture import CaptureState
+from ascendgraph.compile.graph_wrapper import CaptureState
 from ascendgraph.compile import ATTENTION_SPLITTING_OPS, AscendGraphBackend, CompiledModel, PassManager
 from ascendgraph.compile.lowering import count_calls
 from ascendgraph.config import GraphConfig
 from ascendgraph.dispatch import BatchDescriptor
-from ascendgraph.runtime.forward_context import AttentionMetadata, ForwardContext, set_forward_context
+from ascendgraph.forward_context import AttentionMetadata, ForwardContext, set_forward_context
 from ascendgraph.models.build import build_model
 from ascendgraph.models.presets import PRESETS
 from ascendgraph.modes import GraphMode
@@ -19,7 +19,7 @@ from ascendgraph.modes import GraphMode
 
 @pytest.fixture(autouse=True, scope="module")
 def _float32_declared_lenient():
-    """These models are float32 and run eagerly: the simulator's declared float32 leniency (D2)."""
+    """These models are float32 and run eagerly: the simulator's declared float32 leniency (docs/decisions.md)."""
     from sim import kernels as sim_kernels
 
     with sim_kernels.contract_policy(sim_kernels.ContractPolicy.from_options(allow_float32_attention=True,

@@ -14,7 +14,7 @@ from ascendgraph.runtime.engine import Engine, EngineOptions
 
 @pytest.fixture(autouse=True)
 def _float32_declared_lenient():
-    """These models are float32 and run eagerly: the simulator's declared float32 leniency (D2)."""
+    """These models are float32 and run eagerly: the simulator's declared float32 leniency (docs/decisions.md)."""
     from sim import kernels as sim_kernels
 
     with sim_kernels.contract_policy(sim_kernels.ContractPolicy.from_options(allow_float32_attention=True,

@@ -1,4 +1,4 @@
-"""ARCHITECTURE.md: the core (`ascendgraph/`) never imports `sim`, `hw` or `torch_npu`; it
+"""docs/ARCHITECTURE.md: the core (`ascendgraph/`) never imports `sim`, `hw` or `torch_npu`; it
 reaches the backends through the `ascendgraph.devices` entry points only."""
 
 from __future__ import annotations
@@ -91,6 +91,46 @@ def test_the_rules_modules_import_neither_the_cli_nor_the_tools_nor_the_runtime(
     assert all(path.is_file() for path in paths)
     forbidden = ("ascendgraph.cli", "ascendgraph.tools", "ascendgraph.runtime")
     assert _offenders(paths, forbidden) == {}
+
+
+# The building blocks below the runtime: the forward context (vLLM: vllm/forward_context.py), the
+# models, the compile backend with its graph wrapper (vLLM: vllm/compilation/cuda_graph.py) and the
+# xlite routing rules. None of them may reach up into the engine.
+BELOW_THE_RUNTIME = ("forward_context.py", "xlite.py", "models", "compile")
+
+
+def _below_the_runtime() -> list[Path]:
+    paths = []
+    for name in BELOW_THE_RUNTIME:
+        target = CORE / name
+        paths.extend(sorted(target.rglob("*.py")) if target.is_dir() else [target])
+    return paths
+
+
+def test_the_rules_the_models_and_compile_never_import_the_runtime():
+    paths = [CORE / f"{name}.py" for name in RULES_MODULES] + _below_the_runtime()
+    assert all(path.is_file() for path in paths) and len(paths) > 20
+    forbidden = ("ascendgraph.runtime", "ascendgraph.cli", "ascendgraph.tools", "ascendgraph.api")
+    assert _offenders(paths, forbidden) == {}
+
+
+def test_the_forward_context_sits_below_the_models_and_the_graph_wrapper():
+    # The models and the wrappers read it; it names neither (FullGraphParams is its own protocol).
+    assert _offenders([CORE / "forward_context.py"], ("ascendgraph.models", "ascendgraph.compile")) == {}
+
+
+def test_moved_modules_stay_importable_under_their_old_names_as_the_same_module():
+    import importlib
+
+    from ascendgraph.moved_modules import MOVED_MODULES
+
+    for old, (new, reason) in MOVED_MODULES.items():
+        assert reason.strip()
+        old_file = REPO.joinpath(*old.split(".")).with_suffix(".py")
+        assert not old_file.exists(), f"{old_file} is back: remove {old} from MOVED_MODULES or the file"
+        moved = importlib.import_module(new)
+        assert importlib.import_module(old) is moved  # one module: monkeypatching either name patches both
+        assert moved.__spec__.name == new and moved.__name__ == new
 
 
 def test_the_runtime_never_imports_the_command_line_and_the_tools_only_its_shared_flags():

@@ -7,7 +7,7 @@ import torch
 
 from ascendgraph.dispatch import BatchDescriptor
 from ascendgraph.errors import CaptureConstraintError, ConfigError
-from ascendgraph.runtime.forward_context import (
+from ascendgraph.forward_context import (
     AttentionMetadata,
     ForwardContext,
     NoForwardContext,
@@ -26,7 +26,7 @@ BLOCK = 16
 
 @pytest.fixture(autouse=True)
 def _float32_declared_lenient():
-    """These models are float32 (exact comparisons): the simulator's declared float32 leniency (D2)."""
+    """These models are float32 (exact comparisons): the simulator's declared float32 leniency (docs/decisions.md)."""
     from sim import kernels as sim_kernels
 
     with sim_kernels.contract_policy(sim_kernels.ContractPolicy.from_options(allow_float32_attention=True,

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from ascendgraph import ops
-from ascendgraph.runtime.capture import CaptureState, GraphWrapper
+from ascendgraph.compile.graph_wrapper import CaptureState, GraphWrapper
 from ascendgraph.dispatch import BatchDescriptor
 from ascendgraph.errors import GRAPH_PARAMS_ALREADY_SET, CaptureConstraintError, GraphHang, StaleGraphParams
-from ascendgraph.runtime.forward_context import AttentionMetadata, ForwardContext, set_forward_context
+from ascendgraph.forward_context import AttentionMetadata, ForwardContext, set_forward_context
 from ascendgraph.models.attention import AttentionCall
 from ascendgraph.modes import GraphMode
 from ascendgraph.runtime.params import GraphParams, GraphParamsNotSet, padded_attention_lengths

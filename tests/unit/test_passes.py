@@ -356,7 +356,7 @@ def test_noop_view_elimination_compares_symbolic_sizes():
 @pytest.fixture(autouse=True)
 def _float32_kernels_are_a_declared_leniency():
     """These tests compare fused and unfused float32 numerics of the passes; a card takes
-    float16/bfloat16 only, which tests/unit/test_kernel_contracts.py covers (DECISIONS D2)."""
+    float16/bfloat16 only, which tests/unit/test_kernel_contracts.py covers (docs/decisions.md "float32 on the simulator")."""
     from sim.kernels import unchecked
 
     with unchecked():

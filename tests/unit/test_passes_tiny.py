@@ -22,11 +22,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ascendgraph.runtime.capture import CaptureState
+from ascendgraph.compile.graph_wrapper import CaptureState
 from ascendgraph.compile import AscendGraphBackend, CompiledModel, PassManager
 from ascendgraph.config import GraphConfig
 from ascendgraph.dispatch import BatchDescriptor
-from ascendgraph.runtime.forward_context import AttentionMetadata, ForwardContext, set_forward_context
+from ascendgraph.forward_context import AttentionMetadata, ForwardContext, set_forward_context
 from ascendgraph.models.build import build_model
 from ascendgraph.models.presets import PRESETS
 from ascendgraph.modes import GraphMode
@@ -139,7 +139,7 @@ def test_the_quantised_variants_hold_int8_valued_weights_and_quantise_the_activa
 @pytest.fixture(autouse=True)
 def _float32_kernels_are_a_declared_leniency():
     """These tests compare fused and unfused float32 numerics of the passes; a card takes
-    float16/bfloat16 only, which tests/unit/test_kernel_contracts.py covers (DECISIONS D2)."""
+    float16/bfloat16 only, which tests/unit/test_kernel_contracts.py covers (docs/decisions.md "float32 on the simulator")."""
     from sim.kernels import unchecked
 
     with unchecked():

@@ -172,7 +172,7 @@ def test_a_replay_that_returns_wrong_values_is_an_error_not_a_pass(tmp_path, mon
     path = device_scenario(tmp_path, "wrapper_replay", "outcome = 'ok'", new_address=False)
     assert run_scenario(load_scenario(path)).passed
     # A wrapper bug that hands back the wrong tensor must surface as NumericalMismatch.
-    monkeypatch.setattr("ascendgraph.runtime.capture.GraphWrapper._replay", lambda self, entry, args: torch.zeros(4))
+    monkeypatch.setattr("ascendgraph.compile.graph_wrapper.GraphWrapper._replay", lambda self, entry, args: torch.zeros(4))
     result = run_scenario(load_scenario(path))
     assert result.outcome == "error" and type(result.error).__name__ == "NumericalMismatch", result.explain()
     assert not result.passed

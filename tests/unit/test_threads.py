@@ -1,4 +1,4 @@
-"""torch's intra-op thread count is one process-wide policy (DECISIONS D6, issue 17 item 10)."""
+"""torch's intra-op thread count is one process-wide policy (docs/decisions.md "One thread policy per process", issue 17 item 10)."""
 
 from __future__ import annotations
 

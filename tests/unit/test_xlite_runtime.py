@@ -15,7 +15,7 @@ from ascendgraph.dispatch import BatchDescriptor
 from ascendgraph.errors import DeviceUnavailable
 from ascendgraph import explain
 from ascendgraph.explanation import format_resolution, resolution_to_json
-from ascendgraph.runtime.forward_context import AttentionMetadata, ForwardContext, set_forward_context
+from ascendgraph.forward_context import AttentionMetadata, ForwardContext, set_forward_context
 from ascendgraph.models.build import build_model
 from ascendgraph.models.presets import PRESETS
 from ascendgraph.modes import GraphMode
@@ -73,7 +73,7 @@ def test_the_sim_runtime_preallocates_a_buffer_of_budget_rows(sim_device):
 
 @pytest.fixture()
 def float32_kernels_unchecked():
-    """This test builds a float32 model (a declared simulator leniency, DECISIONS D2)."""
+    """This test builds a float32 model (a declared simulator leniency, docs/decisions.md)."""
     from sim.kernels import unchecked
 
     with unchecked():

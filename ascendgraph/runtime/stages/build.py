@@ -47,7 +47,7 @@ class BuildStage:
     lenient: list[str]
 
     def _declare_float32(self) -> None:
-        """float32 on the simulator is a declared leniency (D2): one warning, listed as lenient."""
+        """float32 on the simulator is a declared leniency (docs/decisions.md): one warning, listed as lenient."""
         log.warning("%s", FLOAT32_ATTENTION_WARNING)
         self.lenient.append(LENIENT_FLOAT32)
 

@@ -26,8 +26,8 @@ from ascendgraph.dispatch import BatchDescriptor, GraphDispatcher
 from ascendgraph.errors import DeviceLost, GraphHang
 from ascendgraph.modes import GraphMode
 from ascendgraph.resolve import Decision, Resolution
-from ascendgraph.runtime.capture import CaptureState
-from ascendgraph.runtime.forward_context import AttentionMetadata
+from ascendgraph.compile.graph_wrapper import CaptureState
+from ascendgraph.forward_context import AttentionMetadata
 from ascendgraph.runtime.params import GraphParams
 from ascendgraph.runtime.stages.records import Inputs
 

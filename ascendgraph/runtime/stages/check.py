@@ -20,7 +20,7 @@ from ascendgraph.errors import NumericalMismatch
 from ascendgraph.models.build import DecoderModel
 from ascendgraph.modes import GraphMode
 from ascendgraph.resolve import Resolution
-from ascendgraph.runtime.forward_context import AttentionMetadata, set_forward_context
+from ascendgraph.forward_context import AttentionMetadata, set_forward_context
 from ascendgraph.runtime.report import MISMATCH_CAUSES_EAGER, MISMATCH_CAUSES_GRAPH
 from ascendgraph.runtime.stages.records import Inputs, Measure, RunResult
 from ascendgraph.runtime.workload import ScheduledBatch, Scheduler

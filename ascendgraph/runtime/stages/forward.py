@@ -18,7 +18,7 @@ from ascendgraph.device import Device
 from ascendgraph.dispatch import BatchDescriptor
 from ascendgraph.models.build import DecoderModel
 from ascendgraph.modes import GraphMode
-from ascendgraph.runtime.forward_context import AttentionMetadata, ForwardContext, KVCache, set_forward_context
+from ascendgraph.forward_context import AttentionMetadata, ForwardContext, KVCache, set_forward_context
 from ascendgraph.runtime.params import GraphParams
 from ascendgraph.runtime.stages.records import Inputs, Measure
 from ascendgraph.runtime.workload import ScheduledBatch

@@ -21,7 +21,7 @@ from ascendgraph.errors import CaptureError, NumericalMismatch
 from ascendgraph.models.presets import ModelSpec
 from ascendgraph.modes import GraphMode
 from ascendgraph.resolve import Decision, Resolution
-from ascendgraph.runtime.capture import CaptureState
+from ascendgraph.compile.graph_wrapper import CaptureState
 from ascendgraph.runtime.report import Report, failure_notes
 from ascendgraph.runtime.stages.records import Counters
 from ascendgraph.runtime.workload import Request, Scheduler

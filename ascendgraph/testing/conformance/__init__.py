@@ -2,7 +2,7 @@
 
 Each case is a test function taking a ``device`` fixture and tagged ``ALL`` (run on every
 backend) or ``sim_only(reason)`` (the simulator only; the reason says why hardware
-cannot run it — INTERFACES.md "Conformance cases on hardware"). `case` parametrises the
+cannot run it — docs/decisions.md "Conformance cases: all or sim_only"). `case` parametrises the
 ``device`` fixture over ``sim`` and ``npu`` (the npu parameter carries the ``npu`` marker,
 so the default run keeps sim and ``-m npu`` keeps npu). Collect the suite by importing
 its cases into a test module::

@@ -3,7 +3,7 @@
 Every rule of the table has a case: the device's kernel pre-check refuses the violating
 call and accepts the boundary call (`ascendgraph.testing.contract_cases`). The pre-check is
 ``device.check_kernel_call(kernel, arguments)``: on the simulator the same check its
-kernels run when issued, on an NPU hw's pre-check before the kernel is reached (D1), so
+kernels run when issued, on an NPU hw's pre-check before the kernel is reached (docs/decisions.md "Kernel contracts"), so
 refusals never need a card to fail. Through the ops, the contracts that matter most are
 also exercised end to end: a padded query in a graph, a block table with a spare row, an
 illegal block size, float32 attention, and a capture without warm-up.
@@ -110,7 +110,7 @@ def test_float32_attention_is_refused(device):
     assert "query_dtype" in info.value.rules
 
 
-@case(sim_only("allow_float32_attention is the simulator's declared leniency (D2)"))
+@case(sim_only("allow_float32_attention is the simulator's declared leniency (docs/decisions.md)"))
 def test_float32_attention_runs_when_the_device_declares_the_leniency(device):
     device.allow_float32_attention_now()
     attention = TinyAttention(device)

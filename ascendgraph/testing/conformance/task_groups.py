@@ -29,7 +29,7 @@ def test_without_the_update_replay_uses_the_frozen_lengths(device):
     graph, _, event = capture_updatable_attention(device, attention, [3, 5])
     graph.replay()
     # The simulator (directly, or under hw on the torch_npu facade, whose tensors are CPU
-    # tensors) also reports the stale group and the replay completes (DECISIONS D3); a card
+    # tensors) also reports the stale group and the replay completes (docs/decisions.md "Stale FULL-graph parameters"); a card
     # replays silently with the frozen lengths.
     reports_stale = is_sim(device) or tensor(device, 1).device.type == "cpu"
     if reports_stale:

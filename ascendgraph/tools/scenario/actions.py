@@ -154,9 +154,9 @@ def _action_wrapper_replay(ctx: _ActionContext, args: Mapping[str, Any]) -> None
     (``new_address``) or the same one refilled."""
     import torch
 
-    from ascendgraph.runtime.capture import GraphOptions, GraphWrapper
+    from ascendgraph.compile.graph_wrapper import GraphOptions, GraphWrapper
     from ascendgraph.dispatch import BatchDescriptor
-    from ascendgraph.runtime.forward_context import ForwardContext, set_forward_context
+    from ascendgraph.forward_context import ForwardContext, set_forward_context
     from ascendgraph.modes import GraphMode
 
     device = ctx.device

@@ -50,7 +50,7 @@ class DeviceSpec:
     faults: Optional[str] = None
     env: Mapping[str, str] = field(default_factory=dict)
     stream_error: Optional[str] = None  # "207008" | "el0009" (which CANN line exhaustion carries)
-    require_task_updates: Optional[bool] = None  # None: the device's default (True, DECISIONS D3)
+    require_task_updates: Optional[bool] = None  # None: the device's default (True, docs/decisions.md)
     stream_limit: Optional[int] = None  # device scenarios only (engine ones use [config] stream_limit)
 
 

@@ -33,7 +33,7 @@ def _wrapper_ops() -> frozenset[str]:
 
 
 def _forward_context_set() -> bool:
-    from ascendgraph.runtime.forward_context import current_forward_context
+    from ascendgraph.forward_context import current_forward_context
 
     return current_forward_context() is not None
 

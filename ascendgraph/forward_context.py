@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, Protocol
 
 import torch
 
@@ -25,7 +25,6 @@ from ascendgraph.modes import GraphMode
 
 if TYPE_CHECKING:  # pragma: no cover
     from ascendgraph.device import Device
-    from ascendgraph.runtime.params import GraphParams
 
 __all__ = [
     "AttentionMetadata",
@@ -36,11 +35,30 @@ __all__ = [
     "get_forward_context",
     "current_forward_context",
     "NoForwardContext",
+    "FullGraphParams",
 ]
 
 
 class NoForwardContext(RuntimeError):
     """An attention op or graph wrapper ran outside `set_forward_context`."""
+
+
+class FullGraphParams(Protocol):
+    """What the attention op and the graph wrappers ask of an engine's FULL-graph parameters.
+
+    The engine's `ascendgraph.runtime.params.GraphParams` implements it; naming only this
+    here keeps the forward context (and the models and wrappers that read it) below the
+    runtime. ``call`` is the attention layer's `ascendgraph.models.attention.AttentionCall`.
+    """
+
+    def capture_attention(self, descriptor: BatchDescriptor, call: Any) -> None:
+        """Launch one attention call inside a FULL capture, remembering it for later updates."""
+
+    def discard(self, descriptor: BatchDescriptor) -> None:
+        """Forget what a failed capture of ``descriptor`` recorded."""
+
+    def clear(self) -> None:
+        """Forget every graph's records (the engine released its graphs)."""
 
 
 @dataclass(frozen=True)
@@ -143,7 +161,7 @@ class ForwardContext:
     kv_caches: Mapping[str, KVCache]
     attention_layers: Mapping[str, Any] = field(default_factory=dict)  # layer name -> models.layers.Attention
     device: Optional["Device"] = None
-    graph_params: Optional["GraphParams"] = None
+    graph_params: Optional[FullGraphParams] = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -173,7 +191,7 @@ def get_forward_context() -> ForwardContext:
     if context is None:
         raise NoForwardContext(
             "no forward context is set: run the model inside "
-            "ascendgraph.runtime.forward_context.set_forward_context(ForwardContext(...)) "
+            "ascendgraph.forward_context.set_forward_context(ForwardContext(...)) "
             "(the engine does this for every step)"
         )
     return context

@@ -44,12 +44,11 @@ import torch
 
 from ascendgraph.dispatch import BatchDescriptor
 from ascendgraph.errors import ADDRESS_MISMATCH, CaptureContext, rewrite_capture_error
-from ascendgraph.runtime.forward_context import current_forward_context
+from ascendgraph.forward_context import FullGraphParams, current_forward_context
 from ascendgraph.modes import GraphMode
 
 if TYPE_CHECKING:  # pragma: no cover
     from ascendgraph.device import Device, Graph, PoolHandle
-    from ascendgraph.runtime.params import GraphParams
 
 __all__ = [
     "GraphOptions",
@@ -104,7 +103,7 @@ class CaptureState:
     allowed: bool = False
     debug: bool = False
     stream_budget: Optional[int] = None
-    graph_params: Optional["GraphParams"] = None
+    graph_params: Optional[FullGraphParams] = None
     graphs_captured: int = 0
     pool: Optional["PoolHandle"] = None
     wrappers: list["GraphWrapper"] = field(default_factory=list)
