@@ -316,7 +316,17 @@ class NpuDevice:
                 "this torch_npu has no NPUGraph.super_kernel_optimize; super kernel needs torch_npu 2.13 or newer "
                 "(disable enable_super_kernel)"
             )
+        self._refuse_super_kernel_off_a3("super_kernel_optimize")
         self._npu.call(api.NPU_GRAPH_SUPER_KERNEL_OPTIMIZE, graph.graph, optimize_options=optimize_options)
+
+    def _refuse_super_kernel_off_a3(self, what: str) -> None:
+        """Before torch_npu is reached: CANN's aclsk API is Atlas A3 only (hw.soc)."""
+        if not self.profile.supports_super_kernel:
+            raise RuntimeError(
+                f"{what}: super kernel is not supported on {self.device_name} ({self.profile.name}): torch_npu's "
+                "super kernel calls CANN's aclskScopeBegin / aclskOptimize, which are for Atlas A3 products only; "
+                "disable enable_super_kernel on this device"
+            )
 
     @contextlib.contextmanager
     def super_kernel_scope(self, scope_name: Optional[str] = None) -> Iterator[None]:
@@ -325,6 +335,7 @@ class NpuDevice:
         if not self.features["super_kernel_scope"]:
             yield
             return
+        self._refuse_super_kernel_off_a3("super_kernel_scope")
         self._npu.call(api.SUPER_KERNEL_SCOPE_BEGIN, scope_name)
         try:
             yield
