@@ -30,8 +30,9 @@ docs/facade.md has the table of every deviation that remains.
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -42,7 +43,7 @@ from sim.device import SimDevice
 from sim.recorder import wrapper_reentry
 from sim.streams import SimStream
 
-__all__ = ["FacadeRuntime", "runtime", "configure", "TaskGroupGuard", "DEVICE_NAME", "TaskGroupAllocation"]
+__all__ = ["FacadeRuntime", "runtime", "configure", "configured", "TaskGroupGuard", "DEVICE_NAME", "TaskGroupAllocation"]
 
 DEVICE_NAME = "Ascend910B3"  # what torch.npu.get_device_name() reports (an Atlas A2 SoC name)
 DEFAULT_PROFILE = "A2"
@@ -184,3 +185,21 @@ def configure(**device_options: Any) -> FacadeRuntime:
                 _RUNTIME.pop_guard()
         _RUNTIME = FacadeRuntime(**device_options)
         return _RUNTIME
+
+
+@contextlib.contextmanager
+def configured(**device_options: Any) -> Iterator[FacadeRuntime]:
+    """A fresh simulated NPU for the block (`configure`), then the previous one again: a test
+    that needs a special device (a stream limit, an old HDK) leaves the process-wide one as
+    it was (``--npu-facade-process-wide``)."""
+    global _RUNTIME
+    with _LOCK:
+        previous = _RUNTIME
+    fresh = configure(**device_options)
+    try:
+        yield fresh
+    finally:
+        with _LOCK:
+            while fresh.guarded:
+                fresh.pop_guard()
+            _RUNTIME = previous

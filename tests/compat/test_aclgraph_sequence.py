@@ -145,17 +145,17 @@ def test_stream_exhaustion_at_capture_begin_reads_as_the_stack_says(profile: str
     # one stream, a second capture.
     from sim import facade
 
-    facade.configure(profile=profile, stream_limit=1)
-    kept = torch.npu.NPUGraph()
-    with torch.npu.graph(kept):
-        torch.ones(2, device=DEVICE).mul_(2)
-    default = torch_npu.npu.current_stream()
-    graph = torch.npu.NPUGraph()
-    with pytest.raises(RuntimeError, match=text):
-        with torch.npu.graph(graph):
-            pass
-    # torch_npu's rough edge: capture_begin failed after the switch, so the capture stream stays current.
-    assert torch_npu.npu.current_stream() != default
+    with facade.configured(profile=profile, stream_limit=1):  # the process-wide NPU is given back after
+        kept = torch.npu.NPUGraph()
+        with torch.npu.graph(kept):
+            torch.ones(2, device=DEVICE).mul_(2)
+        default = torch_npu.npu.current_stream()
+        graph = torch.npu.NPUGraph()
+        with pytest.raises(RuntimeError, match=text):
+            with torch.npu.graph(graph):
+                pass
+        # torch_npu's rough edge: capture_begin failed after the switch, so the capture stream stays current.
+        assert torch_npu.npu.current_stream() != default
 
 
 def _run_demo(*args: str) -> subprocess.CompletedProcess:
