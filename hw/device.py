@@ -40,7 +40,7 @@ from hw.api import TorchNpu
 
 __all__ = ["NpuDevice", "NpuGraph", "create_npu_device", "GRAPH_KINDS", "FEATURES"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("ascendgraph.hw.device")  # under the CLI's "ascendgraph" logger (its handler, its -v levels)
 
 GRAPH_KINDS = ("full", "piecewise")
 # Capabilities detected by attribute, never by version string.
@@ -421,6 +421,12 @@ class NpuDevice:
 
     def synchronize(self) -> None:
         self._npu.call(api.SYNCHRONIZE, device=self.index)
+
+    def kernel_fallbacks(self) -> dict[str, str]:
+        """ascendgraph op -> why it ran a fallback instead of its torch_npu kernel, for every
+        fallback taken in this process (the router is process-wide); the run report lists
+        them (``kernel_fallbacks``, and one warning each)."""
+        return dict(self.router.fallbacks)
 
     def weak_ref(self, tensor: torch.Tensor) -> torch.Tensor:
         """A tensor aliasing ``tensor``'s memory without keeping it alive (torch_npu's helper).

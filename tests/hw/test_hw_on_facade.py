@@ -258,3 +258,31 @@ def test_capture_end_checks_the_stream_first_as_the_real_npugraph(npu: Any) -> N
             graph.capture_end()
     with pytest.raises(RuntimeError, match=r"capture_end\(\) called before capture_begin\(\)"):
         graph.capture_end()  # on the stream current at construction: the state check
+
+
+def test_every_kernel_fallback_is_in_the_report_and_none_is_captured(npu: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    # A kernel whose library failed to load (NNAL missing) makes the router fall back; the run
+    # report says so in its JSON (kernel_fallbacks) and as a warning, and a graph mode refuses
+    # to capture the fallback (before: one bare stderr line and "warnings: []").
+    import json
+
+    from ascendgraph.cli import app as cli
+    from hw import api
+
+    npu.router.fallbacks.clear()
+    npu.router._broken[api.NPU_RMS_NORM] = "torch_npu.npu_rms_norm failed to load (OSError: nnal)"
+    try:
+        code = cli.main(["run", "--device", "npu", "--requests", "2", "--json", "--dtype", "bfloat16",
+                         "--compilation-config", json.dumps({"cudagraph_mode": "NONE"})])
+        report = json.loads(capsys.readouterr().out)
+        assert code == 0, report["error"]
+        assert "rms_norm" in report["kernel_fallbacks"] and "nnal" in report["kernel_fallbacks"]["rms_norm"]
+        assert any("kernel fallback: ascendgraph::rms_norm" in w for w in report["warnings"])
+        code = cli.main(["run", "--device", "npu", "--requests", "2", "--json", "--dtype", "bfloat16",
+                         "--compilation-config", json.dumps({"cudagraph_mode": "PIECEWISE",
+                                                             "cudagraph_capture_sizes": [1, 2]})])
+        report = json.loads(capsys.readouterr().out)
+        assert code != 0 and "fallback inside an ACL graph capture" in report["error"]["message"]
+    finally:
+        npu.router._broken.pop(api.NPU_RMS_NORM, None)
+        npu.router.fallbacks.clear()
