@@ -49,7 +49,7 @@ def test_check_names_rule_values_and_source() -> None:
         kc.check(kc.FIA, args)
     text = str(info.value)
     assert "tnd_tokens_equal_last_end" in text and "T=5" in text and "actual_seq_lengths[-1]=4" in text
-    assert "PR #6403" in text
+    assert "PR #6357" in text
     assert info.value.kernel == kc.FIA and "tnd_tokens_equal_last_end" in info.value.rules
     assert isinstance(info.value, RuntimeError)
 
@@ -134,3 +134,11 @@ def test_block_size_is_validated_against_the_attention_contract(block_size, lega
         with pytest.raises(ConfigError, match="paged_block_size") as info:
             GraphConfig.from_vllm_args(block_size=block_size)
         assert info.value.key == "block_size"
+
+
+def test_a_dummy_request_with_a_shorter_kv_than_its_query_is_accepted() -> None:
+    # vLLM Ascend's mixed-batch dummy request carries the padding tokens with kv_len 1; the
+    # op docs' sparse_mode 3 interception (:8248) is for int8 output only (issue 24).
+    args = CONTRACT_CASES[(kc.FIA, "tnd_tokens_equal_last_end")].boundary(CPU)
+    assert list(args["actual_seq_lengths"]) == [3, 5]  # the last request has 2 query tokens
+    kc.check(kc.FIA, {**args, "actual_seq_lengths_kv": [3, 1]})
