@@ -299,8 +299,10 @@ RECORD_BEHIND_ITS_WAIT = (
     "another stream (the one that issued the task updates)."
 )
 EXTERNAL_EVENT_NOT_RESET = (
-    "{event} was recorded again without reset(); an ExternalEvent must be reset before it is "
-    "reused (call event.reset(stream) after the wait it released)."
+    "simulator strictness: {event} was recorded again without reset(); a card raises nothing, the "
+    "event simply stays set, so the next replay's wait passes before its task update and the graph "
+    "runs with stale parameters. An ExternalEvent must be reset before it is reused (call "
+    "event.reset(stream) after the wait it released)."
 )
 TASK_UPDATE_MISMATCH = (
     "task update of {group} does not match its capture: {detail}. The update must re-issue the "

@@ -125,7 +125,7 @@ def fia_padded_lengths(
 
     The kernel needs the query's token count to equal the last end (kernel contract
     ``tnd_tokens_equal_last_end``). Following vLLM Ascend (NPUModelRunner.
-    _pad_query_start_loc_for_fia, vllm_ascend/worker/model_runner_v1.py; PR #6403):
+    _pad_query_start_loc_for_fia, vllm_ascend/worker/model_runner_v1.py; PR #6357):
 
     * uniform decode (``num_tokens == num_reqs_padded * query_len``): the batch keeps the
       graph's request count; each padded request gets ``query_len`` tokens and KV length 0;

@@ -8,12 +8,18 @@ adapters build them. Eagerly hw gives attention only the real query tokens
 (``query[:actual_seq_lengths[-1]]``, nothing at all for a batch without query tokens); in a
 graph (capture or task update) it gives the whole captured query. `check_op` checks every
 call against `ascendgraph.kernel_contracts` and raises KernelContractError.
+
+The mapping issues no tensor op: where hw's adapter casts, copies or reshapes an argument,
+the call carries a `TensorSpec` (shape, dtype, contiguity) of what hw would pass, since on
+a card a cast is a kernel and inside a task group an allocation, and the contract rules read
+metadata only. Its arguments match what hw sends (e.g. ``output_mask=[True, False]``).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
@@ -36,7 +42,7 @@ from ascendgraph.kernel_contracts import (
     violations,
 )
 
-__all__ = ["KernelCall", "kernel_calls", "op_violations", "check_op", "CHECKED_OPS"]
+__all__ = ["KernelCall", "TensorSpec", "kernel_calls", "op_violations", "check_op", "CHECKED_OPS"]
 
 # The ops whose calls map onto torch_npu kernels with contracts.
 CHECKED_OPS = (
@@ -50,6 +56,40 @@ CHECKED_OPS = (
     "reshape_and_cache",
     "paged_attention",
 )
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """The metadata of a tensor hw would make from an argument (a cast, a contiguous copy, a
+    reshape), standing in for it in a pre-check so that no tensor op is issued."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    contiguous: bool = True
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def is_contiguous(self) -> bool:
+        return self.contiguous
+
+
+def _spec(tensor: Any, *, shape: Optional[Sequence[int]] = None, dtype: Optional[torch.dtype] = None,
+          contiguous: Optional[bool] = None) -> TensorSpec:
+    return TensorSpec(tuple(int(v) for v in (tensor.shape if shape is None else shape)),
+                      tensor.dtype if dtype is None else dtype,
+                      bool(tensor.is_contiguous()) if contiguous is None else contiguous)
+
+
+def _reshaped(tensor: Any, shape: Sequence[int]) -> Any:
+    """hw's ``tensor.reshape(shape)`` (contiguous); the tensor itself when the sizes disagree
+    (the contract's shape rule then names it instead of reshape's own error)."""
+    if int(tensor.numel()) != math.prod(int(v) for v in shape):
+        return tensor
+    return _spec(tensor, shape=shape, contiguous=True)
 
 
 @dataclass(frozen=True)
@@ -69,18 +109,20 @@ def _paged_attention_calls(args: Sequence[Any], in_graph: bool) -> list[KernelCa
     if not in_graph:
         if last == 0:  # hw issues no kernel for a batch without query tokens
             return calls
-        query = query[:last]
+        if query.dim() >= 1 and last < int(query.shape[0]):  # hw's query[:last] (a view)
+            query = _spec(query, shape=(last, *query.shape[1:]))
     if key_cache.dim() != 4 or query.dim() != 3:
         return calls  # the layout rule above already refuses it; no FIA view exists
     num_blocks, block_size, kv_heads, head_dim = (int(s) for s in key_cache.shape)
+    kv_shape = (num_blocks, block_size, kv_heads * head_dim)
     fia = dict(
         query=query,
-        key=key_cache.view(num_blocks, block_size, kv_heads * head_dim) if key_cache.is_contiguous() else key_cache,
-        value=value_cache.view(num_blocks, block_size, kv_heads * head_dim) if value_cache.is_contiguous() else value_cache,
+        key=_spec(key_cache, shape=kv_shape) if key_cache.is_contiguous() else key_cache,
+        value=_spec(value_cache, shape=kv_shape) if value_cache.is_contiguous() else value_cache,
         atten_mask=_MASK,
         actual_seq_lengths=[int(v) for v in ends],
         actual_seq_lengths_kv=[int(v) for v in seq_lens],
-        block_table=block_table if block_table.dtype == torch.int32 else block_table.to(torch.int32),
+        block_table=block_table if block_table.dtype == torch.int32 else _spec(block_table, dtype=torch.int32),
         num_heads=int(query.shape[1]),
         scale=float(scale),
         input_layout="TND",
@@ -107,59 +149,66 @@ _MASK = _MaskSpec()
 
 
 def _vector(values: Any, hidden: int) -> Any:
+    """hw's per-channel vector (a per-tensor value expanded, made contiguous)."""
     if values is None:
         return None
-    return values.reshape(-1).expand(hidden) if values.numel() == 1 else values.reshape(hidden)
+    count = int(values.numel())
+    return _spec(values, shape=(hidden if count in (1, hidden) else count,), contiguous=True)
 
 
 def _norm_calls(op: str, args: Sequence[Any]) -> list[KernelCall]:
     if op == "rms_norm":
         x, weight, eps = args
-        return [KernelCall(RMS_NORM, dict(input=x, gamma=weight.to(x.dtype), epsilon=eps))]
+        return [KernelCall(RMS_NORM, dict(input=x, gamma=_spec(weight, dtype=x.dtype), epsilon=eps))]
     if op == "add_rms_norm":
         x, residual, weight, eps = args
-        return [KernelCall(ADD_RMS_NORM, dict(x1=x, x2=residual, gamma=weight.to(x.dtype), epsilon=eps))]
+        return [KernelCall(ADD_RMS_NORM, dict(x1=x, x2=residual, gamma=_spec(weight, dtype=x.dtype), epsilon=eps))]
     if op == "dynamic_quant":
         (x,) = args
         return [KernelCall(DYNAMIC_QUANT, dict(input=x))]
     if op == "quantize":
         x, scale, offset = args
         hidden = int(x.shape[-1])
-        return [KernelCall(QUANTIZE, dict(input=x, scales=_vector(scale, hidden).contiguous(),
-                                          zero_points=None if offset is None else _vector(offset, hidden).contiguous(),
+        return [KernelCall(QUANTIZE, dict(input=x, scales=_vector(scale, hidden),
+                                          zero_points=_vector(offset, hidden),
                                           dtype=torch.qint8, axis=-1, div_mode=True))]
     if op == "add_rms_norm_dynamic_quant":
         x, residual, weight, eps = args
-        return [KernelCall(ADD_RMS_NORM_DYNAMIC_QUANT, dict(x1=x, x2=residual, gamma=weight.to(x.dtype), epsilon=eps,
-                                                            output_mask=[True, True]))]
+        return [KernelCall(ADD_RMS_NORM_DYNAMIC_QUANT, dict(x1=x, x2=residual, gamma=_spec(weight, dtype=x.dtype), epsilon=eps,
+                                                            output_mask=[True, False]))]  # as hw/kernels.py
     if op == "add_rms_norm_quant":
         x, residual, weight, scale, offset, eps = args
         hidden = int(x.shape[-1])
         return [KernelCall(ADD_RMS_NORM_QUANT, dict(
-            x1=x, x2=residual, gamma=weight.to(x.dtype), scales1=_vector(scale, hidden).contiguous(),
-            zero_points1=None if offset is None else _vector(offset, hidden).contiguous(), axis=-1, epsilon=eps))]
+            x1=x, x2=residual, gamma=_spec(weight, dtype=x.dtype), scales1=_vector(scale, hidden),
+            zero_points1=_vector(offset, hidden), axis=-1, epsilon=eps))]
     return []
 
 
 def _rope_calls(args: Sequence[Any]) -> list[KernelCall]:
     positions, q, k, cos_sin_cache, head_size, is_neox = args
     tokens, rot = int(q.shape[0]), int(cos_sin_cache.shape[-1])
-    cache = cos_sin_cache if cos_sin_cache.dtype == q.dtype else cos_sin_cache.to(q.dtype)
+    cache = cos_sin_cache if cos_sin_cache.dtype == q.dtype else _spec(cos_sin_cache, dtype=q.dtype)
     # hw hands the kernel contiguous [T, heads * rot] copies (the leading rot features of every head).
-    q2 = q.reshape(tokens, -1, int(head_size))[..., :rot].reshape(tokens, -1).contiguous()
-    k2 = k.reshape(tokens, -1, int(head_size))[..., :rot].reshape(tokens, -1).contiguous()
+    q2, k2 = (_rotated(t, tokens, int(head_size), rot) for t in (q, k))
     return [KernelCall(ROTARY_EMBEDDING, dict(positions=positions, query=q2, key=k2, head_size=rot,
                                               cos_sin_cache=cache, is_neox=bool(is_neox)))]
+
+
+def _rotated(t: Any, tokens: int, head_size: int, rot: int) -> Any:
+    per_token = int(t.numel()) // tokens if tokens else 0
+    if tokens == 0 or head_size <= 0 or per_token * tokens != int(t.numel()) or per_token % head_size:
+        return t  # not [T, heads * head_size]: the layout rule names it
+    return _spec(t, shape=(tokens, per_token // head_size * rot), contiguous=True)
 
 
 def _reshape_and_cache_calls(args: Sequence[Any]) -> list[KernelCall]:
     key, value, key_cache, value_cache, slot_mapping = args
     tokens = int(slot_mapping.numel())
-    slots = slot_mapping.reshape(-1)
+    slots = _spec(slot_mapping, shape=(tokens,), dtype=torch.int32, contiguous=True)  # hw: reshape(-1), int32
     return [KernelCall(RESHAPE_AND_CACHE, dict(
-        key=key.reshape(tokens, *key_cache.shape[2:]), value=value.reshape(tokens, *value_cache.shape[2:]),
-        key_cache=key_cache, value_cache=value_cache,
-        slot_indices=slots if slots.dtype == torch.int32 else slots.to(torch.int32)))]
+        key=_reshaped(key, (tokens, *key_cache.shape[2:])), value=_reshaped(value, (tokens, *value_cache.shape[2:])),
+        key_cache=key_cache, value_cache=value_cache, slot_indices=slots))]
 
 
 def kernel_calls(op: str, args: Sequence[Any], *, in_graph: bool) -> list[KernelCall]:

@@ -79,9 +79,9 @@ NORM = (torch.float16, torch.bfloat16, torch.float32)
 DOCS = "torch-npu 2.13.0 torch_npu/_op_plugin_docs.py"
 VLLM_ASCEND = "vllm-project/vllm-ascend"
 SRC_FIA_PAD = (
-    f"{VLLM_ASCEND} PR #6403 'Fix full-graph FIA seq length alignment in TND layout' (queryT != "
-    "actualSequenceLengthQ[-1] fails aclnnFusedInferAttentionScoreV3 tiling) and NPUModelRunner."
-    "_pad_query_start_loc_for_fia's docstring (vllm_ascend/worker/model_runner_v1.py)"
+    f"{VLLM_ASCEND} PR #6357 (merged) 'Pads query_start_loc to satisfy FIA/TND constraint': "
+    "NPUModelRunner._pad_query_start_loc_for_fia (vllm_ascend/worker/model_runner_v1.py); queryT != "
+    "actualSequenceLengthQ[-1] fails aclnnFusedInferAttentionScoreV3 tiling (error 561002, PR #6535)"
 )
 SRC_ZERO_KV = (
     f"{VLLM_ASCEND} vllm_ascend/compilation/acl_graph.py@f575cbb3 (update_*_attn_params pad "
@@ -199,17 +199,6 @@ def _mask_ok(a: Mapping[str, Any]) -> bool:
     )
 
 
-def _kv_covers_q(a: Mapping[str, Any]) -> bool:
-    kv = _ints(a["actual_seq_lengths_kv"])
-    return all(k == 0 or k >= q for q, k in zip(_q_lens(a), kv))
-
-
-def _short_kv(a: Mapping[str, Any]) -> str:
-    kv = _ints(a["actual_seq_lengths_kv"])
-    bad = [(r, q, k) for r, (q, k) in enumerate(zip(_q_lens(a), kv)) if not (k == 0 or k >= q)]
-    return ", ".join(f"request {r}: q_len {q} > kv_len {k}" for r, q, k in bad[:4])
-
-
 def _nondecreasing(values: list[int]) -> bool:
     return all(v >= 0 for v in values) and all(b >= a for a, b in zip(values, values[1:]))
 
@@ -279,10 +268,10 @@ _FIA_RULES = (
     KernelRule(FIA, "paged_block_size", PAGED_BLOCK_SIZE_SOURCE,
                _paged, lambda a: paged_block_size_ok(a.get("block_size", 0)),
                lambda a: describe_paged_block_size(a.get("block_size", 0))),
-    KernelRule(FIA, "kv_covers_query_sparse3", f"{DOCS}:8248 (sparse_mode 3: kv_len - q_len < 0 is intercepted); "
-               f"relaxed for kv_len 0 (padded requests): {SRC_ZERO_KV}",
-               lambda a: a.get("sparse_mode") == 3 and _tnd_with_lengths(a) and a.get("actual_seq_lengths_kv") is not None,
-               _kv_covers_q, lambda a: f"under sparse_mode 3 every request needs kv_len >= q_len (or 0): {_short_kv(a)}"),
+    # No kv_len >= q_len rule: the op docs' sparse_mode 3 interception (:8248) belongs to the
+    # int8-output list (:8244, "输出为int8 ... quant_offset2"), and the TND one (:8198) to the
+    # D=192 branch (:8193-8199); neither is this call (bf16 out, D 128), and the rule refused
+    # vLLM Ascend's own dummy request (kv_len 1 behind a longer padded query).
     KernelRule(FIA, "head_dim_16_aligned", f"{DOCS}:8210 (float16/bfloat16: the D axis must be 16-aligned)",
                _present("query"), lambda a: _head_dim(a) % 16 == 0 and _head_dim(a) <= 512,
                lambda a: f"head_dim={_head_dim(a)}; the fused attention needs a multiple of 16 (<= 512)"),

@@ -33,7 +33,7 @@ from ascendgraph.errors import classify_capture_error
 __all__ = ["StreamMeasurement", "CostMeasurement", "measure_streams", "measure_costs", "profile_document",
            "write_profile", "DEFAULT_CEILING"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("ascendgraph.hw.calibrate")  # under the CLI's "ascendgraph" logger (its handler, its -v levels)
 
 DEFAULT_CEILING = 4096  # more than any stack's ~2048 streams: reaching it means "no refusal seen"
 

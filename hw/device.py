@@ -40,7 +40,7 @@ from hw.api import TorchNpu
 
 __all__ = ["NpuDevice", "NpuGraph", "create_npu_device", "GRAPH_KINDS", "FEATURES"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("ascendgraph.hw.device")  # under the CLI's "ascendgraph" logger (its handler, its -v levels)
 
 GRAPH_KINDS = ("full", "piecewise")
 # Capabilities detected by attribute, never by version string.
@@ -316,7 +316,17 @@ class NpuDevice:
                 "this torch_npu has no NPUGraph.super_kernel_optimize; super kernel needs torch_npu 2.13 or newer "
                 "(disable enable_super_kernel)"
             )
+        self._refuse_super_kernel_off_a3("super_kernel_optimize")
         self._npu.call(api.NPU_GRAPH_SUPER_KERNEL_OPTIMIZE, graph.graph, optimize_options=optimize_options)
+
+    def _refuse_super_kernel_off_a3(self, what: str) -> None:
+        """Before torch_npu is reached: CANN's aclsk API is Atlas A3 only (hw.soc)."""
+        if not self.profile.supports_super_kernel:
+            raise RuntimeError(
+                f"{what}: super kernel is not supported on {self.device_name} ({self.profile.name}): torch_npu's "
+                "super kernel calls CANN's aclskScopeBegin / aclskOptimize, which are for Atlas A3 products only; "
+                "disable enable_super_kernel on this device"
+            )
 
     @contextlib.contextmanager
     def super_kernel_scope(self, scope_name: Optional[str] = None) -> Iterator[None]:
@@ -325,6 +335,7 @@ class NpuDevice:
         if not self.features["super_kernel_scope"]:
             yield
             return
+        self._refuse_super_kernel_off_a3("super_kernel_scope")
         self._npu.call(api.SUPER_KERNEL_SCOPE_BEGIN, scope_name)
         try:
             yield
@@ -410,6 +421,12 @@ class NpuDevice:
 
     def synchronize(self) -> None:
         self._npu.call(api.SYNCHRONIZE, device=self.index)
+
+    def kernel_fallbacks(self) -> dict[str, str]:
+        """ascendgraph op -> why it ran a fallback instead of its torch_npu kernel, for every
+        fallback taken in this process (the router is process-wide); the run report lists
+        them (``kernel_fallbacks``, and one warning each)."""
+        return dict(self.router.fallbacks)
 
     def weak_ref(self, tensor: torch.Tensor) -> torch.Tensor:
         """A tensor aliasing ``tensor``'s memory without keeping it alive (torch_npu's helper).

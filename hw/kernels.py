@@ -18,9 +18,13 @@ pre-check (the kernel-contract table, as the simulator applies it): a violation 
 KernelContractError, never a fallback (docs/decisions.md "Kernel contracts"), so float32 attention is refused,
 not run through the reference formula. Fallbacks serve a torch_npu that lacks a kernel.
 
-Graph safety. Attention's reference fallback is refused inside a task group (a FULL
-graph's updatable attention): its kernels follow the host lengths, so no parameter
-update could refresh them (CaptureConstraintError). The FULL-graph parameter update re-issues ``paged_attention`` between
+Graph safety. No fallback is captured: a fallback selected while a graph is captured or
+updated is refused (CaptureConstraintError, `FALLBACK_IN_GRAPH`; attention's names the
+host lengths its kernels follow), and so is FIA in a FULL graph without the max-workspace
+query (`NO_WORKSPACE_IN_FULL_GRAPH`). Only a missing kernel selects a fallback (not
+present, or its library fails to load: `_MISSING_KERNEL_ERRORS`); every fallback taken is
+in ``router.fallbacks`` and the run report's ``kernel_fallbacks``. Ops without a torch_npu
+kernel at all (``muls_add``, ``split_qkv_rmsnorm_rope``) run their formula, not a fallback. The FULL-graph parameter update re-issues ``paged_attention`` between
 ``task_update_begin/end``: torch_npu then patches the captured tasks with the arguments of
 the re-issued ones, addresses included. So no tensor the attention kernel touches may be
 allocated afresh per call. Its output, ``softmax_lse``, workspace and int32 block table
@@ -58,13 +62,30 @@ __all__ = [
     "FIA_SPARSE_MODE",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("ascendgraph.hw.kernels")  # under the CLI's "ascendgraph" logger (its handler, its -v levels)
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 NORM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 FIA_MASK_SIZE = 2048  # sparse_mode 3 takes a compressed 2048 x 2048 causal mask
 FIA_SPARSE_MODE = 3  # "rightDownCausal": query token i of a request sees kv 0 .. kv_len - q_len + i
-_MISSING_KERNEL_ERRORS = (AttributeError, ImportError, OSError, NotImplementedError)
+# What "the kernel is missing" looks like when it is found only at its first call: torch_npu's
+# ATB ops load NNAL's library lazily and raise OSError when it is not installed (torch-npu
+# 2.13.0 op_plugin/atb/_atb_ops.py:62-89). Any other error raised inside an adapter (an
+# AttributeError, a NotImplementedError) is a bug or a refusal: it propagates, and never
+# selects a fallback.
+_MISSING_KERNEL_ERRORS = (ImportError, OSError)
+FALLBACK_IN_GRAPH = (
+    "ascendgraph::{op} would run its {kind} fallback inside an ACL graph capture on npu: {why}. A fallback is "
+    "never captured (it would be frozen into the graph, and nothing reports it afterwards): install a torch_npu "
+    "(and NNAL, for ATB kernels) that has the kernel (hw/api.py lists the ones hw/ calls), or run the model "
+    "without graphs (cudagraph_mode NONE) to use the fallback eagerly"
+)
+NO_WORKSPACE_IN_FULL_GRAPH = (
+    "npu_fused_infer_attention_score inside a FULL graph needs a workspace made before its task group "
+    "(_npu_fused_infer_attention_score_get_max_workspace): without it the kernel takes a temporary workspace "
+    "per launch, and each task update points the graph at a temporary that is freed again. Install a torch_npu "
+    "with the max-workspace query (2.13 has it) or use a PIECEWISE mode, where attention runs eagerly"
+)
 
 Adapter = Callable[..., Any]  # adapter(router, *op_args) -> the op's result
 Accepts = Callable[..., Optional[str]]  # accepts(*op_args) -> None, or why this kernel cannot take them
@@ -390,6 +411,8 @@ def _paged_attention(
         workspace = router.npu.call(api.NPU_FIA_MAX_WORKSPACE, query, keys, values, **options)
         if slot is not None:
             slot["workspace"] = workspace
+    if workspace is None and slot is not None:  # captured or re-issued in a FULL graph
+        raise CaptureConstraintError(NO_WORKSPACE_IN_FULL_GRAPH)
     lse = softmax_lse if softmax_lse is not None else (None if slot is None else slot.get("softmax_lse"))
     if lse is None:
         _, lse = router.npu.call(
@@ -583,6 +606,9 @@ class KernelRouter:
         # The contract table first: what a card's kernel refuses is refused here, whichever
         # kernel or fallback would run (docs/decisions.md "Kernel contracts": never a silent fallback).
         self.pre_check(op, args)
+        if not route.bindings:  # torch_npu has no kernel for it: the formula is the implementation
+            self.enter_task()
+            return route.fallback(self, *args)
         reasons = []
         for binding in route.bindings:
             reason = self._unusable(binding, args)
@@ -604,6 +630,8 @@ class KernelRouter:
                 "refresh. Install a torch_npu that has the kernel (hw/api.py lists the ones hw/ calls) or use a "
                 "PIECEWISE mode, where attention runs eagerly."
             )
+        if self.in_task_group or self.capturing():
+            raise CaptureConstraintError(FALLBACK_IN_GRAPH.format(op=op, kind=route.fallback_kind, why=why))
         if (op, why) not in self._logged:
             self._logged.add((op, why))
             log.warning("ascendgraph::%s on npu runs the %s fallback: %s", op, route.fallback_kind, why)

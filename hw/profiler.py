@@ -28,7 +28,7 @@ from hw.api import TorchNpu
 __all__ = ["NpuProfile", "ProfilerOutput", "find_profiler_outputs", "npu_profile", "KERNEL_DETAILS_ALIASES",
            "PROFILER_LEVELS"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("ascendgraph.hw.profiler")  # under the CLI's "ascendgraph" logger (its handler, its -v levels)
 
 OUTPUT_SUBDIR = "ASCEND_PROFILER_OUTPUT"
 RUN_DIR_SUFFIX = "_ascend_pt"

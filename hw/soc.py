@@ -38,8 +38,13 @@ class SocCapabilities:
     max_piecewise_sizes: Optional[int] = None
 
 
+# Super kernel: torch_npu 2.13's super_kernel_scope_begin / NPUGraph.super_kernel_optimize
+# call CANN's aclskScopeBegin / aclskOptimize (symbols of the wheel's lib/libtorch_npu.so,
+# AclSkOptionHelper), an API CANN documents for Atlas A3 products only; no vLLM Ascend
+# commit calls either. So A2 (910B) does not support it: the mode resolution turns it off
+# with a warning instead of failing at capture on a card.
 SOC_CAPABILITIES: dict[str, SocCapabilities] = {
-    "A2": SocCapabilities(),
+    "A2": SocCapabilities(supports_super_kernel=False),
     "A3": SocCapabilities(),
     "310P": SocCapabilities(supports_npugraph_ex=False, supports_static_kernel=False, supports_super_kernel=False),
     "A5": SocCapabilities(max_piecewise_sizes=4),

@@ -288,7 +288,8 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
 
     # ------------------------------------------------------------------ memory, sync
     def _pool_bytes(self) -> int:
-        return sum(pool.bytes for pool in self._pools.values())
+        # A copy: a graph's finalizer (garbage collection during the sum) may drop its pool.
+        return sum(pool.bytes for pool in list(self._pools.values()))
 
     def empty_cache(self) -> None:
         """Graph pools are not returned by empty_cache (as on the device): a no-op."""

@@ -142,7 +142,15 @@ class AttentionImpl:
         metadata: AttentionMetadata,
         context: ForwardContext,
     ) -> None:
-        ops.reshape_and_cache(key, value, kv_cache.key, kv_cache.value, metadata.slot_mapping)
+        # Only the real tokens reach the KV write, as vLLM Ascend slices them
+        # (vllm_ascend/attention/attention_v1.py reshape_and_cache: key[:num_actual_tokens]):
+        # padding tokens carry slot -1, which the KV-write kernel must never see. (In a FULL
+        # capture the slice is the capture size, frozen like vLLM Ascend's.)
+        real = int(metadata.num_actual_tokens)
+        slots = metadata.slot_mapping
+        if 0 <= real < int(key.shape[0]):
+            key, value, slots = key[:real], value[:real], slots[:real]
+        ops.reshape_and_cache(key, value, kv_cache.key, kv_cache.value, slots)
         call = AttentionCall(
             layer_name=layer_name,
             query=query,

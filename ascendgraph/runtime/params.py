@@ -208,20 +208,26 @@ class GraphParams:
                 f"no FULL-graph attention parameters were captured for {descriptor}; "
                 f"captured keys: {[str(d) for d in self._records]}"
             )
-        actual, seq_lens = padded_attention_lengths(
-            metadata, descriptor, captured_num_reqs=records[0].captured_num_reqs, query_len=query_len
-        )
         device = self.device
         stream = self.update_stream
         errors: list[tuple[AttentionRecord, Exception]] = []
+        # Exception safety: whatever fails (the padding of this batch, a task update, an
+        # event record), every open update is ended and every event recorded (the replay
+        # already launched waits on them: an unrecorded event would hang the next
+        # synchronize), then the first error is raised.
+        try:
+            actual, seq_lens = padded_attention_lengths(
+                metadata, descriptor, captured_num_reqs=records[0].captured_num_reqs, query_len=query_len
+            )
+            block_table = metadata.block_table_for(len(actual))
+        except Exception as exc:
+            errors.append((records[0], exc))
+            skip_kernel = True
         with device.stream(stream):
             for record in records:
-                # Exception safety: whatever fails, every open update is ended and every
-                # event recorded (the replay already launched waits on them: an unrecorded
-                # event would hang the next synchronize), then the first error is raised.
                 try:
                     if not skip_kernel:
-                        self._update_one(record, actual, seq_lens, metadata.block_table_for(len(actual)))
+                        self._update_one(record, actual, seq_lens, block_table)
                 except Exception as exc:
                     errors.append((record, exc))
                 finally:

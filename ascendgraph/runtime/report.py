@@ -294,6 +294,8 @@ def _extension_lines(key: str, value: Any, extensions: dict[str, Any], *, replay
         return lines
     if key in _NPUGRAPH_EX_KEYS:
         return _npugraph_ex_lines(key, value, replayed)
+    if key == "kernel_fallbacks":  # one warning line each (ascendgraph.runtime.stages.report)
+        return []
     return [f"  {key:<10} {value}"]
 
 

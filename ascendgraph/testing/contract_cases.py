@@ -163,8 +163,6 @@ _CASES = (
           lambda d: _fia(d, key=_t(d, 3, 16, 32), value=_t(d, 3, 16, 32)), "exactly the blocks needed"),
     _case(F, "paged_block_size", lambda d: _fia(d, block_size=8), lambda d: _fia(d, block_size=512),
           "8 refused, 512 accepted"),
-    _case(F, "kv_covers_query_sparse3", lambda d: _fia(d, actual_seq_lengths_kv=[2, 18]),
-          lambda d: _fia(d, actual_seq_lengths_kv=[0, 2]), "kv_len == q_len and kv_len 0 are accepted"),
     _case(F, "head_dim_16_aligned", lambda d: _fia(d, query=_t(d, 5, 4, 8)), _fia),
     _case(F, "gqa_ratio", lambda d: _fia(d, num_heads=130, num_key_value_heads=2),
           lambda d: _fia(d, num_heads=128, num_key_value_heads=2), "64 query heads per kv head accepted, 65 refused"),

@@ -26,9 +26,9 @@ import os
 import sys
 from typing import Any, Optional
 
-from sim.facade.runtime import FacadeRuntime, configure, runtime
+from sim.facade.runtime import FacadeRuntime, configure, configured, runtime
 
-__all__ = ["install", "uninstall", "is_installed", "configure", "runtime", "device", "NOTICE_VARIABLE",
+__all__ = ["install", "uninstall", "is_installed", "configure", "configured", "runtime", "device", "NOTICE_VARIABLE",
            "notice_text", "real_torch_npu_location"]
 
 NOTICE_VARIABLE = "ASCENDGRAPH_NPU_FACADE"  # set once the notice was printed (inherited by subprocesses)

@@ -18,6 +18,7 @@ import torch
 from sim.capture import TaskGroup
 from sim.facade import kernels, npu
 from sim.facade.runtime import runtime
+from sim.facade.weak_refs import weak_ref_tensor
 
 __all__ = ["FACADE_MARK", "VERSION", "facade_modules", "torch_npu_module"]
 
@@ -27,9 +28,9 @@ VERSION = "2.13.0"
 
 
 def _weak_ref_tensor(tensor: torch.Tensor) -> torch.Tensor:
-    """torch_npu's non-owning alias; on the CPU an alias that shares the storage (see
-    SimDevice.weak_ref: a non-owning CPU alias would read freed memory instead of failing)."""
-    return runtime().device.weak_ref(tensor)
+    """torch_npu's non-owning alias: it does not keep the storage alive, and a read after the
+    storage was freed raises (`sim.facade.weak_refs`)."""
+    return weak_ref_tensor(tensor)
 
 
 def _get_cann_version(module: str = "CANN") -> str:

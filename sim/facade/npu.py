@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 import torch
 
-from ascendgraph.errors import UNKNOWN_CAPTURE_ERROR_MODE, CaptureConstraintError
+from ascendgraph.errors import CAPTURE_END_OTHER_STREAM, UNKNOWN_CAPTURE_ERROR_MODE, CaptureConstraintError
 from sim.capture import TaskGroup
 from sim.device import SimPoolHandle
 from sim.facade.runtime import runtime
@@ -102,16 +102,24 @@ def mem_get_info(device: Any = None) -> tuple[int, int]:
 
 def memory_allocated(device: Any = None) -> int:
     _check_device(device)
-    return int(_device().memory_allocated())
+    return runtime().note_memory()
 
 
 def memory_reserved(device: Any = None) -> int:
+    """A caching allocator's reserve (torch_npu/npu/memory.py:491 "memory managed by the
+    caching allocator"): at least what is allocated, and what was once allocated stays
+    reserved until empty_cache (the facade folds the allocation in at every memory query,
+    capture end and graph reset)."""
     _check_device(device)
-    return int(_device().memory_allocated())
+    rt = runtime()
+    rt.note_memory()
+    return rt.reserved_bytes
 
 
 def empty_cache() -> None:
-    _device().empty_cache()
+    rt = runtime()
+    rt.device.empty_cache()
+    rt.release_cache()
 
 
 def host_empty_cache() -> None:
@@ -302,6 +310,7 @@ def super_kernel_scope_begin(scope_name: Optional[str] = None) -> None:
     if scope_name is not None and (not isinstance(scope_name, str) or not scope_name.strip()):
         raise RuntimeError("scope_name should be None or a non-empty string.")
     rt = runtime()
+    rt.check_super_kernel("super_kernel_scope_begin")
     rt.open_super_kernel_scopes.append(scope_name)
     capture = rt.device._capture  # noted on the capture under way, as SimDevice.super_kernel_scope does
     if capture is not None:
@@ -327,27 +336,44 @@ def _check_options(value: Any, keys: frozenset, option_name: str) -> None:
 
 
 class NPUGraph:
-    """torch_npu's NPUGraph over a simulator graph (capture_begin/end, replay, reset, pool)."""
+    """torch_npu's NPUGraph over a simulator graph (capture_begin/end, replay, reset, pool).
+
+    As c10_npu::NPUGraph in torch-npu 2.13.0's lib/libtorch_npu.so: the constructor
+    remembers the current stream (``getCurrentNPUStream`` in ``NPUGraph::NPUGraph``),
+    capture_begin replaces it with the capture stream, and ``NPUGraph::capture_end`` checks
+    "same stream" *first* (its ``TORCH_CHECK`` comes right after ``getCurrentNPUStream``,
+    before the state check that says "called before capture_begin"). So capture_end on
+    another stream than the one current at construction reads "Capture must end on the same
+    stream it began on." even when no capture was begun."""
 
     def __init__(self) -> None:
         self._sim = _device().new_graph()
+        self._capture_stream = _device().current_stream()
         self.auto_dispatch_capture = False
 
     def capture_begin(self, pool: Any = None, capture_error_mode: str = "global") -> None:
         if capture_error_mode not in CAPTURE_ERROR_MODES:
             raise CaptureConstraintError(UNKNOWN_CAPTURE_ERROR_MODE.format(mode=capture_error_mode))
+        stream = _device().current_stream()
         self._sim.capture_begin(pool=pool, capture_error_mode=capture_error_mode)
+        self._capture_stream = stream
 
     def capture_end(self) -> None:
         rt = runtime()
+        if rt.device.current_stream() is not self._capture_stream:
+            raise CaptureConstraintError(CAPTURE_END_OTHER_STREAM)
         while rt.guarded:  # a task group left open: the simulator refuses and discards the capture
             rt.pop_guard()
-        self._sim.capture_end()
+        try:
+            self._sim.capture_end()
+        finally:
+            rt.note_memory()
 
     def replay(self) -> None:
         self._sim.replay()
 
     def reset(self) -> None:
+        runtime().note_memory()  # what the graph's pool held stays reserved until empty_cache
         self._sim.reset()
 
     def pool(self) -> SimPoolHandle:
@@ -367,6 +393,7 @@ class NPUGraph:
         _check_options(debug_options, SUPER_KERNEL_DEBUG_KEYS, "debug_options")
         if not self._sim.is_captured:
             raise RuntimeError("Called NPUGraph::super_kernel_optimize without a preceding successful capture.")
+        runtime().check_super_kernel("NPUGraph.super_kernel_optimize")  # aclskOptimize fails off A3
         _device().super_kernel_optimize(self._sim, optimize_options)
 
     @property

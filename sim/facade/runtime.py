@@ -17,13 +17,22 @@ What the facade adds on top of the simulator:
   contract: "prepare_capture ... runs before graph_task_group_begin"). ``.out`` kernels,
   in-place kernels and views pass.
 * **super kernel scopes** (``super_kernel_scope_begin/end``) are tracked so a scope left
-  open is visible (``open_super_kernel_scopes``).
+  open is visible (``open_super_kernel_scopes``); super kernel itself is refused off Atlas
+  A3 (`supports_super_kernel`), as CANN's aclsk API is.
+* **reserved vs allocated**: ``memory_reserved`` is a caching allocator's figure, the
+  highest ``memory_allocated`` seen since the last ``empty_cache`` (`note_memory`).
+
+What the facade takes away from the simulator (torch_npu does not do it): RNG inside a
+capture is recorded (torch_npu 2.13 captures RNG through its generator's graph-safe
+state), and a kernel's first launch inside a capture is not refused (no lazy-init model).
+docs/facade.md has the table of every deviation that remains.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -34,14 +43,28 @@ from sim.device import SimDevice
 from sim.recorder import wrapper_reentry
 from sim.streams import SimStream
 
-__all__ = ["FacadeRuntime", "runtime", "configure", "TaskGroupGuard", "DEVICE_NAME", "TaskGroupAllocation"]
+__all__ = ["FacadeRuntime", "runtime", "configure", "configured", "TaskGroupGuard", "DEVICE_NAME", "TaskGroupAllocation"]
 
 DEVICE_NAME = "Ascend910B3"  # what torch.npu.get_device_name() reports (an Atlas A2 SoC name)
 DEFAULT_PROFILE = "A2"
+# What get_device_name() reports per simulator profile generation (CANN SoC names).
+DEVICE_NAMES = {"A2": "Ascend910B3", "A3": "Ascend910_9392", "310P": "Ascend310P3", "A5": "Ascend950PR"}
+SUPER_KERNEL_SOC_PREFIX = "Ascend910_93"  # Atlas A3: the only product line of CANN's aclsk API
+# SimDevice options the facade sets unless a caller overrides them: what torch_npu does.
+FACADE_DEVICE_DEFAULTS = {"allow_rng_in_capture": True, "lazy_kernel_init": False}
+SUPER_KERNEL_UNSUPPORTED = (
+    "{what}: super kernel is not supported on {device} (an Atlas {generation} device): CANN's super kernel "
+    "API (aclskScopeBegin / aclskOptimize, which torch_npu 2.13 calls) is for Atlas A3 products only; "
+    "disable enable_super_kernel on this device"
+)
 
 
 class TaskGroupAllocation(CaptureConstraintError):
-    """An allocation (or any op producing fresh memory) between task_group_begin and _end."""
+    """An allocation (or any op producing fresh memory) between task_group_begin and _end.
+
+    Declared strictness: torch_npu's ``graph_task_group_begin/end`` are thin wrappers over
+    aclmdlRICaptureTaskGrpBegin/End and check nothing of the kind; on a card the allocation
+    is captured and its address goes stale after the next task update."""
 
 
 def _allocates(func: Any) -> bool:
@@ -70,9 +93,11 @@ class TaskGroupGuard(TorchDispatchMode):
                 return impl(*args, **kwargs)
         if _allocates(func):
             raise TaskGroupAllocation(
-                f"{func} allocates memory between {self.where}: only kernel tasks may sit in a task group "
-                "(allocate workspace, outputs and softmax_lse before graph_task_group_begin and pass them "
-                "to the .out kernel; torch_npu's npugraph handler contract)"
+                f"simulator strictness: {func} allocates memory between {self.where}; a card accepts it, but "
+                "the task update re-issues the kernel against a new allocation, so the captured task keeps a "
+                "dangling address after the next update (a use-after-free). Allocate workspace, outputs and "
+                "softmax_lse before graph_task_group_begin and pass them to the .out kernel (torch_npu's "
+                "npugraph handler contract)"
             )
         return func(*args, **kwargs)
 
@@ -81,16 +106,41 @@ class FacadeRuntime:
     """The simulated NPU behind the facade, plus torch_npu's process-wide state."""
 
     def __init__(self, **device_options: Any) -> None:
-        options = dict(device_options)
+        options = {**FACADE_DEVICE_DEFAULTS, **device_options}
         options.setdefault("profile", DEFAULT_PROFILE)
         self.device = SimDevice(**options)
-        self.device_name = DEVICE_NAME
+        profile = self.device.profile
+        generation = next((g for g in DEVICE_NAMES if profile.name == g or profile.name.startswith(g + "-")), None)
+        self.device_name = DEVICE_NAMES[generation] if generation else str(profile.soc)
+        self.generation = generation or str(profile.name)
+        self.reserved_bytes = 0  # the caching allocator's reserve (memory_reserved), see note_memory
         self.device_count = 1
         self.current_index = 0
         self.default_capture_stream: Optional[SimStream] = None  # torch.npu.graph's class-wide stream
         self._guards: list[TaskGroupGuard] = []
         self.open_super_kernel_scopes: list[Optional[str]] = []
         self.lock = threading.RLock()
+
+    # -- memory: a caching allocator keeps what it once held until empty_cache
+    def note_memory(self) -> int:
+        """Fold the current allocation into the reserve and return the allocation."""
+        allocated = int(self.device.memory_allocated())
+        self.reserved_bytes = max(self.reserved_bytes, allocated)
+        return allocated
+
+    def release_cache(self) -> None:
+        """empty_cache: the reserve shrinks to what is allocated (graph pools stay)."""
+        self.reserved_bytes = int(self.device.memory_allocated())
+
+    # -- super kernel: CANN's aclsk API exists on Atlas A3 only
+    @property
+    def supports_super_kernel(self) -> bool:
+        return self.device_name.startswith(SUPER_KERNEL_SOC_PREFIX)
+
+    def check_super_kernel(self, what: str) -> None:
+        if not self.supports_super_kernel:
+            raise RuntimeError(SUPER_KERNEL_UNSUPPORTED.format(what=what, device=self.device_name,
+                                                              generation=self.generation))
 
     # -- streams: torch_npu's set_stream is not a context, so the facade sets the
     # simulator's current stream directly (it is the device's per-thread slot).
@@ -135,3 +185,21 @@ def configure(**device_options: Any) -> FacadeRuntime:
                 _RUNTIME.pop_guard()
         _RUNTIME = FacadeRuntime(**device_options)
         return _RUNTIME
+
+
+@contextlib.contextmanager
+def configured(**device_options: Any) -> Iterator[FacadeRuntime]:
+    """A fresh simulated NPU for the block (`configure`), then the previous one again: a test
+    that needs a special device (a stream limit, an old HDK) leaves the process-wide one as
+    it was (``--npu-facade-process-wide``)."""
+    global _RUNTIME
+    with _LOCK:
+        previous = _RUNTIME
+    fresh = configure(**device_options)
+    try:
+        yield fresh
+    finally:
+        with _LOCK:
+            while fresh.guarded:
+                fresh.pop_guard()
+            _RUNTIME = previous

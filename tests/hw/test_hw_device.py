@@ -294,7 +294,7 @@ def test_weak_ref_uses_the_helper_and_falls_back_to_the_tensor_with_one_warning(
     x = torch.ones(3)
     assert device.weak_ref(x) is not x and device.weak_ref(x).data_ptr() == x.data_ptr()
     bare, _ = make(weak_ref=False)
-    with caplog.at_level(logging.WARNING, logger="hw.device"):
+    with caplog.at_level(logging.WARNING, logger="ascendgraph.hw.device"):
         assert bare.weak_ref(x) is x and bare.weak_ref(x) is x
     assert len(caplog.records) == 1
 

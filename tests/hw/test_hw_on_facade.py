@@ -211,10 +211,78 @@ def test_a_slot_mapping_converted_inside_the_graph_is_read_at_replay_not_frozen_
 def test_a_full_capture_runs_inside_the_super_kernel_scope(npu: Any) -> None:
     # The core opens device.super_kernel_scope("full_model") around FULL captures when super
     # kernel is on (vLLM Ascend's graph wrapper); on npu that is torch_npu's scope begin/end.
+    # Super kernel exists on Atlas A3 only: the facade plays an A3 here.
     from ascendgraph.compile.super_kernel import SUPER_KERNEL_SCOPE
+    from hw.device import NpuDevice
+    from sim import facade
 
+    facade.configure(profile="A3")
+    npu = NpuDevice()
+    assert npu.profile.name == "A3" and npu.profile.supports_super_kernel
     graph = npu.new_graph()
     x = torch.ones(4, dtype=BF16)
     with npu.graph(graph), npu.super_kernel_scope(SUPER_KERNEL_SCOPE):
         x.mul_(2)
     assert graph.graph.sim_graph.super_kernel_scopes == (SUPER_KERNEL_SCOPE,)
+
+
+def test_super_kernel_is_refused_on_a2_by_hw_before_torch_npu_and_by_the_facade(npu: Any) -> None:
+    # CANN's aclskScopeBegin / aclskOptimize (what torch_npu 2.13 calls) are Atlas A3 only;
+    # hw.soc said A2 supports super kernel, so a 910B would fail inside the capture.
+    import torch_npu
+
+    assert npu.profile.name == "A2" and not npu.profile.supports_super_kernel
+    with pytest.raises(RuntimeError, match="super kernel is not supported on Ascend910B3"):
+        with npu.super_kernel_scope("full_model"):
+            pass
+    with pytest.raises(RuntimeError, match="aclskScopeBegin"):  # the facade itself, as a card
+        torch_npu.npu.super_kernel_scope_begin("full_model")
+    graph = npu.new_graph()
+    with npu.graph(graph):
+        torch.ones(2, dtype=BF16).mul_(2)
+    with pytest.raises(RuntimeError, match="Atlas A3 products only"):
+        npu.super_kernel_optimize(graph, {"dcci_after_kernel_end": [".*"]})
+    with pytest.raises(RuntimeError, match="aclskOptimize"):
+        graph.graph.super_kernel_optimize({"dcci_after_kernel_end": [".*"]})
+
+
+def test_capture_end_checks_the_stream_first_as_the_real_npugraph(npu: Any) -> None:
+    # c10_npu::NPUGraph remembers the current stream at construction; capture_end compares
+    # the current stream with it before anything else (lib/libtorch_npu.so,
+    # NPUGraph::capture_end), so on another stream even an uncaptured graph reads "same stream".
+    import torch_npu
+
+    graph = torch_npu.npu.NPUGraph()
+    with torch_npu.npu.stream(torch_npu.npu.Stream()):
+        with pytest.raises(RuntimeError, match="Capture must end on the same stream it began on"):
+            graph.capture_end()
+    with pytest.raises(RuntimeError, match=r"capture_end\(\) called before capture_begin\(\)"):
+        graph.capture_end()  # on the stream current at construction: the state check
+
+
+def test_every_kernel_fallback_is_in_the_report_and_none_is_captured(npu: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    # A kernel whose library failed to load (NNAL missing) makes the router fall back; the run
+    # report says so in its JSON (kernel_fallbacks) and as a warning, and a graph mode refuses
+    # to capture the fallback (before: one bare stderr line and "warnings: []").
+    import json
+
+    from ascendgraph.cli import app as cli
+    from hw import api
+
+    npu.router.fallbacks.clear()
+    npu.router._broken[api.NPU_RMS_NORM] = "torch_npu.npu_rms_norm failed to load (OSError: nnal)"
+    try:
+        code = cli.main(["run", "--device", "npu", "--requests", "2", "--json", "--dtype", "bfloat16",
+                         "--compilation-config", json.dumps({"cudagraph_mode": "NONE"})])
+        report = json.loads(capsys.readouterr().out)
+        assert code == 0, report["error"]
+        assert "rms_norm" in report["kernel_fallbacks"] and "nnal" in report["kernel_fallbacks"]["rms_norm"]
+        assert any("kernel fallback: ascendgraph::rms_norm" in w for w in report["warnings"])
+        code = cli.main(["run", "--device", "npu", "--requests", "2", "--json", "--dtype", "bfloat16",
+                         "--compilation-config", json.dumps({"cudagraph_mode": "PIECEWISE",
+                                                             "cudagraph_capture_sizes": [1, 2]})])
+        report = json.loads(capsys.readouterr().out)
+        assert code != 0 and "fallback inside an ACL graph capture" in report["error"]["message"]
+    finally:
+        npu.router._broken.pop(api.NPU_RMS_NORM, None)
+        npu.router.fallbacks.clear()

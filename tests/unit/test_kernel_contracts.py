@@ -49,7 +49,7 @@ def test_check_names_rule_values_and_source() -> None:
         kc.check(kc.FIA, args)
     text = str(info.value)
     assert "tnd_tokens_equal_last_end" in text and "T=5" in text and "actual_seq_lengths[-1]=4" in text
-    assert "PR #6403" in text
+    assert "PR #6357" in text
     assert info.value.kernel == kc.FIA and "tnd_tokens_equal_last_end" in info.value.rules
     assert isinstance(info.value, RuntimeError)
 
@@ -134,3 +134,50 @@ def test_block_size_is_validated_against_the_attention_contract(block_size, lega
         with pytest.raises(ConfigError, match="paged_block_size") as info:
             GraphConfig.from_vllm_args(block_size=block_size)
         assert info.value.key == "block_size"
+
+
+def test_a_dummy_request_with_a_shorter_kv_than_its_query_is_accepted() -> None:
+    # vLLM Ascend's mixed-batch dummy request carries the padding tokens with kv_len 1; the
+    # op docs' sparse_mode 3 interception (:8248) is for int8 output only (issue 24).
+    args = CONTRACT_CASES[(kc.FIA, "tnd_tokens_equal_last_end")].boundary(CPU)
+    assert list(args["actual_seq_lengths"]) == [3, 5]  # the last request has 2 query tokens
+    kc.check(kc.FIA, {**args, "actual_seq_lengths_kv": [3, 1]})
+
+
+def test_the_pre_check_issues_no_tensor_op_and_passes_what_hw_sends() -> None:
+    # On a card a cast or a contiguous copy in the pre-check is a kernel (inside a task group,
+    # an allocation); the mapping hands the rules metadata instead (issue 24).
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from ascendgraph.kernel_calls import check_op, kernel_calls
+
+    class Issued(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    bf16 = torch.bfloat16
+    x, w = torch.randn(3, 32).to(bf16), torch.randn(32)  # a float32 weight: hw casts it
+    key = torch.randn(2, 4, 16).to(bf16)
+    caches = [torch.zeros(4, 16, 4, 16, dtype=bf16) for _ in range(2)]
+    q = torch.randn(5, 4, 16).to(bf16)
+    table = torch.zeros(2, 4, dtype=torch.int64)  # hw casts it to int32
+    calls = {
+        "rms_norm": (x, w, 1e-6),
+        "add_rms_norm_dynamic_quant": (x, x, w, 1e-6),
+        "quantize": (x, torch.ones(1), None),
+        "reshape_and_cache": (key, key, caches[0], caches[1], torch.tensor([[3, -1]])),
+        "paged_attention": (q, caches[0], caches[1], table, [3, 5], [3, 18], 0.25, torch.empty_like(q)),
+    }
+    with Issued() as issued:
+        for op, args in calls.items():
+            for in_graph in (False, True):
+                check_op(op, args, in_graph=in_graph)
+                kernel_calls(op, args, in_graph=in_graph)
+    assert issued.ops == []
+    (call,) = kernel_calls("add_rms_norm_dynamic_quant", calls["add_rms_norm_dynamic_quant"], in_graph=False)
+    assert call.arguments["output_mask"] == [True, False]  # what hw/kernels.py sends

@@ -190,3 +190,31 @@ def test_a_kv_cache_holds_no_resident_memory_until_written():
     assert grown < 8 * 2**20
     (cache,) = caches.values()
     assert torch.count_nonzero(cache.key) == 0 and torch.count_nonzero(cache.value) == 0
+
+
+def test_padding_tokens_never_reach_the_kv_write(monkeypatch) -> None:
+    # vLLM Ascend slices key, value and slot_mapping to the real tokens before the KV write
+    # (attention_v1.py reshape_and_cache: key[:num_actual_tokens]); the -1 slots of padding
+    # tokens must not reach the ATB kernel (issue 24).
+    import torch as _torch
+
+    from ascendgraph import ops as ag_ops
+    from ascendgraph.dispatch import BatchDescriptor
+    from ascendgraph.models.attention import attention_impl_for
+    from ascendgraph.modes import GraphMode as _Mode
+    from ascendgraph.runtime.forward_context import AttentionMetadata, ForwardContext, KVCache
+
+    written: list[_torch.Tensor] = []
+    monkeypatch.setattr(ag_ops, "reshape_and_cache", lambda k, v, kc, vc, slots: written.append(slots.clone()))
+    monkeypatch.setattr(ag_ops, "paged_attention", lambda *args: None)
+    tokens, real = 4, 2
+    metadata = AttentionMetadata(
+        num_reqs=2, num_actual_tokens=real, num_tokens=tokens, query_start_loc=[1, 2], seq_lens=[3, 5],
+        block_table=_torch.zeros(3, 1, dtype=_torch.int32), slot_mapping=_torch.tensor([5, 9, -1, -1]),
+        uniform_decode=True, query_len=1,
+    )
+    cache = KVCache(_torch.zeros(2, 16, 1, 8), _torch.zeros(2, 16, 1, 8))
+    q, k = _torch.zeros(tokens, 2, 8), _torch.zeros(tokens, 1, 8)
+    context = ForwardContext(_Mode.NONE, BatchDescriptor(tokens), metadata, {"l": cache})
+    attention_impl_for("ascend").forward("l", q, k, k.clone(), _torch.empty_like(q), 0.35, cache, metadata, context)
+    assert [s.tolist() for s in written] == [[5, 9]]

@@ -241,6 +241,21 @@ def test_a_failing_update_ends_the_update_records_every_event_and_raises(sim_dev
     torch.testing.assert_close(setup.replay([2, 2]), setup.eager([1, 2, 3, 4], [2, 2, 0, 0]), rtol=0, atol=0)
 
 
+def test_an_update_refused_before_any_kernel_still_records_every_event(sim_device):
+    # The padding of a batch the graph cannot take raises before any task update: the
+    # replay already launched waits on every layer's event, so they are recorded anyway
+    # (before the fix the padding ran outside the try/finally and synchronize hung).
+    setup = _Setup(sim_device)
+    setup.capture()
+    with set_forward_context(setup.context()):
+        setup.wrapper(setup.query)  # the replay, waiting on its event
+    metadata = _metadata([2, 4], [5, 5], tokens=4, uniform=True, block_table=setup.block_table)
+    with pytest.raises(ValueError, match="uniform decode"):
+        setup.params.update(setup.descriptor, metadata, query_len=1)
+    sim_device.synchronize()  # no GraphHang: the events were recorded
+    torch.testing.assert_close(setup.replay([2, 2]), setup.eager([1, 2, 3, 4], [2, 2, 0, 0]), rtol=0, atol=0)
+
+
 def test_the_workspace_and_softmax_lse_are_made_before_the_task_group_and_reused_by_updates(sim_device):
     setup = _Setup(sim_device)
     setup.capture()

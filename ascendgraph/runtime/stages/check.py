@@ -28,9 +28,31 @@ from ascendgraph.runtime.workload import ScheduledBatch, Scheduler
 if TYPE_CHECKING:
     from ascendgraph.runtime.engine import EngineOptions
 
-__all__ = ["CheckStage"]
+__all__ = ["CheckStage", "BFLOAT16_GATE_ULPS", "bfloat16_ulp", "step_tolerance"]
 
 log = logging.getLogger(__name__)
+
+# The bfloat16 gate is relative to the magnitude (docs/semantics.md "Checking against eager"):
+# bfloat16 keeps 8 significant bits, so one unit in the last place at |x| = 4.5 is 2**-5 =
+# 0.031, more than the fixed 2e-2; a card's graph path (padded shapes, other tilings, another
+# accumulation order) may differ from eager by a few of them. The gate is the larger of atol
+# and BFLOAT16_GATE_ULPS units in the last place of max |eager| of the step.
+BFLOAT16_GATE_ULPS = 4
+
+
+def bfloat16_ulp(magnitude: float) -> float:
+    """One unit in the last place of a bfloat16 number of this magnitude (0 for 0)."""
+    if not magnitude > 0 or not math.isfinite(magnitude):
+        return 0.0
+    return 2.0 ** (math.floor(math.log2(magnitude)) - 7)
+
+
+def step_tolerance(atol: float, dtype: torch.dtype, magnitude: float, *, explicit_atol: bool) -> float:
+    """The gate of one step: ``atol`` when the user set it or the dtype is float32; in bfloat16
+    the larger of ``atol`` and `BFLOAT16_GATE_ULPS` ulp of the step's largest eager value."""
+    if explicit_atol or dtype != torch.bfloat16:
+        return atol
+    return max(atol, BFLOAT16_GATE_ULPS * bfloat16_ulp(magnitude))
 
 
 class CheckStage:
@@ -43,6 +65,7 @@ class CheckStage:
     inputs: Inputs
     query_len: int
     atol: float
+    step_tolerance: float  # the gate of the step being judged (step_tolerance)
     resolution: Resolution
     scheduler: Scheduler
     first_mismatch: Optional[NumericalMismatch]
@@ -88,21 +111,28 @@ class CheckStage:
         """The largest absolute difference from the eager reference (0.0 and no measure when
         ``check_eager`` is off; NaN becomes infinity so it never passes)."""
         diff, eager = 0.0, None
+        self.step_tolerance = self.atol
         if self.options.check_eager:
             reference, eager = self._run_reference(batch)
             diff = (hidden.float() - reference.float()).abs().max().item() if hidden.numel() else 0.0
             if math.isnan(diff):
                 diff = math.inf
+            magnitude = reference.float().abs().max().item() if reference.numel() else 0.0
+            self.step_tolerance = step_tolerance(self.atol, hidden.dtype, magnitude,
+                                                 explicit_atol=self.options.atol is not None)
         return diff, eager
 
     def _judge(self, batch: ScheduledBatch, result: RunResult, diff: float) -> None:
         """Within atol: the step's predictions complete it; beyond: its requests fail."""
         mode, descriptor, hidden = result.runtime_mode, result.descriptor, result.hidden
         ids = [r.request_id for r in batch.requests]
-        if not diff <= self.atol:
+        tolerance = self.step_tolerance
+        if not diff <= tolerance:
+            gate = f"atol {self.atol:g}" if tolerance == self.atol else \
+                f"tolerance {tolerance:.3g} ({BFLOAT16_GATE_ULPS} bfloat16 ulp of max |eager|; atol {self.atol:g})"
             mismatch = NumericalMismatch(
                 f"step {batch.step} ({batch.kind}, {batch.num_tokens} tokens, {mode.name} {descriptor}) differs from "
-                f"eager by {diff:.3g} > atol {self.atol:g}; requests {', '.join(ids)} failed; "
+                f"eager by {diff:.3g} > {gate}; requests {', '.join(ids)} failed; "
                 + (MISMATCH_CAUSES_EAGER if mode is GraphMode.NONE and not self.resolution.xlite_enabled
                    else MISMATCH_CAUSES_GRAPH)
             )

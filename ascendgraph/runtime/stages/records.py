@@ -42,6 +42,7 @@ class StepRecord:
     eager_cpu_s: float = 0.0  # host CPU time of the eager reference
     graph_kernels: int = 0  # device kernel records of the graph path (while the device records them)
     eager_kernels: int = 0
+    tolerance: float = 0.0  # the gate max_abs_diff was judged against (0: not checked)
 
 
 @dataclass

@@ -124,6 +124,13 @@ class ReportStage:
         report.extensions.update(self._npugraph_ex_extensions())
         if self.lenient:  # declared leniencies of the device (docs/simulator.md "Kernel contracts")
             report.extensions["lenient"] = "; ".join(self.lenient)
+        # Kernel fallbacks of the device (npu: an op whose torch_npu kernel is missing ran its
+        # reference formula or a composition): never silent, in the text and the JSON.
+        fallbacks = getattr(self.device, "kernel_fallbacks", None)
+        taken = dict(fallbacks()) if callable(fallbacks) else {}
+        report.extensions["kernel_fallbacks"] = taken
+        report.warnings += [f"kernel fallback: ascendgraph::{op} ran without its torch_npu kernel ({why})"
+                            for op, why in taken.items()]
         report.notes += failure_notes(report)
         return report
 

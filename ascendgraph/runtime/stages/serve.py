@@ -195,6 +195,7 @@ class ServeStage:
             eager_cpu_s=eager.cpu_s if eager is not None else 0.0,
             graph_kernels=result.measure.kernels,
             eager_kernels=eager.kernels if eager is not None else 0,
+            tolerance=self.step_tolerance,
         )
         for observer in self.observers:
             observer.on_step(self, record)

@@ -157,7 +157,7 @@ class _RequestAudit:
         for index, batch in enumerate(self.batches):
             ids = [r.request_id for r in batch.requests]
             record = self.records[index] if index < len(self.records) else None
-            wrong = record is None or not record.max_abs_diff <= engine.atol
+            wrong = record is None or not record.max_abs_diff <= (record.tolerance or engine.atol)
             silent = sorted(finished.intersection(ids)) if wrong else []
             if silent:
                 why = "was never checked" if record is None else f"differed from eager by {record.max_abs_diff:.3g}"
