@@ -202,7 +202,7 @@ def test_padding_tokens_never_reach_the_kv_write(monkeypatch) -> None:
     from ascendgraph.dispatch import BatchDescriptor
     from ascendgraph.models.attention import attention_impl_for
     from ascendgraph.modes import GraphMode as _Mode
-    from ascendgraph.runtime.forward_context import AttentionMetadata, ForwardContext, KVCache
+    from ascendgraph.forward_context import AttentionMetadata, ForwardContext, KVCache
 
     written: list[_torch.Tensor] = []
     monkeypatch.setattr(ag_ops, "reshape_and_cache", lambda k, v, kc, vc, slots: written.append(slots.clone()))
