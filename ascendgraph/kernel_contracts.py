@@ -480,6 +480,14 @@ def _v2_kv_heads(a: Mapping[str, Any]) -> int:
     return int(a.get("num_key_value_heads") or 0) or int(a.get("num_query_heads", 1))
 
 
+def _v2_value_head_dim(a: Mapping[str, Any]) -> int:
+    """D of value: a paged cache in the (blocknum, blocksize, H) layout holds KV_N * D per slot."""
+    value = a["value"]
+    if _paged(a) and value.dim() == 3:
+        return int(value.shape[-1]) // max(_v2_kv_heads(a), 1)
+    return int(value.shape[-1])
+
+
 def _v2_kv_covers_q(a: Mapping[str, Any]) -> bool:
     return all(k == 0 or k >= q for q, k in zip(_v2_q_lens(a), _ints(a["actual_seq_kvlen"])))
 
@@ -542,10 +550,10 @@ _FIA_V2_RULES = (
                _present("learnable_sink"),
                lambda a: a["learnable_sink"].dtype == torch.bfloat16
                and _shape(a["learnable_sink"]) == (int(a.get("num_query_heads", 1)),)
-               and _v2_tnd(a) and int(a["value"].shape[-1]) <= 128,
+               and _v2_tnd(a) and _v2_value_head_dim(a) <= 128,
                lambda a: f"learnable_sink {_shape(a['learnable_sink'])} {_dt(a['learnable_sink'])} with "
                          f"{a.get('num_query_heads')} query heads, layout {a.get('input_layout')!r}, value D "
-                         f"{int(a['value'].shape[-1])}"),
+                         f"{_v2_value_head_dim(a)}"),
 )
 
 _ATB_PAGED_ATTENTION_RULES = (

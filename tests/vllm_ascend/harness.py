@@ -74,8 +74,11 @@ def vllm_config(mode: str = "FULL", **additional: Any) -> Any:
     """A VllmConfig as vLLM Ascend's worker sees it (NPUPlatform.check_and_update_config runs
     in its constructor) with the graph mode given; no model (no download)."""
     from vllm.config import CompilationConfig, VllmConfig
+    from vllm_ascend.ascend_config import init_ascend_config
 
-    return VllmConfig(compilation_config=CompilationConfig(cudagraph_mode=mode), additional_config=additional)
+    config = VllmConfig(compilation_config=CompilationConfig(cudagraph_mode=mode), additional_config=additional)
+    init_ascend_config(config)  # the worker's set-up reads additional_config (pa_shape_list ...) from here
+    return config
 
 
 def update_config(config: Any) -> Any:
@@ -208,8 +211,8 @@ class Step:
     """
 
     def __init__(self, q_lens: list[int], kv_lens: list[int], *, padded_to: Optional[int] = None,
-                 state: str = "ChunkedPrefill") -> None:
-        self.q_lens, self.kv_lens, self.state = list(q_lens), list(kv_lens), state
+                 state: str = "ChunkedPrefill", uniform: bool = False) -> None:
+        self.q_lens, self.kv_lens, self.state, self.uniform = list(q_lens), list(kv_lens), state, uniform
         self.num_actual_tokens = sum(q_lens)
         self.padded_to = padded_to
 
@@ -224,7 +227,7 @@ class Step:
                 slots.append((2 * request + position // BLOCK_SIZE) * BLOCK_SIZE + position % BLOCK_SIZE)
         return slots
 
-    def metadata(self, slot_buffer: Any, mask: Any) -> Any:
+    def metadata(self, slot_buffer: Any, mask: Any, table_buffer: Any = None) -> Any:
         import torch
         from vllm_ascend.attention.attention_v1 import AscendAttentionState, AscendMetadata
 
@@ -234,10 +237,19 @@ class Step:
             ends.append(total)
         lens = list(self.kv_lens)
         if self.padded_to is not None and total < self.padded_to:
-            ends.append(self.padded_to)
-            lens.append(0)
+            if self.uniform:  # uniform decode: padded requests of one token each, KV length 0
+                ends += list(range(total + 1, self.padded_to + 1))
+                lens += [0] * (self.padded_to - total)
+            else:  # mixed: one dummy request ending at the graph size
+                ends.append(self.padded_to)
+                lens.append(0)
         requests = len(ends)
-        table = torch.zeros(requests, 2, dtype=torch.int32)
+        # The runner's block table is a persistent buffer sliced per step (captured graphs
+        # keep pointing at it: the paged-attention update re-uses the captured table).
+        if table_buffer is None:
+            table_buffer = torch.zeros(requests, 2, dtype=torch.int32)
+        table_buffer.zero_()
+        table = table_buffer[:requests]
         for request in range(len(self.q_lens)):
             table[request] = torch.tensor([2 * request, 2 * request + 1], dtype=torch.int32)
         slot_buffer.fill_(PAD_SLOT_ID)
@@ -281,15 +293,18 @@ class TwoLayers:
         self.value = torch.zeros(size, KV_HEADS, HEAD_DIM, dtype=torch.bfloat16)
         self.outputs = [torch.zeros(size, HEADS, HEAD_DIM, dtype=torch.bfloat16) for _ in self.layers]
         self.slot_buffer = torch.full((size,), PAD_SLOT_ID, dtype=torch.int32)
+        self.table_buffer = torch.zeros(size + 1, 2, dtype=torch.int32)
+        self.tokens = size  # what the forward passes: the graph size, or an eager batch's real tokens
 
     def __call__(self) -> list[Any]:
         from vllm.forward_context import get_forward_context
 
         metadata = get_forward_context().attn_metadata
+        n = self.tokens
         for layer, output in zip(self.layers, self.outputs):
-            layer.impl.forward(layer.module, self.query, self.key if self.with_kv else None,
-                               self.value if self.with_kv else None, layer.kv_cache, metadata[layer.name],
-                               output=output)
+            layer.impl.forward(layer.module, self.query[:n], self.key[:n] if self.with_kv else None,
+                               self.value[:n] if self.with_kv else None, layer.kv_cache, metadata[layer.name],
+                               output=output[:n])
         return self.outputs
 
     def load_inputs(self, step: Step, seed: int) -> None:
@@ -303,4 +318,5 @@ class TwoLayers:
         self.value[:n] = torch.randn(n, KV_HEADS, HEAD_DIM, generator=generator).to(torch.bfloat16)
 
     def metadata(self, step: Step, mask: Any) -> dict[str, Any]:
-        return {layer.name: step.metadata(self.slot_buffer, mask) for layer in self.layers}
+        shared = step.metadata(self.slot_buffer, mask, self.table_buffer)  # one KV-cache group: one metadata
+        return {layer.name: shared for layer in self.layers}
