@@ -5,7 +5,9 @@
 # Two cached parts, both under ${ASCENDGRAPH_CACHE_DIR:-~/.cache/ascendgraph}:
 #
 # * vllm-ascend-env-<hash>: a virtual environment with CPU torch 2.13.0, the minimal set of
-#   vLLM's dependencies its config / compilation / attention modules import on CPU, and
+#   vLLM's dependencies its config / compilation / attention modules import on CPU (the
+#   parity environment's list, plus scipy and numba that vLLM Ascend's model-runner module
+#   imports), and
 #   vllm==0.27.1 (vLLM Ascend's own target) without its dependencies (a plain install pulls
 #   CUDA builds of torchvision / torchaudio that fail beside CPU torch), plus the harness
 #   files below. <hash> is the sha256 of the recipe: nothing changed -> nothing rebuilt. It
@@ -106,6 +108,8 @@ partial-json-parser
 llguidance>=1.7,<1.8
 einops
 apache-tvm-ffi==0.1.11
+scipy
+numba==0.65.0
 PKGS
 read -r -d '' RECIPE_NODEPS <<'PKGS' || true
 vllm==0.27.1
