@@ -156,8 +156,9 @@ else
     printf 'Metadata-Version: 2.1\nName: vllm-ascend-sim-harness\nVersion: 0\nSummary: vLLM Ascend entry points for the ascendgraph simulator (scripts/vllm-ascend-env.sh)\n' > "$dist/METADATA"
     printf '%s\n' "$ENTRY_POINTS" > "$dist/entry_points.txt"
     printf 'vllm_ascend_sim_harness-0.dist-info/METADATA,,\nvllm_ascend_sim_harness-0.dist-info/entry_points.txt,,\nvllm_ascend_sim_harness-0.dist-info/RECORD,,\n' > "$dist/RECORD"
-    printf '%s\n' "$src_dir" > "$site/vllm_ascend_source.pth"
-    "$tmp_dir/bin/python" -c 'import vllm.config, vllm.compilation' >&2
+    # Smoke test before the source is on the path (vLLM Ascend's platform imports torch_npu,
+    # which only the facade provides): vLLM's config and compilation import on CPU.
+    VLLM_PLUGINS="" "$tmp_dir/bin/python" -c 'import vllm.config, vllm.compilation' >&2
     { grep -rlI --null -F "$tmp_dir" "$tmp_dir/bin" || true; } | xargs -0 -r sed -i "s|$tmp_dir|$env_dir|g"
     touch "$tmp_dir/.vllm-ascend-env-complete"
     if mv -T "$tmp_dir" "$env_dir" 2>/dev/null; then
