@@ -103,7 +103,7 @@ def reset_vllm_ascend_state() -> None:
     acl_graph._graph_params = None
     acl_graph._draft_graph_params = None
     acl_graph._draft_graph_prefill_params = None
-    attention_v1._ATTN_KEYS_BUFFER = None if not isinstance(getattr(attention_v1, "_ATTN_KEYS_BUFFER", None), list) else []
+    attention_v1._ATTN_KEYS_BUFFER = None  # its initial value (attention_v1.py:70)
 
 
 class Layer:
