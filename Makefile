@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ascendgraph-installed
 
-.PHONY: run test test-all bench parity parity-record mutation mutation-rules clean
+.PHONY: run test test-all bench parity parity-record vllm-ascend-env vllm-ascend mutation mutation-rules clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +24,7 @@ test: $(STAMP)
 
 # Everything that runs without an NPU: the default suite plus the slow tests (10,000-example fuzzing).
 test-all: $(STAMP)
-	$(PY) -m pytest -n auto -m 'not npu and not vllm'
+	$(PY) -m pytest -n auto -m 'not npu and not vllm and not vllm_ascend'
 
 # Differential tests against vLLM 0.32, in their own cached venv (docs/parity.md); what .ci/run does second.
 parity:
@@ -33,6 +33,17 @@ parity:
 # Re-record vLLM 0.32's answers (tests/data/vllm_answers.json) that the default suite checks against.
 parity-record:
 	"$$(scripts/parity-env.sh | tail -n 1)" scripts/record_vllm_answers.py
+
+# vLLM Ascend's own graph-mode code on the simulator's torch_npu facade (docs/vllm-ascend.md).
+# VLLM_ASCEND_SRC=/path/to/your/vllm-ascend runs your working copy instead of the snapshot.
+# The environment is cached (scripts/vllm-ascend-env.sh); .venv-vllm-ascend links to it.
+VLLM_ASCEND_PYTEST_ARGS ?= -n auto
+vllm-ascend-env:
+	ln -sfn "$$(dirname "$$(dirname "$$(scripts/vllm-ascend-env.sh | tail -n 1)")")" .venv-vllm-ascend
+
+vllm-ascend: vllm-ascend-env
+	.venv-vllm-ascend/bin/python -m sim.facade --npu-device -- .venv-vllm-ascend/bin/python -m pytest -m vllm_ascend \
+		tests/vllm_ascend -q -p no:cacheprovider -p no:warnings $(VLLM_ASCEND_PYTEST_ARGS)
 
 # Mutation testing (docs/testing.md), a habit and not CI (too slow for .ci/run).
 # mutmut over the capture modules ([tool.mutmut] in pyproject.toml; results cached in mutants/,
@@ -51,4 +62,4 @@ bench: $(STAMP)
 	$(PY) -m bench
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis mutants
+	rm -rf $(VENV) .pytest_cache .hypothesis mutants .venv-vllm-ascend

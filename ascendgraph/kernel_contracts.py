@@ -68,6 +68,9 @@ QUANTIZE = "npu_quantize"
 ADD_RMS_NORM_QUANT = "npu_add_rms_norm_quant"
 ADD_RMS_NORM_DYNAMIC_QUANT = "npu_add_rms_norm_dynamic_quant"
 PAGED_ATTENTION_OP = "ascendgraph::paged_attention"
+FIA_V2 = "npu_fused_infer_attention_score_v2"
+ATB_PAGED_ATTENTION = "_npu_paged_attention"
+SCATTER_PA_KV_CACHE = "npu_scatter_pa_kv_cache"
 
 FIA_MASK_SIZE = 2048  # sparse_mode 2/3/4 take a compressed 2048 x 2048 mask
 FIA_SPARSE_MODE = 3  # rightDownCausal, the mode hw/ and vLLM Ascend pass
@@ -95,6 +98,15 @@ SRC_ADD_RMS_NORM = (
     f"{VLLM_ASCEND} vllm_ascend/ops/layernorm.py call site"
 )
 
+# vLLM Ascend's call sites of the kernels its A2/A3 graph paths issue (commit 182b75ea).
+VA_COMMIT = "182b75ea"
+SRC_SCATTER_CALL = f"{VLLM_ASCEND} vllm_ascend/device/device_op.py@{VA_COMMIT}:45-53 (BaseDeviceAdaptor.reshape_and_cache)"
+SRC_PA_CALL = (
+    f"{VLLM_ASCEND} vllm_ascend/attention/attention_v1.py@{VA_COMMIT}:1563-1573 (forward_paged_attention) and "
+    "1265-1276 (full_graph_pa); torch-npu 2.13.0 lib/libop_plugin_atb.so atb::_npu_paged_attention (no op doc)"
+)
+SRC_FIA_V2_CALL = f"{VLLM_ASCEND} vllm_ascend/attention/attention_v1.py@{VA_COMMIT}:1191-1210 (full_graph_fia_v2)"
+
 # Rules relaxed by the simulator's declared float32 leniency (device option
 # ``allow_float32_attention``, docs/decisions.md "float32 on the simulator"): the kernels' half-precision dtype rules.
 FLOAT32_LENIENT_RULES = frozenset(
@@ -105,6 +117,9 @@ FLOAT32_LENIENT_RULES = frozenset(
         "rope_dtype",
         "input_dtype_half",
         "x_dtype_half",
+        "v2_query_dtype",
+        "pa_dtype",
+        "scatter_dtypes_equal",
     }
 )
 
@@ -425,6 +440,181 @@ _QUANT_RULES = (
                          f"smooth_scale2 given: {a.get('smooth_scale2') is not None})"),
 )
 
+# --------------------------------------------------------------------------- vLLM Ascend's A2 graph kernels
+
+
+def _v2_tnd(a: Mapping[str, Any]) -> bool:
+    return a.get("input_layout") == "TND"
+
+
+def _v2_ends(a: Mapping[str, Any]) -> list[int]:
+    return _ints(a.get("actual_seq_qlen"))
+
+
+def _v2_q_lens(a: Mapping[str, Any]) -> list[int]:
+    ends = _v2_ends(a)
+    return [end - start for start, end in zip([0, *ends[:-1]], ends)]
+
+
+def _v2_paged_lengths(a: Mapping[str, Any]) -> bool:
+    return _paged(a) and a.get("actual_seq_kvlen") is not None and int(a.get("block_size", 0)) > 0
+
+
+def _v2_blocks_needed(a: Mapping[str, Any]) -> list[int]:
+    size = int(a["block_size"])
+    return [math.ceil(max(n, 0) / size) for n in _ints(a["actual_seq_kvlen"])]
+
+
+def _v2_kv_heads(a: Mapping[str, Any]) -> int:
+    return int(a.get("num_key_value_heads") or 0) or int(a.get("num_query_heads", 1))
+
+
+def _v2_value_head_dim(a: Mapping[str, Any]) -> int:
+    """D of value: a paged cache in the (blocknum, blocksize, H) layout holds KV_N * D per slot."""
+    value = a["value"]
+    if _paged(a) and value.dim() == 3:
+        return int(value.shape[-1]) // max(_v2_kv_heads(a), 1)
+    return int(value.shape[-1])
+
+
+def _v2_kv_covers_q(a: Mapping[str, Any]) -> bool:
+    return all(k == 0 or k >= q for q, k in zip(_v2_q_lens(a), _ints(a["actual_seq_kvlen"])))
+
+
+_FIA_V2_RULES = (
+    KernelRule(FIA_V2, "v2_query_dtype", f"{DOCS}:8589 (query float16/bfloat16/int8); :8781 (page attention: no int8 query)",
+               _present("query"), lambda a: a["query"].dtype in HALF,
+               lambda a: f"query dtype is {_dt(a['query'])}; page attention takes float16 or bfloat16"),
+    KernelRule(FIA_V2, "v2_contiguous", f"{DOCS}:8589-8593 (query/key/value: non-contiguous tensors are not supported)",
+               _present("query", "key", "value"),
+               lambda a: _contiguous(a["query"]) and _contiguous(a["key"]) and _contiguous(a["value"]),
+               lambda a: "query, key or value is not contiguous"),
+    KernelRule(FIA_V2, "v2_tnd_lengths", f"{DOCS}:8720 (TND: actual_seq_qlen and actual_seq_kvlen required; qlen "
+               "cumulative, non-decreasing; its length is the batch)",
+               _v2_tnd, lambda a: a.get("actual_seq_qlen") is not None and a.get("actual_seq_kvlen") is not None
+               and _nondecreasing(_v2_ends(a)) and len(_ints(a["actual_seq_kvlen"])) == len(_v2_ends(a))
+               and all(v >= 0 for v in _ints(a["actual_seq_kvlen"])),
+               lambda a: f"actual_seq_qlen={a.get('actual_seq_qlen')!r}, actual_seq_kvlen={a.get('actual_seq_kvlen')!r}: "
+                         "need cumulative query ends and one non-negative KV length per request"),
+    KernelRule(FIA_V2, "v2_tnd_tokens_equal_last_end", SRC_FIA_PAD,
+               lambda a: _v2_tnd(a) and _present("query")(a) and len(_v2_ends(a)) > 0,
+               lambda a: int(a["query"].shape[0]) == _v2_ends(a)[-1],
+               lambda a: f"query has T={int(a['query'].shape[0])} tokens but actual_seq_qlen[-1]={_v2_ends(a)[-1]}; "
+                         "pad with a dummy request so the last end equals T"),
+    KernelRule(FIA_V2, "v2_block_table", f"{DOCS}:8611 (block_table int32); :8780 (page attention: 2-D, first dim == batch)",
+               lambda a: _paged(a) and a.get("actual_seq_qlen") is not None,
+               lambda a: a["block_table"].dtype == torch.int32 and a["block_table"].dim() == 2
+               and int(a["block_table"].shape[0]) == len(_v2_ends(a)),
+               lambda a: f"block_table {_shape(a['block_table'])} {_dt(a['block_table'])} for {len(_v2_ends(a))} "
+                         "requests: need int32 with one row per request"),
+    KernelRule(FIA_V2, "v2_block_table_columns", f"{DOCS}:8780 (second dim >= maxBlockNumPerSeq)",
+               lambda a: _v2_paged_lengths(a) and a["block_table"].dim() == 2,
+               lambda a: int(a["block_table"].shape[1]) >= max(_v2_blocks_needed(a), default=0),
+               lambda a: f"block_table has {int(a['block_table'].shape[1])} columns but the longest KV length needs "
+                         f"{max(_v2_blocks_needed(a), default=0)} blocks of {a['block_size']}"),
+    KernelRule(FIA_V2, "v2_paged_block_size", f"{PAGED_BLOCK_SIZE_SOURCE}; {DOCS}:8776",
+               _paged, lambda a: paged_block_size_ok(a.get("block_size", 0)),
+               lambda a: describe_paged_block_size(a.get("block_size", 0))),
+    KernelRule(FIA_V2, "v2_gqa_ratio", f"{DOCS}:8731 (K_N == V_N, Q_N divisible by K_N, ratio <= 64)",
+               _always, lambda a: _v2_kv_heads(a) > 0 and int(a.get("num_query_heads", 1)) % _v2_kv_heads(a) == 0
+               and int(a.get("num_query_heads", 1)) // _v2_kv_heads(a) <= 64,
+               lambda a: f"num_query_heads={a.get('num_query_heads')}, num_key_value_heads={_v2_kv_heads(a)}"),
+    KernelRule(FIA_V2, "v2_sparse_mode", f"{DOCS}:8719, 8735 (TND: sparse 0 without mask, 3 or 4 with mask); :8770 (0-4)",
+               _always, lambda a: int(a.get("sparse_mode", 0)) in ((0, 3, 4) if _v2_tnd(a) else (0, 1, 2, 3, 4)),
+               lambda a: f"sparse_mode={a.get('sparse_mode')} with input_layout={a.get('input_layout')!r}"),
+    KernelRule(FIA_V2, "v2_causal_mask_2048", f"{DOCS}:8607, 8772 (sparse 2/3/4: a 2048 x 2048 mask is required)",
+               lambda a: a.get("sparse_mode") in (2, 3, 4), _mask_ok,
+               lambda a: "atten_mask is missing" if a.get("atten_mask") is None else
+               f"atten_mask has shape {_shape(a['atten_mask'])}, dtype {_dt(a['atten_mask'])}; sparse_mode "
+               f"{a.get('sparse_mode')} needs a contiguous 2048 x 2048 bool mask"),
+    KernelRule(FIA_V2, "v2_kv_covers_query", f"{DOCS}:8734 (sparse 3: actual_seq_qlen < actual_seq_kvlen per batch), "
+               f"relaxed to kv_len >= q_len or 0: a prefill without cache has kv_len == q_len and padded requests "
+               f"kv_len 0 ({SRC_FIA_V2_CALL}; {SRC_ZERO_KV})",
+               lambda a: a.get("sparse_mode") == 3 and _v2_tnd(a) and a.get("actual_seq_kvlen") is not None,
+               _v2_kv_covers_q,
+               lambda a: f"under sparse_mode 3 every request needs kv_len >= q_len (or 0): q_lens {_v2_q_lens(a)}, "
+                         f"kv_lens {_ints(a['actual_seq_kvlen'])}"),
+    KernelRule(FIA_V2, "v2_learnable_sink", f"{DOCS}:8625 (learnable_sink bfloat16, shape (Q_N,)); :8755-8757 (TND "
+               "only; value D <= 128)",
+               _present("learnable_sink"),
+               lambda a: a["learnable_sink"].dtype == torch.bfloat16
+               and _shape(a["learnable_sink"]) == (int(a.get("num_query_heads", 1)),)
+               and _v2_tnd(a) and _v2_value_head_dim(a) <= 128,
+               lambda a: f"learnable_sink {_shape(a['learnable_sink'])} {_dt(a['learnable_sink'])} with "
+                         f"{a.get('num_query_heads')} query heads, layout {a.get('input_layout')!r}, value D "
+                         f"{_v2_value_head_dim(a)}"),
+)
+
+_ATB_PAGED_ATTENTION_RULES = (
+    KernelRule(ATB_PAGED_ATTENTION, "pa_dtype", f"{SRC_PA_CALL}: the non-quantised op (quantised KV has "
+               "_npu_paged_attention_quant); query and caches share one float16/bfloat16 dtype",
+               _present("query", "key_cache", "value_cache"),
+               lambda a: a["query"].dtype in HALF and a["key_cache"].dtype == a["query"].dtype == a["value_cache"].dtype,
+               lambda a: f"query {_dt(a['query'])}, key_cache {_dt(a['key_cache'])}, value_cache {_dt(a['value_cache'])}"),
+    KernelRule(ATB_PAGED_ATTENTION, "pa_layout", f"{SRC_PA_CALL}: query [T, num_heads, D]; caches "
+               "[blocks, block_size, num_kv_heads, D] (AscendAttentionBackend.get_kv_cache_shape)",
+               _present("query", "key_cache", "value_cache"),
+               lambda a: a["query"].dim() == 3 and int(a["query"].shape[1]) == int(a["num_heads"])
+               and a["key_cache"].dim() == 4 and _shape(a["key_cache"]) == _shape(a["value_cache"])
+               and int(a["key_cache"].shape[2]) == int(a["num_kv_heads"])
+               and int(a["key_cache"].shape[3]) == int(a["query"].shape[2]) and _contiguous(a["query"]),
+               lambda a: f"query {_shape(a['query'])} (num_heads {a['num_heads']}), key_cache {_shape(a['key_cache'])}, "
+                         f"value_cache {_shape(a['value_cache'])} (num_kv_heads {a['num_kv_heads']})"),
+    KernelRule(ATB_PAGED_ATTENTION, "pa_gqa", f"{SRC_PA_CALL} (AscendAttentionBackendImpl asserts num_heads % "
+               "num_kv_heads == 0)",
+               _always, lambda a: int(a["num_kv_heads"]) > 0 and int(a["num_heads"]) % int(a["num_kv_heads"]) == 0,
+               lambda a: f"num_heads={a['num_heads']}, num_kv_heads={a['num_kv_heads']}"),
+    KernelRule(ATB_PAGED_ATTENTION, "pa_one_token_per_request", f"{SRC_PA_CALL}: decode only (DecodeOnly state); "
+               "block_table int32 2-D with one row per query token, context_lens one entry per row",
+               _present("query", "block_table", "context_lens"),
+               lambda a: a["block_table"].dtype == torch.int32 and a["block_table"].dim() == 2
+               and int(a["block_table"].shape[0]) == int(a["query"].shape[0])
+               and int(a["context_lens"].numel()) == int(a["query"].shape[0]),
+               lambda a: f"query has {int(a['query'].shape[0])} tokens, block_table {_shape(a['block_table'])} "
+                         f"{_dt(a['block_table'])}, context_lens of {int(a['context_lens'].numel())}"),
+    KernelRule(ATB_PAGED_ATTENTION, "pa_context_lens_int32", f"{SRC_PA_CALL} (context_lens is the int32 seq_lens "
+               "host tensor)",
+               _present("context_lens"), lambda a: a["context_lens"].dtype == torch.int32,
+               lambda a: f"context_lens dtype is {_dt(a['context_lens'])}, not int32"),
+    KernelRule(ATB_PAGED_ATTENTION, "pa_out_like_query", f"{SRC_PA_CALL} (out is the layer's output buffer "
+               "[T, num_heads, D])",
+               _present("out", "query"),
+               lambda a: _shape(a["out"]) == _shape(a["query"]) and a["out"].dtype == a["query"].dtype
+               and _contiguous(a["out"]),
+               lambda a: f"out {_shape(a['out'])} {_dt(a['out'])} vs query {_shape(a['query'])} {_dt(a['query'])}"),
+)
+
+_SCATTER_RULES = (
+    KernelRule(SCATTER_PA_KV_CACHE, "scatter_dtypes_equal", f"{DOCS}:7031 (key, value, key_cache, value_cache share "
+               "one dtype)",
+               _present("key", "value", "key_cache", "value_cache"),
+               lambda a: a["key"].dtype == a["value"].dtype == a["key_cache"].dtype == a["value_cache"].dtype,
+               lambda a: f"key {_dt(a['key'])}, value {_dt(a['value'])}, key_cache {_dt(a['key_cache'])}, "
+                         f"value_cache {_dt(a['value_cache'])}"),
+    KernelRule(SCATTER_PA_KV_CACHE, "scatter_contiguous", f"{DOCS}:7030 (non-contiguous inputs are not supported)",
+               _present("key", "value", "key_cache", "value_cache", "slot_mapping"),
+               lambda a: all(_contiguous(a[n]) for n in ("key", "value", "key_cache", "value_cache", "slot_mapping")),
+               lambda a: "key, value, key_cache, value_cache or slot_mapping is not contiguous "
+                         f"(vLLM Ascend passes .contiguous() copies: {SRC_SCATTER_CALL})"),
+    KernelRule(SCATTER_PA_KV_CACHE, "scatter_slot_mapping_dtype", f"{DOCS}:7019 (slot_mapping int32 or int64)",
+               _present("slot_mapping"), lambda a: a["slot_mapping"].dtype in (torch.int32, torch.int64),
+               lambda a: f"slot_mapping dtype is {_dt(a['slot_mapping'])}"),
+    KernelRule(SCATTER_PA_KV_CACHE, "scatter_cache_rank", f"{DOCS}:7017-7018 (key_cache / value_cache only 4-D)",
+               _present("key_cache", "value_cache"),
+               lambda a: a["key_cache"].dim() == 4 and a["value_cache"].dim() == 4,
+               lambda a: f"key_cache {_shape(a['key_cache'])}, value_cache {_shape(a['value_cache'])}"),
+    KernelRule(SCATTER_PA_KV_CACHE, "scatter_norm_layout", f"{DOCS}:6989-6994 (scene 2: key [T, N, D], cache "
+               "[blocks, block_size, N, D], slot_mapping [T]); :7023 ('Norm': ND caches); :7034 (3-D key/value: "
+               f"first two dims equal); {SRC_SCATTER_CALL}",
+               lambda a: a.get("cache_mode") in (None, "Norm") and _present("key", "value", "key_cache", "slot_mapping")(a)
+               and a["key"].dim() == 3,
+               lambda a: _shape(a["key"])[:2] == _shape(a["value"])[:2] and a["key_cache"].dim() == 4
+               and _shape(a["key_cache"])[2:] == _shape(a["key"])[1:]
+               and int(a["slot_mapping"].numel()) == int(a["key"].shape[0]) and a["slot_mapping"].dim() == 1,
+               lambda a: f"key {_shape(a['key'])}, value {_shape(a['value'])}, key_cache {_shape(a['key_cache'])}, "
+                         f"slot_mapping {_shape(a['slot_mapping'])}"),
+)
+
 RULES: tuple[KernelRule, ...] = (
     *_FIA_RULES,
     *_PAGED_ATTENTION_RULES,
@@ -432,6 +622,9 @@ RULES: tuple[KernelRule, ...] = (
     *_ROPE_RULES,
     *_NORM_RULES,
     *_QUANT_RULES,
+    *_FIA_V2_RULES,
+    *_ATB_PAGED_ATTENTION_RULES,
+    *_SCATTER_RULES,
 )
 
 KERNELS: tuple[str, ...] = tuple(dict.fromkeys(rule.kernel for rule in RULES))
@@ -442,6 +635,10 @@ _ALIASES = {
     f"{FIA}.out": FIA,
     f"{FIA}.default": FIA,
     "_npu_fused_infer_attention_score_get_max_workspace": FIA,
+    f"{FIA_V2}.out": FIA_V2,
+    f"{FIA_V2}.default": FIA_V2,
+    "_npu_fused_infer_attention_score_v2_get_max_workspace": FIA_V2,
+    "_npu_paged_attention_get_workspace": ATB_PAGED_ATTENTION,
 }
 
 

@@ -124,6 +124,40 @@ def _add_norm_dyn(device: torch.device, **changes: Any) -> Args:
     return args
 
 
+def _fia_v2(device: torch.device, **changes: Any) -> Args:
+    # _fia's call in npu_fused_infer_attention_score_v2's names, with a learnable sink per query head.
+    args: Args = dict(
+        query=_t(device, 5, 4, 16), key=_t(device, 8, 16, 32), value=_t(device, 8, 16, 32),
+        atten_mask=torch.ones(2048, 2048, dtype=torch.bool, device=device).triu(1),
+        actual_seq_qlen=[3, 5], actual_seq_kvlen=[3, 18],
+        block_table=_t(device, 2, 4, dtype=torch.int32), num_query_heads=4, num_key_value_heads=2,
+        softmax_scale=0.25, input_layout="TND", sparse_mode=3, block_size=16, learnable_sink=_t(device, 4),
+    )
+    args.update(changes)
+    return args
+
+
+def _atb_paged(device: torch.device, **changes: Any) -> Args:
+    # Decode: 3 requests of one token over a [8, 16, 2, 16] cache.
+    args: Args = dict(
+        query=_t(device, 3, 4, 16), key_cache=_t(device, 8, 16, 2, 16), value_cache=_t(device, 8, 16, 2, 16),
+        num_kv_heads=2, num_heads=4, scale_value=0.25, block_table=_t(device, 3, 4, dtype=torch.int32),
+        context_lens=torch.tensor([3, 17, 1], dtype=torch.int32, device=device), out=_t(device, 3, 4, 16),
+    )
+    args.update(changes)
+    return args
+
+
+def _scatter(device: torch.device, dtype: torch.dtype = BF16, **changes: Any) -> Args:
+    args: Args = dict(
+        key=_t(device, 3, 2, 16, dtype=dtype), value=_t(device, 3, 2, 16, dtype=dtype),
+        key_cache=_t(device, 4, 16, 2, 16, dtype=dtype), value_cache=_t(device, 4, 16, 2, 16, dtype=dtype),
+        slot_mapping=torch.arange(3, dtype=torch.int32, device=device), cache_mode="Norm",
+    )
+    args.update(changes)
+    return args
+
+
 @dataclass(frozen=True)
 class ContractCase:
     kernel: str
@@ -218,6 +252,55 @@ _CASES = (
     _case(kc.ADD_RMS_NORM_DYNAMIC_QUANT, "gamma_vector", lambda d: _add_norm_dyn(d, gamma=_t(d, 1, 32)), _add_norm_dyn),
     _case(kc.ADD_RMS_NORM_DYNAMIC_QUANT, "output_mask", lambda d: _add_norm_dyn(d, output_mask=[False, False]),
           lambda d: _add_norm_dyn(d, output_mask=[True, False]), "vLLM Ascend's [True, False] accepted"),
+    # vLLM Ascend's A2 graph kernels (npu_fused_infer_attention_score_v2, the ATB paged attention, the KV write).
+    _case(kc.FIA_V2, "v2_query_dtype", lambda d: _fia_v2(d, query=_t(d, 5, 4, 16, dtype=torch.int8)),
+          lambda d: _fia_v2(d, query=_t(d, 5, 4, 16, dtype=torch.float16)), "int8 refused with page attention"),
+    _case(kc.FIA_V2, "v2_contiguous", lambda d: _fia_v2(d, query=_t(d, 4, 5, 16).transpose(0, 1)), _fia_v2),
+    _case(kc.FIA_V2, "v2_tnd_lengths", lambda d: _fia_v2(d, actual_seq_kvlen=None),
+          lambda d: _fia_v2(d, actual_seq_qlen=[5, 5], actual_seq_kvlen=[5, 0]), "an empty request is cumulative"),
+    _case(kc.FIA_V2, "v2_tnd_tokens_equal_last_end", lambda d: _fia_v2(d, actual_seq_qlen=[3, 4]), _fia_v2),
+    _case(kc.FIA_V2, "v2_block_table", lambda d: _fia_v2(d, block_table=_t(d, 3, 4, dtype=torch.int32)), _fia_v2,
+          "one row more than requests is refused"),
+    _case(kc.FIA_V2, "v2_block_table_columns", lambda d: _fia_v2(d, block_table=_t(d, 2, 1, dtype=torch.int32)),
+          lambda d: _fia_v2(d, block_table=_t(d, 2, 2, dtype=torch.int32)), "exactly the blocks of the longest request"),
+    _case(kc.FIA_V2, "v2_paged_block_size", lambda d: _fia_v2(d, block_size=8), lambda d: _fia_v2(d, block_size=512)),
+    _case(kc.FIA_V2, "v2_gqa_ratio", lambda d: _fia_v2(d, num_query_heads=130, num_key_value_heads=2,
+                                                       learnable_sink=_t(d, 130)),
+          lambda d: _fia_v2(d, num_query_heads=128, num_key_value_heads=2, learnable_sink=_t(d, 128))),
+    _case(kc.FIA_V2, "v2_sparse_mode", lambda d: _fia_v2(d, sparse_mode=2), lambda d: _fia_v2(d, sparse_mode=4),
+          "TND takes 0, 3 or 4"),
+    _case(kc.FIA_V2, "v2_causal_mask_2048", lambda d: _fia_v2(d, atten_mask=None),
+          lambda d: _fia_v2(d, atten_mask=torch.ones(1, 2048, 2048, dtype=torch.bool, device=d))),
+    _case(kc.FIA_V2, "v2_kv_covers_query", lambda d: _fia_v2(d, actual_seq_kvlen=[2, 18]),
+          lambda d: _fia_v2(d, actual_seq_kvlen=[3, 0]), "kv_len == q_len and 0 accepted (the docs say <)"),
+    _case(kc.FIA_V2, "v2_learnable_sink", lambda d: _fia_v2(d, learnable_sink=_t(d, 4, dtype=torch.float16)),
+          lambda d: _fia_v2(d, key=_t(d, 8, 16, 256), value=_t(d, 8, 16, 256), query=_t(d, 5, 4, 128)),
+          "bfloat16 (Q_N,) accepted; D 128 over 2 KV heads (H 256 per cache slot) is the edge"),
+    _case(kc.ATB_PAGED_ATTENTION, "pa_dtype", lambda d: _atb_paged(d, key_cache=_t(d, 8, 16, 2, 16, dtype=torch.int8)),
+          lambda d: _atb_paged(d, query=_t(d, 3, 4, 16, dtype=torch.float16), out=_t(d, 3, 4, 16, dtype=torch.float16),
+                               key_cache=_t(d, 8, 16, 2, 16, dtype=torch.float16),
+                               value_cache=_t(d, 8, 16, 2, 16, dtype=torch.float16))),
+    _case(kc.ATB_PAGED_ATTENTION, "pa_layout", lambda d: _atb_paged(d, num_kv_heads=1), _atb_paged,
+          "num_kv_heads must be the cache's head axis"),
+    _case(kc.ATB_PAGED_ATTENTION, "pa_gqa", lambda d: _atb_paged(d, num_heads=3, query=_t(d, 3, 3, 16), out=_t(d, 3, 3, 16)),
+          _atb_paged),
+    _case(kc.ATB_PAGED_ATTENTION, "pa_one_token_per_request",
+          lambda d: _atb_paged(d, block_table=_t(d, 2, 4, dtype=torch.int32)), _atb_paged),
+    _case(kc.ATB_PAGED_ATTENTION, "pa_context_lens_int32",
+          lambda d: _atb_paged(d, context_lens=torch.tensor([3, 17, 1], device=d)), _atb_paged),
+    _case(kc.ATB_PAGED_ATTENTION, "pa_out_like_query", lambda d: _atb_paged(d, out=_t(d, 3, 64)), _atb_paged),
+    _case(kc.SCATTER_PA_KV_CACHE, "scatter_dtypes_equal", lambda d: _scatter(d, value=_t(d, 3, 2, 16, dtype=torch.float16)),
+          lambda d: _scatter(d, torch.int8), "int8 caches are accepted (the wheel lists int8)"),
+    _case(kc.SCATTER_PA_KV_CACHE, "scatter_contiguous",
+          lambda d: _scatter(d, key=_t(d, 2, 3, 16).transpose(0, 1)), _scatter),
+    _case(kc.SCATTER_PA_KV_CACHE, "scatter_slot_mapping_dtype",
+          lambda d: _scatter(d, slot_mapping=torch.arange(3, dtype=torch.int16, device=d)),
+          lambda d: _scatter(d, slot_mapping=torch.arange(3, device=d)), "int64 accepted"),
+    _case(kc.SCATTER_PA_KV_CACHE, "scatter_cache_rank", lambda d: _scatter(d, key_cache=_t(d, 4, 16, 32),
+                                                                             value_cache=_t(d, 4, 16, 32)), _scatter),
+    _case(kc.SCATTER_PA_KV_CACHE, "scatter_norm_layout",
+          lambda d: _scatter(d, slot_mapping=torch.arange(2, dtype=torch.int32, device=d)), _scatter,
+          "one slot per token"),
 )
 
 CONTRACT_CASES: dict[tuple[str, str], ContractCase] = {(case.kernel, case.rule): case for case in _CASES}

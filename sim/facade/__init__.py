@@ -13,6 +13,15 @@ Activation:
 * `install()` / `uninstall()` in process (tests). `configure()` gives the facade a fresh
   simulated NPU (a profile, a fault plan, a stream limit).
 
+The ``npu`` device spelling is opt-in (``python -m sim.facade --npu-device -- CMD``, or
+``ASCENDGRAPH_FACADE_NPU_DEVICE=1`` before the facade is installed): PrivateUse1 is renamed
+"npu" so ``torch.device("npu")`` / ``"npu:0"`` construct (vLLM's ``DeviceConfig`` with
+vLLM Ascend's ``NPUPlatform`` builds one), and ``Tensor.npu()`` returns the CPU tensor itself.
+Allocating a tensor *on* the npu device still fails (there is no PrivateUse1 allocator;
+vLLM Ascend's NPUModelRunner needs one). The rename cannot be undone within a process,
+so it stays off unless asked for: code that tests ``device.type == "npu"`` to mean "a real
+NPU" does not change behaviour silently.
+
 The facade says once on stderr that it is active, and names an installed torch_npu it
 shadows. Modules: ``runtime`` (the SimDevice and the task-group guard), ``npu`` (the
 ``torch_npu.npu`` module), ``kernels`` (the ``npu_facade`` ops), ``contracts`` (the
@@ -29,9 +38,11 @@ from typing import Any, Optional
 from sim.facade.runtime import FacadeRuntime, configure, configured, runtime
 
 __all__ = ["install", "uninstall", "is_installed", "configure", "configured", "runtime", "device", "NOTICE_VARIABLE",
-           "notice_text", "real_torch_npu_location"]
+           "notice_text", "real_torch_npu_location", "NPU_DEVICE_VARIABLE", "enable_npu_device_spelling",
+           "npu_device_spelling_enabled"]
 
 NOTICE_VARIABLE = "ASCENDGRAPH_NPU_FACADE"  # set once the notice was printed (inherited by subprocesses)
+NPU_DEVICE_VARIABLE = "ASCENDGRAPH_FACADE_NPU_DEVICE"  # "1": spell PrivateUse1 "npu" (opt-in, irreversible)
 _saved: dict[str, Any] = {}
 _installed = False
 
@@ -85,6 +96,8 @@ def install(*, quiet: bool = False) -> None:
     if hasattr(torch, "npu"):
         _saved["torch.npu attribute"] = torch.npu
     modules.put_in_place()
+    if os.environ.get(NPU_DEVICE_VARIABLE) == "1":
+        enable_npu_device_spelling()
     _installed = True
     if not quiet or shadowed:
         say_active(shadowed)
@@ -115,6 +128,27 @@ def uninstall() -> None:
         ops.unregister_wrapper_op(ops.kernel_op(name))
     register_cpu_kernels()
     _installed = False
+
+
+def _tensor_npu(self: Any, device: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:
+    """``Tensor.npu()`` on the facade: tensors stay CPU tensors, so the tensor itself."""
+    return self
+
+
+def npu_device_spelling_enabled() -> bool:
+    import torch
+
+    return torch._C._get_privateuse1_backend_name() == "npu"
+
+
+def enable_npu_device_spelling() -> None:
+    """Spell PrivateUse1 "npu" and give tensors ``.npu()`` (idempotent; cannot be undone)."""
+    import torch
+
+    if not npu_device_spelling_enabled():
+        torch.utils.rename_privateuse1_backend("npu")
+    if getattr(torch.Tensor, "npu", None) is not _tensor_npu:
+        torch.Tensor.npu = _tensor_npu  # type: ignore[attr-defined]
 
 
 def is_installed() -> bool:

@@ -24,6 +24,20 @@ Two deliberate differences from the registered schemas, both invisible to caller
 
 The facade models the FIA call hw/ and vLLM Ascend make: TND layout over a paged KV cache
 (``block_table``), sparse_mode 3. Other layouts raise NotImplementedError.
+
+The kernels of vLLM Ascend's A2/A3 graph paths (vllm_ascend/attention/attention_v1.py,
+vllm_ascend/device/device_op.py at 182b75ea) are here too:
+
+* ``npu_scatter_pa_kv_cache`` (the KV write; ``cache_mode="Norm"``, the ND cache
+  ``[blocks, block_size, kv_heads, D]``; the NZ layout is not modelled);
+* ``_npu_paged_attention`` and ``_npu_paged_attention_get_workspace`` (ATB ops, the
+  FULL_DECODE_ONLY decode branch: one query token per request); the names are the keywords
+  vLLM Ascend passes, the order the C++ signature's in ``lib/libop_plugin_atb.so``;
+* ``npu_fused_infer_attention_score_v2`` with ``.out`` and
+  ``_npu_fused_infer_attention_score_v2_get_max_workspace`` (the sinks path): TND over a
+  paged cache, sparse_mode 3 (causal) or 4 (band: a sliding window of ``pre_tokens``), with
+  an optional ``learnable_sink`` (one logit per query head added to the softmax
+  denominator). Its ``.out`` is registered like v1's (``Tensor[] out``) and treated the same.
 """
 
 from __future__ import annotations
@@ -35,6 +49,8 @@ from torch import Tensor
 
 from ascendgraph import reference
 from sim.facade.contracts import check
+import math
+
 from sim.kernels import paged_attention_ref, reshape_and_cache_ref
 
 __all__ = ["NAMESPACE", "SCHEMAS", "FacadeOpPacket", "exported_ops", "WORKSPACE_ELEMENTS"]
@@ -42,6 +58,9 @@ __all__ = ["NAMESPACE", "SCHEMAS", "FacadeOpPacket", "exported_ops", "WORKSPACE_
 NAMESPACE = "npu_facade"
 WORKSPACE_ELEMENTS = 4096  # what the facade's workspace query returns (the size is not modelled)
 FIA = "npu_fused_infer_attention_score"
+FIA_V2 = "npu_fused_infer_attention_score_v2"
+PAGED_ATTENTION = "_npu_paged_attention"
+SCATTER_PA_KV_CACHE = "npu_scatter_pa_kv_cache"
 
 _FIA_ARGS = (
     "Tensor query, Tensor key, Tensor value, *, Tensor? pse_shift=None, Tensor? atten_mask=None, "
@@ -56,6 +75,29 @@ _FIA_ARGS = (
     "int next_tokens=2147483647, str input_layout=\"BSH\", int num_key_value_heads=0, int sparse_mode=0, "
     "int inner_precise=0, int block_size=0, int antiquant_mode=0, int key_antiquant_mode=0, "
     "int value_antiquant_mode=0, bool softmax_lse_flag=False"
+)
+
+# torch-npu 2.13.0 csrc/aten/npu_native_functions_by_codegen.yaml:361-367 (v2 and its workspace query).
+_FIA_V2_ARGS = (
+    "Tensor query, Tensor key, Tensor value, *, Tensor? query_rope=None, Tensor? key_rope=None, "
+    "Tensor? pse_shift=None, Tensor? atten_mask=None, SymInt[]? actual_seq_qlen=None, "
+    "SymInt[]? actual_seq_kvlen=None, Tensor? block_table=None, Tensor? dequant_scale_query=None, "
+    "Tensor? dequant_scale_key=None, Tensor? dequant_offset_key=None, Tensor? dequant_scale_value=None, "
+    "Tensor? dequant_offset_value=None, Tensor? dequant_scale_key_rope=None, Tensor? quant_scale_out=None, "
+    "Tensor? quant_offset_out=None, Tensor? quant_scale_p=None, Tensor? learnable_sink=None, "
+    "int num_query_heads=1, int num_key_value_heads=0, float softmax_scale=1.0, int pre_tokens=2147483647, "
+    "int next_tokens=2147483647, str input_layout=\"BSH\", int sparse_mode=0, int block_size=0, "
+    "int query_quant_mode=0, int key_quant_mode=0, int value_quant_mode=0, int inner_precise=0, "
+    "bool return_softmax_lse=False, int? query_dtype=None, int? key_dtype=None, int? value_dtype=None, "
+    "int? query_rope_dtype=None, int? key_rope_dtype=None, int? key_shared_prefix_dtype=None, "
+    "int? value_shared_prefix_dtype=None, int? dequant_scale_query_dtype=None, int? dequant_scale_key_dtype=None, "
+    "int? dequant_scale_value_dtype=None, int? dequant_scale_key_rope_dtype=None, int? out_dtype=None"
+)
+# The ATB paged attention (lib/libop_plugin_atb.so atb::_npu_paged_attention: query, key_cache,
+# value_cache, long, long, double, block_table, context_lens, Tensor& out, optional workspace).
+_PA_ARGS = (
+    "Tensor query, Tensor key_cache, Tensor value_cache, int num_kv_heads, int num_heads, float scale_value, "
+    "Tensor block_table, Tensor context_lens"
 )
 
 # name (with overload) -> schema after the name; torch-npu 2.13.0 (see the module docstring).
@@ -94,6 +136,17 @@ SCHEMAS: dict[str, str] = {
         "(Tensor positions, Tensor(a!) query, Tensor(b!) key, int head_size, Tensor cos_sin_cache, "
         "bool is_neox) -> ()"
     ),
+    # npu_native_functions_by_codegen.yaml:775 (the registered schema, verbatim).
+    SCATTER_PA_KV_CACHE: (
+        "(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, Tensor slot_mapping, *, "
+        "Tensor? compress_lens=None, Tensor? compress_seq_offsets=None, Tensor? seq_lens=None, "
+        "str? cache_mode='PA_NZ') -> ()"
+    ),
+    PAGED_ATTENTION: f"({_PA_ARGS}, Tensor(a!) out, Tensor? workspace=None) -> ()",
+    "_npu_paged_attention_get_workspace": f"({_PA_ARGS}, Tensor out) -> Tensor",
+    FIA_V2: f"({_FIA_V2_ARGS}) -> (Tensor, Tensor)",
+    f"{FIA_V2}.out": f"({_FIA_V2_ARGS}, Tensor? workspace=None, Tensor(a!)[] out) -> ()",
+    "_npu_fused_infer_attention_score_v2_get_max_workspace": f"({_FIA_V2_ARGS}) -> Tensor",
 }
 
 
@@ -271,6 +324,100 @@ def rotary_embedding(a: dict[str, Any], fake: bool) -> None:
     key.copy_(k)
 
 
+def scatter_pa_kv_cache(a: dict[str, Any], fake: bool) -> None:
+    mode = a["cache_mode"]
+    if mode not in (None, "Norm") or a["key"].dim() != 3:
+        raise NotImplementedError(
+            f"sim.facade models {SCATTER_PA_KV_CACHE} with cache_mode='Norm' (ND caches [blocks, block_size, "
+            f"kv_heads, D]) and 3-D key/value only, got cache_mode={mode!r}, key of {a['key'].dim()} dims "
+            "(the NZ layout and the compressed scene are not modelled)"
+        )
+    if not fake:
+        reshape_and_cache_ref(a["key"], a["value"], a["key_cache"], a["value_cache"], a["slot_mapping"])
+
+
+def paged_attention(a: dict[str, Any], fake: bool) -> None:
+    if fake:
+        return
+    query, out = a["query"], a["out"]
+    lens = [int(v) for v in a["context_lens"].reshape(-1).tolist()]
+    result = torch.zeros(query.shape, dtype=out.dtype)
+    ends = list(range(1, len(lens) + 1))  # decode: one query token per request
+    paged_attention_ref(query, a["key_cache"], a["value_cache"], a["block_table"], ends, lens,
+                        float(a["scale_value"]), result)
+    out.copy_(result.reshape(out.shape))
+
+
+def paged_attention_workspace(a: dict[str, Any], fake: bool) -> Tensor:
+    return torch.empty(WORKSPACE_ELEMENTS, dtype=torch.uint8, device=a["query"].device)
+
+
+def _attend_v2(a: dict[str, Any], out: Tensor) -> None:
+    """TND over a paged cache: causal (sparse 3) or a band of ``pre_tokens`` (sparse 4), each
+    query head's ``learnable_sink`` logit joining the softmax denominator."""
+    if a["input_layout"] != "TND" or a["block_table"] is None or int(a["sparse_mode"]) not in (3, 4):
+        raise NotImplementedError(
+            f"sim.facade models {FIA_V2} in TND layout with page attention and sparse_mode 3 or 4 only, got "
+            f"input_layout={a['input_layout']!r}, block_table={'given' if a['block_table'] is not None else None}, "
+            f"sparse_mode={a['sparse_mode']}"
+        )
+    query, key, value, table = a["query"], a["key"], a["value"], a["block_table"]
+    heads = int(a["num_query_heads"])
+    kv_heads = int(a["num_key_value_heads"]) or heads
+    head_dim = query.shape[-1]
+    block_size = key.shape[1]
+    k_cache = key.reshape(key.shape[0], block_size, kv_heads, head_dim)
+    v_cache = value.reshape(value.shape[0], block_size, kv_heads, -1)
+    window = int(a["pre_tokens"]) if int(a["sparse_mode"]) == 4 else None
+    sink = a["learnable_sink"]
+    scale = float(a["softmax_scale"])
+    ends = [int(v) for v in a["actual_seq_qlen"] or []]
+    lens = [int(v) for v in a["actual_seq_kvlen"] or []]
+    out.zero_()
+    start = 0
+    for request, (stop, kv_len) in enumerate(zip(ends, lens)):
+        q_len = stop - start
+        if q_len > 0 and kv_len > 0:
+            blocks = math.ceil(kv_len / block_size)
+            rows = table[request, :blocks].long()
+            k = k_cache[rows].reshape(-1, kv_heads, head_dim)[:kv_len].float()
+            v = v_cache[rows].reshape(-1, kv_heads, v_cache.shape[-1])[:kv_len].float()
+            k = k.repeat_interleave(heads // kv_heads, dim=1)
+            v = v.repeat_interleave(heads // kv_heads, dim=1)
+            q = query[start:stop].float()
+            scores = torch.einsum("qhd,lhd->hql", q, k) * scale
+            last = kv_len - q_len + torch.arange(q_len).view(q_len, 1)
+            position = torch.arange(kv_len).view(1, kv_len)
+            visible = position <= last
+            if window is not None:
+                visible &= position > last - window
+            scores = scores.masked_fill(~visible.unsqueeze(0), float("-inf"))
+            if sink is not None:
+                sink_logits = sink.float().view(heads, 1, 1).expand(heads, q_len, 1)
+                probs = torch.softmax(torch.cat([scores, sink_logits], dim=-1), dim=-1)[..., :kv_len]
+            else:
+                probs = torch.softmax(scores, dim=-1)
+            out[start:stop] = torch.einsum("hql,lhd->qhd", probs, v).to(out.dtype).reshape(out[start:stop].shape)
+        start = stop
+
+
+def fia_v2(a: dict[str, Any], fake: bool) -> Any:
+    query = a["query"]
+    attn = torch.empty_like(query)
+    lse = _lse(query, bool(a["return_softmax_lse"]))
+    if not fake:
+        _attend_v2(a, attn)
+    return attn, lse
+
+
+def fia_v2_out(a: dict[str, Any], fake: bool) -> None:
+    out = a["out"]
+    if not isinstance(out, (list, tuple)) or len(out) != 2:
+        raise RuntimeError(f"{FIA_V2}.out takes out=[attention_out, softmax_lse], got {out!r}")
+    if not fake:
+        _attend_v2(a, out[0])
+
+
 IMPLEMENTATIONS: dict[str, Callable[[dict[str, Any], bool], Any]] = {
     FIA: fia,
     f"{FIA}.out": fia_out,
@@ -284,6 +431,12 @@ IMPLEMENTATIONS: dict[str, Callable[[dict[str, Any], bool], Any]] = {
     "npu_add_rms_norm_dynamic_quant": add_rms_norm_dynamic_quant,
     "_npu_reshape_and_cache": reshape_and_cache,
     "_npu_rotary_embedding": rotary_embedding,
+    SCATTER_PA_KV_CACHE: scatter_pa_kv_cache,
+    PAGED_ATTENTION: paged_attention,
+    "_npu_paged_attention_get_workspace": paged_attention_workspace,
+    FIA_V2: fia_v2,
+    f"{FIA_V2}.out": fia_v2_out,
+    "_npu_fused_infer_attention_score_v2_get_max_workspace": fia_workspace,
 }
 # Which contract-table entry checks each op (the infer-output helper takes a subset of FIA's
 # arguments and has no rules of its own).
@@ -292,7 +445,12 @@ CONTRACT_KERNEL: dict[str, Optional[str]] = {
     f"{FIA}.out": FIA,
     "_npu_fused_infer_attention_score_get_max_workspace": FIA,
     "_npu_fused_infer_attention_score_infer_output": None,
+    "_npu_paged_attention_get_workspace": PAGED_ATTENTION,
+    f"{FIA_V2}.out": FIA_V2,
+    "_npu_fused_infer_attention_score_v2_get_max_workspace": FIA_V2,
 }
+# Kernels exported as a `FacadeOpPacket` (an ``.out`` that returns the out tensors).
+_PACKETS_WITH_OUT = (FIA, FIA_V2)
 
 
 # --------------------------------------------------------------------------- registration
@@ -333,8 +491,8 @@ def register() -> None:
 
 
 class FacadeOpPacket:
-    """``torch_npu.npu_fused_infer_attention_score``: callable, with ``.default`` and an
-    ``.out`` that returns ``(attention_out, softmax_lse)`` as the registered overload does."""
+    """``torch_npu.npu_fused_infer_attention_score`` (and ``_v2``): callable, with ``.default``
+    and an ``.out`` that returns ``(attention_out, softmax_lse)`` as the registered overload does."""
 
     def __init__(self, name: str) -> None:
         self.__name__ = name
@@ -361,5 +519,6 @@ def exported_ops() -> dict[str, Any]:
         base = name.partition(".")[0]
         if base in exported:
             continue
-        exported[base] = FacadeOpPacket(base) if base == FIA else getattr(getattr(torch.ops, NAMESPACE), base)
+        exported[base] = (FacadeOpPacket(base) if base in _PACKETS_WITH_OUT
+                          else getattr(getattr(torch.ops, NAMESPACE), base))
     return exported

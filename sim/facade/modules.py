@@ -5,11 +5,22 @@
 `sim.facade.npu` (one module, late-bound), ``torch_npu._C`` (``_weak_ref_tensor``,
 ``_NPUTaskGroupHandle``). Built once per process; `install()` puts them in
 ``sys.modules`` and on ``torch``, `uninstall()` takes them away again.
+
+Importable by real code. Every module carries a ``ModuleSpec`` (transformers asks
+``importlib.util.find_spec("torch_npu")``, which raises for a module without one). Names
+that vLLM Ascend and transformers read when they are *imported* exist even where graph mode
+never calls them (`IMPORT_TIME_NAMES`): the NPU-only dtypes as torch_npu's dtype codes,
+a few ``torch.npu`` memory/device queries answered from the SimDevice, and
+`NotModelled` placeholders whose call raises one line
+("torch_npu.X is not modelled by the simulator"). Each name is checked against the
+torch-npu 2.13.0 wheel (tests/hw/test_torch_npu_contract.py).
 """
 
 from __future__ import annotations
 
+import importlib.machinery
 import sys
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Optional
 
@@ -20,7 +31,8 @@ from sim.facade import kernels, npu
 from sim.facade.runtime import runtime
 from sim.facade.weak_refs import weak_ref_tensor
 
-__all__ = ["FACADE_MARK", "VERSION", "facade_modules", "torch_npu_module"]
+__all__ = ["FACADE_MARK", "VERSION", "facade_modules", "torch_npu_module", "NotModelled", "NPU_DTYPE_CODES",
+           "PLACEHOLDERS", "NPU_MODULE_EXTRAS"]
 
 FACADE_MARK = "__ascendgraph_facade__"
 DEVICE_TYPE_ATTRIBUTE = "__ascendgraph_torch_device_type__"
@@ -38,11 +50,105 @@ def _get_cann_version(module: str = "CANN") -> str:
     return profile.hdk_version if module == "DRIVER" else profile.cann_version
 
 
+class NotModelled:
+    """A torch_npu name that exists so importing code works; calling it says plainly that the
+    simulator does not model it (a kernel graph mode never issues, an MoE/MLA/quantised op...)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.__name__ = path.rpartition(".")[2]
+        self.__qualname__ = self.__name__
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"{self.path} is not modelled by the simulator (sim.facade; docs/vllm-ascend.md)")
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return NotModelled(f"{self.path}.{name}")  # .default / .out overloads
+
+    def __repr__(self) -> str:
+        return f"<{self.path}: not modelled by the simulator>"
+
+
+# torch_npu's own dtypes are integer codes beside torch's ScalarTypes (torch-npu 2.13.0
+# torch_npu/op_plugin/meta/_meta_registrations.py:57-69, TORCH_NPU_DTYPE_TO_STRING_MAP);
+# vLLM Ascend's MoE / quantisation modules read them at import time.
+NPU_DTYPE_CODES: dict[str, int] = {"int4": 285, "hifloat8": 290, "float8_e8m0fnu": 293,
+                                   "float4_e2m1fn_x2": 296, "float4_e1m2fn_x2": 297}
+
+# torch_npu kernels that importing code names but graph mode on the facade does not issue.
+PLACEHOLDERS: tuple[str, ...] = (
+    "npu_fusion_attention",  # vllm_ascend/attention/attention_v1.py _forward_encoder_attention (pooling models)
+    "npu_format_cast",  # vllm_ascend weight/cache format casts (NZ layouts are not modelled)
+    "get_npu_format",
+)
+
+
+@dataclass(frozen=True)
+class _DeviceProperties:
+    """What ``torch.npu.get_device_properties()`` reports (torch_npu's _NPUDeviceProperties fields)."""
+
+    name: str
+    total_memory: int
+    cube_core_num: int = 24
+    vector_core_num: int = 48
+    L2_cache_size: int = 192 * 1024 * 1024
+
+
+def _memory_stats(device: Any = None) -> dict[str, int]:
+    allocated = int(runtime().device.memory_allocated())
+    return {"allocated_bytes.all.current": allocated, "allocated_bytes.all.peak": allocated,
+            "reserved_bytes.all.current": allocated, "reserved_bytes.all.peak": allocated}
+
+
+def _max_memory_allocated(device: Any = None) -> int:
+    return int(runtime().device.memory_allocated())
+
+
+def _reset_peak_memory_stats(device: Any = None) -> None:
+    """Peaks are not tracked separately from the current allocation: nothing to reset."""
+
+
+def _get_device_properties(device: Any = None) -> _DeviceProperties:
+    rt = runtime()
+    return _DeviceProperties(name=rt.device_name, total_memory=int(rt.device.profile.memory_bytes))
+
+
+class _NpuConfig:
+    """``torch.npu.config``: torch_npu's option object (``allow_internal_format``); setting an
+    option is remembered, nothing else changes on the simulator."""
+
+    allow_internal_format = False
+
+
+# Names added to ``torch.npu`` (= sim.facade.npu) when the module does not define them itself:
+# vLLM Ascend's worker / platform and transformers read them at import or set-up time.
+NPU_MODULE_EXTRAS: dict[str, Any] = {
+    "memory_stats": _memory_stats,
+    "max_memory_allocated": _max_memory_allocated,
+    "reset_peak_memory_stats": _reset_peak_memory_stats,
+    "get_device_properties": _get_device_properties,
+    "config": _NpuConfig(),
+}
+
+
 _MODULES: Optional[dict[str, ModuleType]] = None
+
+
+def _spec(module: ModuleType, *, package: bool) -> None:
+    """A ModuleSpec as an import would have left (no loader: the module is built in memory)."""
+    spec = importlib.machinery.ModuleSpec(module.__name__, None, is_package=package)
+    if package:
+        spec.submodule_search_locations = []
+    module.__spec__ = spec
+    module.__loader__ = None
+    module.__package__ = module.__name__ if package else module.__name__.rpartition(".")[0]
 
 
 def _module(name: str, doc: str, **attributes: Any) -> ModuleType:
     module = ModuleType(name, doc)
+    _spec(module, package=name == "torch_npu")
     setattr(module, FACADE_MARK, True)
     for key, value in attributes.items():
         setattr(module, key, value)
@@ -54,6 +160,9 @@ def facade_modules() -> dict[str, ModuleType]:
     global _MODULES
     if _MODULES is None:
         setattr(npu, FACADE_MARK, True)
+        for name, value in NPU_MODULE_EXTRAS.items():
+            if not hasattr(npu, name):
+                setattr(npu, name, value)
         c_module = _module("torch_npu._C", "torch_npu._C on the simulator (sim.facade)",
                            _weak_ref_tensor=_weak_ref_tensor, _NPUTaskGroupHandle=TaskGroup)
         version = _module("torch_npu.version", "torch_npu.version (sim.facade)", __version__=VERSION)
@@ -62,12 +171,15 @@ def facade_modules() -> dict[str, ModuleType]:
 
         profiler_module = profiler.module()
         setattr(profiler_module, FACADE_MARK, True)
+        if getattr(profiler_module, "__spec__", None) is None:
+            _spec(profiler_module, package=False)
         top = _module(
             "torch_npu",
             "torch_npu on the ascendgraph simulator (sim.facade): graph API, streams, events, memory and the "
             "kernels graph code calls, backed by a SimDevice; tensors are CPU tensors.",
             npu=npu, _C=c_module, version=version, utils=utils, profiler=profiler_module, __version__=VERSION, __path__=[],
-            **{DEVICE_TYPE_ATTRIBUTE: "cpu"}, **kernels.exported_ops(),
+            **{DEVICE_TYPE_ATTRIBUTE: "cpu"}, **NPU_DTYPE_CODES,
+            **{name: NotModelled(f"torch_npu.{name}") for name in PLACEHOLDERS}, **kernels.exported_ops(),
         )
         _MODULES = {"torch_npu": top, "torch_npu.npu": npu, "torch_npu._C": c_module,
                     "torch_npu.version": version, "torch_npu.utils": utils,

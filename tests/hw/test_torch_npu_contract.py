@@ -162,8 +162,10 @@ from sim.facade import profiler as facade_profiler  # noqa: E402
 # libtorch_npu.so registers these names where the yaml differs (wheel notes §1.2): the
 # first argument of npu_rms_norm / npu_quantize is `input`, .out takes `Tensor[] out`.
 REGISTERED_RENAMES = {"npu_rms_norm": {"input"}, "npu_quantize": {"input"},
-                      "npu_fused_infer_attention_score.out": {"out"}}
-ATB_KERNELS = ("_npu_reshape_and_cache", "_npu_rotary_embedding")
+                      "npu_fused_infer_attention_score.out": {"out"},
+                      "npu_fused_infer_attention_score_v2.out": {"out"}}
+ATB_KERNELS = ("_npu_reshape_and_cache", "_npu_rotary_embedding", "_npu_paged_attention",
+               "_npu_paged_attention_get_workspace")
 # What the facade adds for tests: not torch_npu names, and never reached by code under test.
 FACADE_ONLY = {"sim_graph"}
 
@@ -231,7 +233,7 @@ def test_every_facade_kernel_exists_in_the_wheel_and_its_keywords_are_schema_key
 
 
 def test_every_facade_module_level_name_exists_in_the_wheel(wheel: TorchNpuWheel) -> None:
-    from sim.facade.modules import DEVICE_TYPE_ATTRIBUTE, FACADE_MARK, facade_modules
+    from sim.facade.modules import DEVICE_TYPE_ATTRIBUTE, FACADE_MARK, NPU_DTYPE_CODES, facade_modules
 
     top = facade_modules()["torch_npu"]
     missing = []
@@ -240,7 +242,9 @@ def test_every_facade_module_level_name_exists_in_the_wheel(wheel: TorchNpuWheel
             continue
         if name in facade_kernels.SCHEMAS or name in ATB_KERNELS:
             continue  # checked above
-        if wheel.resolve(f"torch_npu.{name}") is None:
+        if name in NPU_DTYPE_CODES:  # C-level dtypes: checked against the wheel's code map below
+            continue
+        if wheel.resolve(f"torch_npu.{name}") is None and name not in wheel.op_schemas:
             missing.append(name)
     for name in ("_weak_ref_tensor", "_NPUTaskGroupHandle"):
         if not wheel.c_binding_exists(name):
@@ -249,6 +253,32 @@ def test_every_facade_module_level_name_exists_in_the_wheel(wheel: TorchNpuWheel
         if wheel.resolve(f"torch_npu.profiler.{name}") is None:
             missing.append(f"profiler.{name}")
     assert not missing, missing
+
+
+def test_the_facade_npu_dtypes_are_the_wheels_codes(wheel: TorchNpuWheel) -> None:
+    """torch_npu.hifloat8 & co. are C-level names; their codes are in the wheel's meta map."""
+    from sim.facade.modules import NPU_DTYPE_CODES
+
+    tree = wheel.tree("torch_npu/op_plugin/meta/_meta_registrations.py")
+    table = next(ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                 and any(getattr(t, "id", "") == "TORCH_NPU_DTYPE_TO_STRING_MAP" for t in node.targets))
+    assert {f"torch_npu.{name}": code for name, code in NPU_DTYPE_CODES.items()} == {v: k for k, v in table.items()}
+
+
+def test_every_name_the_facade_adds_to_torch_npu_npu_exists_in_the_wheel(wheel: TorchNpuWheel) -> None:
+    from sim.facade.modules import NPU_MODULE_EXTRAS
+
+    missing = [name for name in NPU_MODULE_EXTRAS if wheel.resolve(f"torch_npu.npu.{name}") is None]
+    assert not missing, missing
+
+
+def test_a_placeholder_says_the_simulator_does_not_model_it() -> None:
+    from sim.facade.modules import PLACEHOLDERS, facade_modules
+
+    top = facade_modules()["torch_npu"]
+    for name in PLACEHOLDERS:
+        with pytest.raises(NotImplementedError, match=rf"^torch_npu\.{name} is not modelled by the simulator"):
+            getattr(top, name)(1, key=2)
 
 
 def test_every_api_hw_declares_resolves_on_the_facade() -> None:

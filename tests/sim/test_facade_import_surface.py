@@ -1,0 +1,55 @@
+"""The facade as real code imports it: module specs, import-time names, and the opt-in
+``npu`` device spelling of ``python -m sim.facade --npu-device --`` (each in a subprocess:
+the rename of PrivateUse1 cannot be undone in a process)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+PROBE = """
+import importlib.util, torch, torch_npu
+print(importlib.util.find_spec("torch_npu").name, torch_npu.__spec__.name, torch_npu.hifloat8)
+try:
+    device = torch.device("npu:0")
+    print("device", device.type, device.index, torch.zeros(2).npu().device.type)
+except RuntimeError as exc:
+    print("no npu device:", str(exc).splitlines()[0])
+"""
+
+
+def _run(*launcher: str) -> list[str]:
+    env = {k: v for k, v in os.environ.items() if k != "ASCENDGRAPH_FACADE_NPU_DEVICE"}
+    done = subprocess.run([sys.executable, "-m", "sim.facade", *launcher, "--", sys.executable, "-c", PROBE],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+def test_find_spec_and_dtype_codes_work_under_the_facade_and_npu_stays_unspelled_by_default() -> None:
+    spec_line, device_line = _run()
+    assert spec_line == "torch_npu torch_npu 290"
+    assert device_line.startswith("no npu device:")
+
+
+def test_npu_device_flag_spells_privateuse1_npu_and_tensor_npu_keeps_the_cpu_tensor() -> None:
+    spec_line, device_line = _run("--npu-device")
+    assert spec_line == "torch_npu torch_npu 290"
+    assert device_line == "device npu 0 cpu"
+
+
+@pytest.mark.parametrize("name", ["memory_stats", "max_memory_allocated", "reset_peak_memory_stats",
+                                  "get_device_properties", "config"])
+def test_torch_npu_npu_has_the_names_vllm_ascend_reads_at_set_up(name: str) -> None:
+    from sim.facade.modules import facade_modules
+
+    npu = facade_modules()["torch_npu.npu"]
+    assert hasattr(npu, name)
+    if name == "get_device_properties":
+        props = npu.get_device_properties(0)
+        assert props.name == "Ascend910B3" and props.total_memory > 0
+    if name == "memory_stats":
+        assert set(npu.memory_stats()) >= {"allocated_bytes.all.current", "allocated_bytes.all.peak"}

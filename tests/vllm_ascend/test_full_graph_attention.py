@@ -1,0 +1,178 @@
+"""vLLM Ascend's attention backend captured in a FULL graph on the facade, driven by its own
+code: ACLGraphWrapper (compilation/acl_graph.py) captures AscendAttentionBackendImpl.forward
+of two layers (the KV write through npu_scatter_pa_kv_cache, then full_graph_fia: workspace
+query, ExternalEvent wait/reset, task group around npu_fused_infer_attention_score.out);
+each step then runs in the model runner's order (worker/model_runner_v1.py:2650-2657:
+replay, then update_full_graph_params -> AscendAttentionBackendImpl.update_graph_params:
+task update, .out re-issued with the step's lengths, event record).
+
+8 query heads over 2 KV heads of 128, bf16, 16 blocks of 128: the shapes of the
+feasibility run. Eager reference: the same layers on copies of the caches, without graph
+and without padding; outputs and caches must be bitwise equal."""
+
+from __future__ import annotations
+
+import harness
+
+harness.require()
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from vllm.compilation.cuda_graph import CUDAGraphOptions  # noqa: E402
+from vllm.compilation.monitor import set_cudagraph_capturing_enabled  # noqa: E402
+from vllm.config import CUDAGraphMode  # noqa: E402
+
+import vllm_ascend.ops  # noqa: E402,F401  (before attention_v1, as the model runner imports it)
+from ascendgraph.errors import CaptureConstraintError, GraphHang  # noqa: E402
+from sim import facade  # noqa: E402
+from vllm_ascend.attention.attention_v1 import AscendAttentionBackend  # noqa: E402
+from vllm_ascend.compilation import acl_graph  # noqa: E402
+
+SIZE = 8
+
+
+@pytest.fixture(autouse=True)
+def fresh() -> None:
+    facade.configure()
+    harness.reset_vllm_ascend_state()
+    set_cudagraph_capturing_enabled(True)
+
+
+class FullGraphRun:
+    """One FULL graph of SIZE tokens over TwoLayers, and its eager twin."""
+
+    def __init__(self, mode: str = "FULL", *, sinks: bool = False, **additional: object) -> None:
+        self.config = harness.vllm_config(mode, **additional)
+        self.sinks = sinks
+        options = {}
+        if sinks:  # one learnable sink logit per query head (bf16, (Q_N,): the v2 op doc's shape)
+            options["sinks"] = (torch.linspace(-1, 1, harness.HEADS)).to(torch.bfloat16)
+        self.model = harness.TwoLayers(self.config, SIZE, **options)
+        self.eager = harness.TwoLayers(self.config, SIZE, **options)
+        for graph_layer, eager_layer in zip(self.model.layers, self.eager.layers):
+            eager_layer.kv_cache = graph_layer.clone_cache()
+        self.mask = harness.split_fuse_mask()
+        acl_graph.set_graph_params([SIZE])
+        self.wrapper = acl_graph.ACLGraphWrapper(self.model, self.config, CUDAGraphMode.FULL,
+                                                 CUDAGraphOptions(gc_disable=True))
+        self.update_stream = torch.npu.Stream()
+
+    def capture(self) -> None:
+        # The capture batch: SIZE decode requests of KV length 1 (a dummy run's shape).
+        step = harness.Step([1] * SIZE, [1] * SIZE, padded_to=SIZE, state="DecodeOnly")
+        self.model.load_inputs(step, seed=999)
+        with harness.forward_context(self.config, self.model.metadata(step, self.mask), "FULL", SIZE,
+                                     sinks=self.sinks) as context:
+            self.wrapper()
+            assert context.capturing is True  # ACLGraphWrapper set it (acl_graph.py:183)
+
+    def step(self, step: harness.Step, seed: int, *, update: bool = True) -> None:
+        self.model.load_inputs(step, seed)
+        with harness.forward_context(self.config, self.model.metadata(step, self.mask), "FULL", SIZE,
+                                     sinks=self.sinks) as context:
+            self.wrapper()
+            if update:
+                acl_graph.update_full_graph_params(AscendAttentionBackend, self.update_stream, context, SIZE,
+                                                   harness.update_config(self.config))
+        torch.npu.synchronize()
+
+    def eager_step(self, step: harness.Step, seed: int) -> None:
+        unpadded = harness.Step(step.q_lens, step.kv_lens, state=step.state)
+        self.eager.load_inputs(unpadded, seed)
+        self.eager.tokens = unpadded.num_actual_tokens  # eagerly the runner does not pad
+        with harness.forward_context(self.config, self.eager.metadata(unpadded, self.mask), "NONE", SIZE,
+                                     sinks=self.sinks):
+            self.eager()
+
+    def assert_equal(self, step: harness.Step) -> None:
+        n = step.num_actual_tokens
+        for graph_out, eager_out in zip(self.model.outputs, self.eager.outputs):
+            assert torch.equal(graph_out[:n], eager_out[:n])
+        for graph_layer, eager_layer in zip(self.model.layers, self.eager.layers):
+            assert torch.equal(graph_layer.kv_cache, eager_layer.kv_cache)
+
+
+STEPS = [  # (q_lens, kv_lens): a prefill chunk beside decodes, then decodes growing, then fewer requests
+    ([3, 1, 1], [3, 40, 130]),
+    ([1, 1, 1], [4, 41, 131]),
+    ([2, 1], [6, 42]),
+    ([1, 1, 1, 1], [7, 43, 5, 200]),
+]
+
+
+def test_full_capture_then_per_step_update_in_the_model_runners_order_is_bitwise_eager() -> None:
+    run = FullGraphRun()
+    log = harness.KernelLog()
+    with log.recording():
+        run.capture()
+        for index, (q_lens, kv_lens) in enumerate(STEPS):
+            step = harness.Step(q_lens, kv_lens, padded_to=SIZE)
+            run.step(step, seed=index)
+            run.eager_step(step, seed=index)
+            run.assert_equal(step)
+    graph = run.wrapper.concrete_aclgraph_entries
+    assert len(graph) == 1
+    kernels = set(log.kernels())
+    assert {"npu_scatter_pa_kv_cache", "npu_fused_infer_attention_score"} <= kernels
+    assert log.violations() == []
+
+
+def test_a_replay_without_its_update_is_refused() -> None:
+    run = FullGraphRun()
+    run.capture()
+    first = harness.Step(*STEPS[0], padded_to=SIZE)
+    run.step(first, seed=0)
+    # Without update_full_graph_params nothing records the layers' ExternalEvents: on a card
+    # the replay waits forever; the facade refuses at the synchronize that would block.
+    with pytest.raises(GraphHang, match="waiting on external event"):
+        run.step(harness.Step(*STEPS[1], padded_to=SIZE), seed=1, update=False)
+
+
+DECODE_STEPS = [  # uniform decode batches of fewer requests than the graph's SIZE
+    ([1] * 5, [9, 40, 130, 2, 77]),
+    ([1] * 5, [10, 41, 131, 3, 78]),
+    ([1] * 3, [11, 42, 132]),
+    ([1] * 8, [12, 43, 133, 4, 79, 1, 5, 200]),
+]
+
+
+def test_full_decode_only_through_the_paged_attention_branch_is_bitwise_eager() -> None:
+    # FULL_DECODE_ONLY with the graph size in pa_shape_list: DecodeOnly batches take
+    # forward_paged_attention (attention/utils.py:170-186 using_paged_attention), captured by
+    # full_graph_pa (_npu_paged_attention_get_workspace, ExternalEvent, task group around
+    # _npu_paged_attention) and updated with each step's context lengths.
+    run = FullGraphRun("FULL_DECODE_ONLY", pa_shape_list=[SIZE])
+    graph_log, eager_log = harness.KernelLog(), harness.KernelLog()
+    with graph_log.recording():
+        run.capture()
+    for index, (q_lens, kv_lens) in enumerate(DECODE_STEPS):
+        step = harness.Step(q_lens, kv_lens, padded_to=SIZE, state="DecodeOnly", uniform=True)
+        with graph_log.recording():
+            run.step(step, seed=index)
+        with eager_log.recording():  # eagerly, batch sizes outside pa_shape_list take the FIA
+            run.eager_step(step, seed=index)
+        run.assert_equal(step)
+    graph_kernels = set(graph_log.kernels())
+    assert {"npu_scatter_pa_kv_cache", "_npu_paged_attention"} <= graph_kernels  # (+ its workspace query)
+    assert "npu_fused_infer_attention_score" not in graph_kernels
+    assert graph_log.violations() == [] and eager_log.violations() == []
+
+
+def test_the_sinks_path_runs_eagerly_through_fia_v2_and_its_capture_reads_a_host_tensor() -> None:
+    # Layers with learnable sinks take npu_fused_infer_attention_score_v2 (attention_v1.py:1383
+    # eagerly; full_graph_fia_v2 at capture). Eagerly the call passes the contract table. At
+    # capture full_graph_fia_v2 passes attn_metadata.seq_lens, the host int32 tensor, as
+    # actual_seq_kvlen (attention_v1.py:1091, 1139-1155): torch reads its values to bind the
+    # SymInt[] argument. On a card that read is host-only; the facade's tensors are all CPU
+    # tensors standing for device ones, so it cannot tell and refuses the read as a host sync
+    # during capture (docs/vllm-ascend.md "What cannot run yet").
+    run = FullGraphRun(sinks=True)
+    log = harness.KernelLog()
+    step = harness.Step(*STEPS[0])
+    with log.recording():
+        run.eager_step(step, seed=0)
+    assert set(log.kernels()) >= {"npu_fused_infer_attention_score_v2", "npu_scatter_pa_kv_cache"}
+    assert log.violations() == []
+    assert all(out[: step.num_actual_tokens].float().abs().sum() > 0 for out in run.eager.outputs)
+    with pytest.raises(CaptureConstraintError, match="Reading a tensor's value on the host"):
+        run.capture()
