@@ -80,7 +80,7 @@ def _paged_attention_calls(args: Sequence[Any], in_graph: bool) -> list[KernelCa
         atten_mask=_MASK,
         actual_seq_lengths=[int(v) for v in ends],
         actual_seq_lengths_kv=[int(v) for v in seq_lens],
-        block_table=block_table if block_table.dtype == torch.int32 else block_table.to(torch.int32),
+        block_table=_cast(block_table, torch.int32),
         num_heads=int(query.shape[1]),
         scale=float(scale),
         input_layout="TND",
@@ -104,21 +104,45 @@ class _MaskSpec:
 
 
 _MASK = _MaskSpec()
+_META = torch.device("meta")
+
+
+def _twin(value: Any, dtype: Any = None) -> Any:
+    """A meta tensor with ``value``'s sizes, strides and dtype (or ``dtype``): what hw's adapter
+    would hand the kernel after a ``.to(dtype)`` / ``.contiguous()``, without copying the data.
+
+    The contract rules read only metadata (sizes, dtype, contiguity), and these arguments exist
+    only to be checked; copying the real tensors was the largest single cost of recording a
+    graph (a float32 -> bfloat16 copy of the whole cos/sin cache per rotary call)."""
+    if value is None or not isinstance(value, torch.Tensor):
+        return value
+    if value.is_meta and (dtype is None or value.dtype == dtype):
+        return value
+    return torch.empty_strided(value.size(), value.stride(), dtype=dtype or value.dtype, device=_META)
+
+
+def _cast(value: Any, dtype: Any) -> Any:
+    """``value.to(dtype)`` as the kernel would see it: the tensor itself when already that dtype,
+    else a meta twin (rules read metadata only)."""
+    if value is None or value.dtype == dtype:
+        return value
+    return _twin(value, dtype)
 
 
 def _vector(values: Any, hidden: int) -> Any:
     if values is None:
         return None
+    values = _twin(values)
     return values.reshape(-1).expand(hidden) if values.numel() == 1 else values.reshape(hidden)
 
 
 def _norm_calls(op: str, args: Sequence[Any]) -> list[KernelCall]:
     if op == "rms_norm":
         x, weight, eps = args
-        return [KernelCall(RMS_NORM, dict(input=x, gamma=weight.to(x.dtype), epsilon=eps))]
+        return [KernelCall(RMS_NORM, dict(input=x, gamma=_cast(weight, x.dtype), epsilon=eps))]
     if op == "add_rms_norm":
         x, residual, weight, eps = args
-        return [KernelCall(ADD_RMS_NORM, dict(x1=x, x2=residual, gamma=weight.to(x.dtype), epsilon=eps))]
+        return [KernelCall(ADD_RMS_NORM, dict(x1=x, x2=residual, gamma=_cast(weight, x.dtype), epsilon=eps))]
     if op == "dynamic_quant":
         (x,) = args
         return [KernelCall(DYNAMIC_QUANT, dict(input=x))]
@@ -130,13 +154,13 @@ def _norm_calls(op: str, args: Sequence[Any]) -> list[KernelCall]:
                                           dtype=torch.qint8, axis=-1, div_mode=True))]
     if op == "add_rms_norm_dynamic_quant":
         x, residual, weight, eps = args
-        return [KernelCall(ADD_RMS_NORM_DYNAMIC_QUANT, dict(x1=x, x2=residual, gamma=weight.to(x.dtype), epsilon=eps,
+        return [KernelCall(ADD_RMS_NORM_DYNAMIC_QUANT, dict(x1=x, x2=residual, gamma=_cast(weight, x.dtype), epsilon=eps,
                                                             output_mask=[True, True]))]
     if op == "add_rms_norm_quant":
         x, residual, weight, scale, offset, eps = args
         hidden = int(x.shape[-1])
         return [KernelCall(ADD_RMS_NORM_QUANT, dict(
-            x1=x, x2=residual, gamma=weight.to(x.dtype), scales1=_vector(scale, hidden).contiguous(),
+            x1=x, x2=residual, gamma=_cast(weight, x.dtype), scales1=_vector(scale, hidden).contiguous(),
             zero_points1=None if offset is None else _vector(offset, hidden).contiguous(), axis=-1, epsilon=eps))]
     return []
 
@@ -144,10 +168,11 @@ def _norm_calls(op: str, args: Sequence[Any]) -> list[KernelCall]:
 def _rope_calls(args: Sequence[Any]) -> list[KernelCall]:
     positions, q, k, cos_sin_cache, head_size, is_neox = args
     tokens, rot = int(q.shape[0]), int(cos_sin_cache.shape[-1])
-    cache = cos_sin_cache if cos_sin_cache.dtype == q.dtype else cos_sin_cache.to(q.dtype)
-    # hw hands the kernel contiguous [T, heads * rot] copies (the leading rot features of every head).
-    q2 = q.reshape(tokens, -1, int(head_size))[..., :rot].reshape(tokens, -1).contiguous()
-    k2 = k.reshape(tokens, -1, int(head_size))[..., :rot].reshape(tokens, -1).contiguous()
+    cache = _cast(cos_sin_cache, q.dtype)
+    # hw hands the kernel contiguous [T, heads * rot] copies (the leading rot features of every
+    # head); their metadata is all the rules read, so the copies are made on the meta device.
+    q2 = _twin(q).reshape(tokens, -1, int(head_size))[..., :rot].reshape(tokens, -1).contiguous()
+    k2 = _twin(k).reshape(tokens, -1, int(head_size))[..., :rot].reshape(tokens, -1).contiguous()
     return [KernelCall(ROTARY_EMBEDDING, dict(positions=positions, query=q2, key=k2, head_size=rot,
                                               cos_sin_cache=cache, is_neox=bool(is_neox)))]
 
@@ -159,7 +184,7 @@ def _reshape_and_cache_calls(args: Sequence[Any]) -> list[KernelCall]:
     return [KernelCall(RESHAPE_AND_CACHE, dict(
         key=key.reshape(tokens, *key_cache.shape[2:]), value=value.reshape(tokens, *value_cache.shape[2:]),
         key_cache=key_cache, value_cache=value_cache,
-        slot_indices=slots if slots.dtype == torch.int32 else slots.to(torch.int32)))]
+        slot_indices=_cast(slots, torch.int32)))]
 
 
 def kernel_calls(op: str, args: Sequence[Any], *, in_graph: bool) -> list[KernelCall]:

@@ -134,3 +134,26 @@ def test_block_size_is_validated_against_the_attention_contract(block_size, lega
         with pytest.raises(ConfigError, match="paged_block_size") as info:
             GraphConfig.from_vllm_args(block_size=block_size)
         assert info.value.key == "block_size"
+
+
+def test_converted_arguments_are_metadata_twins_and_the_rules_still_fire_on_them() -> None:
+    """hw's adapters copy (``.to(dtype)``, ``.contiguous()``); the contract check builds those
+    arguments on the meta device instead (no copy of the cos/sin cache per call), with the
+    sizes, strides and dtypes the copies would have."""
+    q, k = torch.zeros(3, 64, dtype=torch.bfloat16), torch.zeros(3, 32, dtype=torch.bfloat16)
+    cache = torch.zeros(16, 16, dtype=torch.float32)
+    (rope,) = kernel_calls("rotary_embedding", (torch.arange(3), q, k, cache, 16, True), in_graph=True)
+    query, key, converted = rope.arguments["query"], rope.arguments["key"], rope.arguments["cos_sin_cache"]
+    assert query.is_meta and key.is_meta and converted.is_meta
+    assert (tuple(query.shape), query.is_contiguous(), query.dtype) == ((3, 64), True, torch.bfloat16)
+    assert (tuple(converted.shape), converted.dtype) == ((16, 16), torch.bfloat16)
+    with pytest.raises(KernelContractError, match="rope_dtype"):
+        check_op("rotary_embedding", (torch.arange(3), q.float(), k.float(), cache, 16, True), in_graph=True)
+    with pytest.raises(KernelContractError, match="rope_layout"):  # 2 positions for 3 tokens
+        check_op("rotary_embedding", (torch.arange(2), q, k, cache, 16, True), in_graph=True)
+    x = torch.zeros(3, 32, dtype=torch.bfloat16)
+    (norm,) = kernel_calls("rms_norm", (x, torch.ones(32, dtype=torch.float32), 1e-6), in_graph=True)
+    assert norm.arguments["gamma"].is_meta and norm.arguments["gamma"].dtype == torch.bfloat16
+    same = torch.ones(32, dtype=torch.bfloat16)
+    (norm,) = kernel_calls("rms_norm", (x, same, 1e-6), in_graph=True)
+    assert norm.arguments["gamma"] is same  # nothing to convert: the argument itself
