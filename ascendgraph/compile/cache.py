@@ -1,4 +1,10 @@
-"""Compile cache: the pass manager's rewritten graph, kept across runs.
+"""Compile cache: the traced graph of a model, and the pass manager's rewritten graph, kept across runs.
+
+Two kinds of entries. *Traced* entries (the second half of this module, `traced_key`) hold
+the whole compile's result — the aten graph Dynamo and aot_autograd produced, lowered and
+rewritten by the passes — so a later run of the same model, mode and passes traces nothing.
+*Pass* entries (below) are the finer-grained fallback used when a model is traced: they
+skip the passes' pattern matching for a graph seen before.
 
 Theory of operation. Every run compiles the same model the same way, and the costliest
 part of the passes is not matching but importing torch's inductor pattern matcher and
