@@ -2,23 +2,33 @@
 
 Sections (``--only NAME ...`` runs a subset; names in brackets):
 
-1. [run] ``ascendgraph run`` (default: tiny, 4 layers, 35 sizes, 210 graphs, 16 requests) in a
-   fresh process: wall time and peak RSS (``bench_proc.run_measured``);
+1. [run] ``ascendgraph run`` (default: tiny, 4 layers, 35 sizes, 210 graphs, 16 requests) twice in
+   fresh processes sharing a fresh cache directory: the first run (empty compile cache) and the
+   second (warm caches): wall time, CPU time and peak RSS (``bench_proc.run_measured``);
 2. [sim] simulator replay vs eager vs the floor, one decoder-block op sequence at batch
    1 / 8 / 64 (`bench_sim`): replay / eager, floor / eager, and replay's fraction of the way
-   from eager to the floor;
+   from eager to the floor (no goal: retired, replay is at the floor);
 3. [capture] capture of the 210 graphs in a fresh process with an empty compile cache
    (cold) and again with the cache the first one filled (warm; the goal is for warm, docs/decisions.md "Performance figures");
 4. [plan] the README's ``ascendgraph plan`` example in a fresh process;
 5. [api] ``ascendgraph.run(...)`` vs the same CLI run, idle and under a load the bench makes
    itself (one busy process per core);
-6. [scale] the scaling grid: capture time, pool bytes and peak RSS for layers 4 / 16 / 28 x
+6. [facade] a user's first test on the facade: one capture and replay of a test marked
+   ``npu`` under ``pytest -m npu --npu-facade``, in a fresh process (`FACADE_TEST`);
+7. [scale] the scaling grid: capture time, pool bytes and peak RSS for layers 4 / 16 / 28 x
    sizes 35 / 67 of the qwen3-0.6b-shaped preset (meta tensors, raised stream limit), with
    a line on how they grow (`bench_scale`);
-7. [modes] replay vs eager per graph mode on tiny (host CPU time and simulated device time);
-8. [padding] workload-aware / even-sampling padding waste (`bench_plan`);
-9. [suite] the default test suite's wall time, ``pytest -n auto`` — only with ``--suite``
-   ("not measured" otherwise).
+8. [modes] replay vs eager per graph mode on tiny (host CPU time and simulated device time);
+9. [padding] workload-aware / even-sampling padding waste (`bench_plan`);
+10. [suite] the default test suite (``make test``'s pytest command) — only with ``--suite``.
+
+The suite and ``.ci/run`` take minutes to tens of minutes; unless measured in this run their
+goal rows read the figure ``python -m bench --record suite|ci`` last wrote to
+``bench/recorded.json`` (command, wall and CPU seconds, load average, date).
+
+``--before TREE`` measures the process sections (run, capture, plan, api, facade) in a source
+tree of the code before a change as well, each right before the same measurement here, and
+prints the two side by side (the goals table is for this tree).
 
 Results go to the file ``--out`` names, else to a new temporary file (printed at the end);
 the tracked ``bench/results.json`` is written only with ``--update-baseline``. ``--quick`` is a
@@ -45,7 +55,13 @@ BASELINE = os.path.join(ROOT, "bench", "results.json")
 SCHEMA_VERSION = 2
 NESTED_ENV = "ASCENDGRAPH_BENCH_NESTED"  # set in the suite's subprocess: never benchmark recursively
 QUICK_MODES = ("FULL_DECODE_ONLY",)
-SECTIONS = ("run", "sim", "capture", "plan", "api", "scale", "modes", "padding", "suite")
+SECTIONS = ("run", "sim", "capture", "plan", "api", "facade", "scale", "modes", "padding", "suite")
+PROCESS_SECTIONS = ("run", "capture", "plan", "api", "facade")  # measured in a --before tree too
+RECORDED = os.path.join(ROOT, "bench", "recorded.json")
+RECORD_COMMANDS: dict[str, tuple[str, ...]] = {
+    "suite": (sys.executable, "-m", "pytest", "-n", "auto", "--dist", "worksteal", "-q", "-p", "no:cacheprovider"),
+    "ci": ("bash", ".ci/run"),
+}
 RESULT_KEYS = ("schema_version", "quick", "started", "environment", "sections", "goals", "seconds")
 NOT_MEASURED = "not measured"
 MIB = 2**20
@@ -79,27 +95,36 @@ def _fmt(value: Optional[float], digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def _env(**extra: str) -> dict[str, str]:
+def _env(root: str = ROOT, **extra: str) -> dict[str, str]:
     env = {**os.environ, **extra}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
     return env
+
+
+def _load() -> str:
+    return ", ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def _proc_row(figures: Any) -> dict[str, Any]:
     return {"command": figures.command, "exit_code": figures.exit_code, "wall_s": figures.wall_s,
-            "cpu_s": figures.cpu_s, "peak_rss_bytes": figures.peak_rss_bytes}
+            "cpu_s": figures.cpu_s, "peak_rss_bytes": figures.peak_rss_bytes, "load_average": _load()}
 
 
 # --------------------------------------------------------------------------- sections
 
 
-def section_run(quick: bool) -> dict[str, Any]:
+def section_run(quick: bool, root: str = ROOT) -> dict[str, Any]:
     args = QUICK_RUN_ARGS if quick else RUN_ARGS
-    figures = run_measured(python_command("-m", "ascendgraph", "run", *args), env=_env())
-    row = {**_proc_row(figures), "args": list(args)}
-    print(f"\n1. ascendgraph run {' '.join(args) or '(default)'}: {figures.wall_s:.1f} s wall, "
-          f"{figures.cpu_s:.1f} s CPU, peak RSS {figures.peak_rss_bytes / MIB:.0f} MiB, exit {figures.exit_code}")
-    return row
+    rows: dict[str, Any] = {"args": list(args)}
+    with tempfile.TemporaryDirectory(prefix="ascendgraph-bench-cache-") as cache_dir:
+        for name in ("first", "second"):  # a fresh compile cache, then the cache the first run filled
+            figures = run_measured(python_command("-m", "ascendgraph", "run", *args),
+                                   env=_env(root, ASCENDGRAPH_CACHE_DIR=cache_dir), cwd=root)
+            rows[name] = _proc_row(figures)
+            print(f"\n1. ascendgraph run {' '.join(args) or '(default)'}, {name} run: {figures.wall_s:.1f} s wall, "
+                  f"{figures.cpu_s:.1f} s CPU, peak RSS {figures.peak_rss_bytes / MIB:.0f} MiB, exit "
+                  f"{figures.exit_code} (load {_load()})")
+    return rows
 
 
 def section_sim(quick: bool, repeats: Optional[int] = None) -> dict[str, Any]:
@@ -139,9 +164,9 @@ def section_sim(quick: bool, repeats: Optional[int] = None) -> dict[str, Any]:
     return {"repeats": repeats, "batches": rows}
 
 
-def _capture_once(cache_dir: str, quick: bool, out: str) -> dict[str, Any]:
+def _capture_once(cache_dir: str, quick: bool, out: str, root: str = ROOT) -> dict[str, Any]:
     argv = python_command("-m", "bench.bench_engine", "--modes", "--json", out) + (["--quick-capture"] if quick else [])
-    figures = run_measured(argv, env=_env(ASCENDGRAPH_CACHE_DIR=cache_dir))
+    figures = run_measured(argv, env=_env(root, ASCENDGRAPH_CACHE_DIR=cache_dir), cwd=root)
     row: dict[str, Any] = {"process": _proc_row(figures)}
     if figures.exit_code == 0:
         with open(out, encoding="utf-8") as handle:
@@ -151,11 +176,11 @@ def _capture_once(cache_dir: str, quick: bool, out: str) -> dict[str, Any]:
     return row
 
 
-def section_capture(quick: bool) -> dict[str, Any]:
+def section_capture(quick: bool, root: str = ROOT) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="ascendgraph-bench-cache-") as cache_dir:
         out = os.path.join(cache_dir, "capture.json")
-        cold = _capture_once(cache_dir, quick, out)
-        warm = _capture_once(cache_dir, quick, out)
+        cold = _capture_once(cache_dir, quick, out, root)
+        warm = _capture_once(cache_dir, quick, out, root)
     print("\n3. capture of every default size of tiny" + (" (quick: 1 layer, max_num_seqs 8)" if quick else ""))
     for name, row in (("cold", cold), ("warm", warm)):
         if "capture_seconds" not in row:
@@ -166,22 +191,59 @@ def section_capture(quick: bool) -> dict[str, Any]:
         print(f"   {name} compile cache: {row['graphs']} graphs, capture {row['capture_seconds']:.2f} s + compile "
               f"{row['compile_seconds']:.2f} s = {total:.2f} s wall ({total / max(row['graphs'], 1) * 1e3:.1f} ms per "
               f"graph), {cpu:.2f} s CPU; pool {row['pool_bytes'] / MIB:.1f} MiB; compile cache "
-              f"{row.get('compile_cache', '?')}")
+              f"{row.get('compile_cache', '?')} (load {row['process']['load_average']})")
     return {"cold": cold, "warm": warm}
 
 
-def section_plan(quick: bool) -> dict[str, Any]:
+def section_plan(quick: bool, root: str = ROOT) -> dict[str, Any]:
     args = QUICK_PLAN_ARGS if quick else PLAN_ARGS
-    figures = run_measured(python_command("-m", "ascendgraph", "plan", *args), env=_env())
+    figures = run_measured(python_command("-m", "ascendgraph", "plan", *args), env=_env(root), cwd=root)
     print(f"\n4. ascendgraph plan {' '.join(args)}: {figures.wall_s:.1f} s wall, {figures.cpu_s:.1f} s CPU, "
-          f"exit {figures.exit_code}")
+          f"exit {figures.exit_code} (load {_load()})")
     return {**_proc_row(figures), "args": list(args)}
+
+
+# A user's first test on the facade: one capture and one replay through torch_npu's API.
+FACADE_TEST = """\
+import pytest
+import torch
+
+
+@pytest.mark.npu
+def test_one_capture_and_replay():
+    import torch_npu
+
+    x = torch.ones(4)
+    graph = torch_npu.npu.NPUGraph()
+    with torch_npu.npu.graph(graph):
+        y = x * 2
+    x.fill_(3.0)
+    graph.replay()
+    torch_npu.npu.synchronize()
+    assert y.tolist() == [6.0, 6.0, 6.0, 6.0]
+"""
+
+
+def section_facade(quick: bool, root: str = ROOT) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="ascendgraph-bench-facade-") as scratch:
+        path = os.path.join(scratch, "test_first_facade.py")
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(FACADE_TEST)
+        argv = python_command("-m", "pytest", "-m", "npu", "--npu-facade", "-q", "-p", "no:cacheprovider",
+                              "--rootdir", scratch, path)  # the plugin is the installed pytest11 entry point
+        figures = run_measured(argv, env=_env(root), cwd=scratch)
+    print(f"\n6. first facade test (pytest -m npu --npu-facade, one capture and replay): {figures.wall_s:.1f} s "
+          f"wall, {figures.cpu_s:.1f} s CPU, exit {figures.exit_code} (load {_load()})")
+    row = _proc_row(figures)
+    if figures.exit_code != 0:
+        row["error"] = figures.stdout_tail + "\n" + figures.stderr_tail
+    return row
 
 
 API_CODE = "import sys, ascendgraph; sys.exit(0 if ascendgraph.run({config}, device='sim'{extra}).ok else 1)"
 
 
-def section_api(quick: bool) -> dict[str, Any]:
+def section_api(quick: bool, root: str = ROOT) -> dict[str, Any]:
     cli_args = QUICK_RUN_ARGS if quick else RUN_ARGS
     config, extra = ("{'num_layers': 1, 'max_num_seqs': 4}", ", requests=2") if quick else ("None", "")
     api = python_command("-c", API_CODE.format(config=config, extra=extra))
@@ -189,18 +251,19 @@ def section_api(quick: bool) -> dict[str, Any]:
     rows: dict[str, Any] = {}
     for load in ("idle", "loaded"):
         if load == "idle":
-            pair = (run_measured(cli, env=_env()), run_measured(api, env=_env()))
+            pair = (run_measured(cli, env=_env(root), cwd=root), run_measured(api, env=_env(root), cwd=root))
             pids: list[int] = []
         else:
             with busy_load(1 if quick else None) as pids:
-                pair = (run_measured(cli, env=_env()), run_measured(api, env=_env()))
+                pair = (run_measured(cli, env=_env(root), cwd=root), run_measured(api, env=_env(root), cwd=root))
         rows[load] = {"cli": _proc_row(pair[0]), "api": _proc_row(pair[1]), "busy_processes": len(pids),
                       "api_over_cli": pair[1].wall_s / pair[0].wall_s if pair[0].wall_s else None}
     print("\n5. Python API vs CLI, the same run" + (" (quick config)" if quick else " (default config)"))
     for load, row in rows.items():
         busy = f", {row['busy_processes']} busy process(es)" if row["busy_processes"] else ""
-        print(f"   {load}{busy}: CLI {row['cli']['wall_s']:.1f} s, API {row['api']['wall_s']:.1f} s "
-              f"(API/CLI {_fmt(row['api_over_cli'])}; exits {row['cli']['exit_code']}/{row['api']['exit_code']})")
+        print(f"   {load}{busy}: CLI {row['cli']['wall_s']:.1f} s ({row['cli']['cpu_s']:.1f} s CPU), API "
+              f"{row['api']['wall_s']:.1f} s ({row['api']['cpu_s']:.1f} s CPU) (API/CLI {_fmt(row['api_over_cli'])}; "
+              f"exits {row['cli']['exit_code']}/{row['api']['exit_code']}; load {row['cli']['load_average']})")
     return rows
 
 
@@ -232,7 +295,7 @@ def section_scale(quick: bool, grid: Optional[Sequence[tuple[int, int]]] = None)
             row["error"] = figures.stderr_tail
         rows.append(row)
     note = growth_note(rows)
-    print("\n6. scaling grid, qwen3-0.6b-shaped, FULL_AND_PIECEWISE, meta tensors, stream limit raised")
+    print("\n7. scaling grid, qwen3-0.6b-shaped, FULL_AND_PIECEWISE, meta tensors, stream limit raised")
     print(f"   {'layers':>6} {'sizes':>5} {'graphs':>6} {'compile s':>9} {'capture s':>9} {'ms/graph':>8} "
           f"{'pool MiB':>9} {'peak RSS MiB':>12}")
     for row in rows:
@@ -252,7 +315,7 @@ def section_modes(quick: bool, seed: int) -> dict[str, Any]:
 
     modes, requests = (QUICK_MODES, 1) if quick else (MODES, 16)
     rows = {mode: bench_mode(mode, requests, seed) for mode in modes}
-    print(f"\n7. replay vs eager per mode, tiny ({requests} requests; host CPU time and simulated device time)")
+    print(f"\n8. replay vs eager per mode, tiny ({requests} requests; host CPU time and simulated device time)")
     print(f"   {'mode':<20} {'steps':>5} {'graph CPU ms':>13} {'eager CPU ms':>13} {'CPU ratio':>10} {'sim ratio':>10}")
     for mode, row in rows.items():
         print(f"   {mode:<20} {row['steps']:>5} {row['graph_cpu_ms']:>13.1f} {row['eager_cpu_ms']:>13.1f} "
@@ -264,7 +327,7 @@ def section_padding(quick: bool, seed: int) -> dict[str, Any]:
     from bench.bench_plan import bench_padding, format_padding
 
     result = bench_padding(8, 24 if quick else 96, seed)
-    print("\n8. " + format_padding(result).replace("\n", "\n   "))
+    print("\n9. " + format_padding(result).replace("\n", "\n   "))
     return result
 
 
@@ -273,39 +336,84 @@ def section_suite(enabled: bool) -> dict[str, Any]:
     if reason is None and os.environ.get(NESTED_ENV):
         reason = "running inside the test suite"
     if reason is not None:
-        print(f"\n9. test suite: {NOT_MEASURED} ({reason})")
+        print(f"\n10. test suite: {NOT_MEASURED} ({reason})")
         return {"skipped": True, "reason": reason, "seconds": None}
-    command = [sys.executable, "-m", "pytest", "-n", "auto", "-q", "-p", "no:cacheprovider"]
-    start = time.perf_counter()
-    completed = subprocess.run(command, cwd=ROOT, env=_env(**{NESTED_ENV: "1"}), capture_output=True, text=True)
-    seconds = time.perf_counter() - start
-    tail = [line for line in completed.stdout.strip().splitlines() if line.strip()]
-    summary = tail[-1] if tail else ""
-    print(f"\n9. test suite (pytest -n auto, default selection): {seconds:.1f} s wall, exit {completed.returncode}: "
-          f"{summary}")
-    return {"skipped": False, "seconds": seconds, "exit_code": completed.returncode, "summary": summary,
-            "command": " ".join(command[1:]), "cpus": os.cpu_count()}
+    row = measure_recordable("suite")
+    print(f"\n10. test suite ({row['command']}): {row['seconds']:.1f} s wall, {row['cpu_seconds']:.0f} s CPU, exit "
+          f"{row['exit_code']}: {row['summary']} (load {row['load_average']})")
+    return {"skipped": False, **row}
+
+
+def measure_recordable(name: str) -> dict[str, Any]:
+    """Run the suite (``make test``'s pytest command) or ``.ci/run`` once, timed (wall, CPU of
+    every process it started, load average at the end)."""
+    command = RECORD_COMMANDS[name]
+    figures = run_measured(command, env=_env(**{NESTED_ENV: "1"}), timeout_s=6 * 3600.0)
+    tail = [line for line in (figures.stdout_tail + "\n" + figures.stderr_tail).splitlines() if line.strip()]
+    return {"command": " ".join(os.path.basename(c) if i == 0 else c for i, c in enumerate(command)),
+            "seconds": figures.wall_s, "cpu_seconds": figures.cpu_s, "exit_code": figures.exit_code,
+            "summary": tail[-1] if tail else "", "load_average": _load(), "cpus": os.cpu_count(),
+            "recorded": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def read_recorded(path: str = RECORDED) -> dict[str, Any]:
+    """The figures ``--record`` last wrote ({} when there are none or the file is unreadable)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            document = json.load(handle)
+    except (OSError, ValueError):
+        return {}
+    return document if isinstance(document, dict) else {}
+
+
+def record(names: Sequence[str], path: str = RECORDED) -> dict[str, Any]:
+    """``--record suite|ci``: measure and keep the figures for the goals rows of later runs."""
+    document = read_recorded(path)
+    for name in names:
+        row = measure_recordable(name)
+        document[name] = row
+        print(f"recorded {name}: {row['command']}: {row['seconds']:.0f} s wall, {row['cpu_seconds']:.0f} s CPU, exit "
+              f"{row['exit_code']} (load {row['load_average']})")
+    write_json_atomic(path, document)
+    return document
 
 
 # --------------------------------------------------------------------------- goals
 
+GOALS = {
+    "run": ("ascendgraph run default, wall / peak RSS", "<= 5 s / <= 600 MB"),
+    "second": ("second ascendgraph run (warm caches), wall", "<= 3 s"),
+    "capture": ("capture of the 210 graphs incl. compile (warm cache)", "<= 1.5 s"),
+    "plan": ("ascendgraph plan README example", "<= 2 s"),
+    "facade": ("first facade test (pytest -m npu --npu-facade, one capture)", "<= 4 s"),
+    "suite": ("default suite, make test", "<= 150 s"),
+    "ci": (".ci/run, all steps", "<= 12 min"),
+    "api": ("API vs CLI run, loaded / idle (API/CLI wall)", "<= 1.10 both"),
+}
 
-def goals(sections: dict[str, Any]) -> list[dict[str, Any]]:
-    """The issue's table: (figure, now, goal, met) for every figure measured in this run."""
+
+def goals(sections: dict[str, Any], recorded: Optional[dict[str, Any]] = None) -> list[dict[str, Any]]:
+    """The issue's table: (figure, now, goal, met) per row; the suite and .ci/run rows read the
+    recorded figures (``--record``) unless the suite was measured in this run."""
+    recorded = recorded if recorded is not None else {}
     rows: list[dict[str, Any]] = []
 
-    def add(figure: str, now: Optional[str], goal: str, met: Optional[bool]) -> None:
-        rows.append({"figure": figure, "now": now if now is not None else NOT_MEASURED, "goal": goal,
-                     "met": met})
+    def add(key: str, now: Optional[str], met: Optional[bool]) -> None:
+        figure, goal = GOALS[key]
+        rows.append({"figure": figure, "now": now if now is not None else NOT_MEASURED, "goal": goal, "met": met})
 
-    run = sections.get("run")
-    if run:
-        wall, rss = run["wall_s"], run["peak_rss_bytes"] / MIB
-        add("ascendgraph run default, wall / peak RSS", f"{wall:.1f} s / {rss:.0f} MiB (CPU {run['cpu_s']:.1f} s)",
-            "<= 4 s / <= 800 MB",
-            wall <= 4 and run["peak_rss_bytes"] <= 800e6)
+    def proc(row: Optional[dict[str, Any]]) -> Optional[str]:
+        return None if not row else f"{row['wall_s']:.1f} s (CPU {row['cpu_s']:.1f} s)"
+
+    run = sections.get("run") or {}
+    first, second = run.get("first"), run.get("second")
+    if first:
+        rss = first["peak_rss_bytes"]
+        add("run", f"{first['wall_s']:.1f} s / {rss / MIB:.0f} MiB (CPU {first['cpu_s']:.1f} s)",
+            first["wall_s"] <= 5 and rss <= 600e6)
     else:
-        add("ascendgraph run default, wall / peak RSS", None, "<= 4 s / <= 800 MB", None)
+        add("run", None, None)
+    add("second", proc(second), second["wall_s"] <= 3 if second else None)
     capture = sections.get("capture")
     if capture and "capture_seconds" in capture.get("warm", {}):
         def total(row: dict[str, Any]) -> float:
@@ -317,37 +425,37 @@ def goals(sections: dict[str, Any]) -> list[dict[str, Any]]:
         warm, cold = capture["warm"], capture["cold"]
         per = total(warm) / max(warm["graphs"], 1) * 1e3
         cold_text = f"{total(cold):.2f} s cold" if "capture_seconds" in cold else "cold failed"
-        add(f"capture of the {warm['graphs']} graphs incl. compile (warm cache)",
-            f"{total(warm):.2f} s ({per:.1f} ms/graph, CPU {cpu(warm):.2f} s); {cold_text}", "<= 1 s (<= 4 ms/graph)",
-            total(warm) <= 1)
+        add("capture", f"{total(warm):.2f} s ({per:.1f} ms/graph, CPU {cpu(warm):.2f} s); {cold_text}",
+            total(warm) <= 1.5)
     else:
-        add("capture of the 210 graphs incl. compile (warm cache)", None, "<= 1 s (<= 4 ms/graph)", None)
-    sim = sections.get("sim")
-    targets = {1: 0.5, 8: 0.7, 64: 0.9}
-    if sim:
-        ratios = {row["batch"]: row for row in sim["batches"]}
-        now = " / ".join(f"{ratios[b]['ratio']:.2f}" if b in ratios else "-" for b in targets)
-        floor = " / ".join(f"{ratios[b]['floor_ratio']:.2f}" if b in ratios else "-" for b in targets)
-        met = all(b in ratios and ratios[b]["ratio"] <= goal for b, goal in targets.items())
-        add("sim replay / eager, batch 1 / 8 / 64", f"{now} (floor {floor})", "<= 0.5 / 0.7 / 0.9", met)
-    else:
-        add("sim replay / eager, batch 1 / 8 / 64", None, "<= 0.5 / 0.7 / 0.9", None)
-    suite = sections.get("suite")
-    if suite and not suite.get("skipped"):
-        add("default suite, pytest -n auto", f"{suite['seconds']:.0f} s", "<= 75 s idle", suite["seconds"] <= 75)
-    else:
-        add("default suite, pytest -n auto", None, "<= 75 s idle", None)
+        add("capture", None, None)
     plan = sections.get("plan")
-    add("ascendgraph plan README example", f"{plan['wall_s']:.1f} s (CPU {plan['cpu_s']:.1f} s)" if plan else None,
-        "<= 2 s",
-        plan["wall_s"] <= 2 if plan else None)
+    add("plan", proc(plan), plan["wall_s"] <= 2 if plan else None)
+    facade = sections.get("facade")
+    if facade and facade.get("exit_code") == 0:
+        add("facade", proc(facade), facade["wall_s"] <= 4)
+    else:
+        add("facade", "failed" if facade else None, False if facade else None)
+    for key, limit in (("suite", 150.0), ("ci", 12 * 60.0)):
+        measured = sections.get("suite") if key == "suite" else None
+        if measured and not measured.get("skipped"):
+            row, source = measured, "this run"
+        else:
+            row, source = recorded.get(key), "recorded"
+        if row and row.get("seconds") is not None:
+            cpu_text = f", CPU {row['cpu_seconds']:.0f} s" if row.get("cpu_seconds") is not None else ""
+            origin = row.get("source") or f"{source} {str(row.get('recorded', ''))[:10]}"
+            add(key, f"{row['seconds']:.0f} s ({origin}{cpu_text}; load {row.get('load_average', '?')})",
+                row["seconds"] <= limit and row.get("exit_code", 0) == 0)
+        else:
+            add(key, None, None)
     api = sections.get("api")
     if api:
         loaded, idle = api["loaded"]["api_over_cli"], api["idle"]["api_over_cli"]
-        add("API vs CLI run, loaded / idle (API/CLI wall)", f"{_fmt(loaded)} / {_fmt(idle)}", "<= 1.10 both",
+        add("api", f"{_fmt(loaded)} / {_fmt(idle)}",
             loaded is not None and idle is not None and loaded <= 1.1 and idle <= 1.1)
     else:
-        add("API vs CLI run, loaded / idle (API/CLI wall)", None, "<= 1.10 both", None)
+        add("api", None, None)
     return rows
 
 
@@ -360,6 +468,15 @@ def print_goals(rows: list[dict[str, Any]]) -> None:
     if any(row["met"] is False for row in rows):
         print("   where the time goes and what stands in the way of the goals not met: docs/bench.md "
               "(\"Where the time goes\", \"What stands in the way\")")
+
+
+def print_side_by_side(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> None:
+    print("\nbefore / after (--before), one run, each measurement right after the other")
+    width = max(len(r["figure"]) for r in after)
+    for old, new in zip(before, after):
+        if old["now"] == NOT_MEASURED and new["now"] == NOT_MEASURED:
+            continue
+        print(f"   {new['figure']:<{width}}  before {old['now']:<44}  after {new['now']}")
 
 
 # --------------------------------------------------------------------------- main
@@ -380,7 +497,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--out", default=None, metavar="FILE", help="results file (default: a new temporary file)")
     parser.add_argument("--update-baseline", action="store_true",
                         help=f"also write the tracked baseline {os.path.relpath(BASELINE)}")
+    parser.add_argument("--before", default=None, metavar="TREE",
+                        help="a source tree of the code before a change: the process sections run there too, "
+                             "each right before the same measurement here, printed side by side")
+    parser.add_argument("--record", nargs="+", choices=sorted(RECORD_COMMANDS), metavar="WHAT",
+                        help="time the suite (make test's pytest) and/or .ci/run once and keep the figures in "
+                             f"{os.path.relpath(RECORDED)} for the goals rows; measures nothing else")
     args = parser.parse_args(argv)
+    if args.before is not None and not os.path.isdir(os.path.join(args.before, "ascendgraph")):
+        parser.error(f"--before {args.before!r} is not a source tree of ascendgraph (no ascendgraph/ directory in it)")
+    if args.record:
+        record(args.record)
+        return 0
 
     import torch
 
@@ -402,19 +530,31 @@ def _run(args: argparse.Namespace) -> int:
         chosen.append("suite")
     print(f"ascendgraph bench: torch {torch.__version__}, {args.threads} thread(s) here, {os.cpu_count()} CPUs, "
           f"load average {', '.join(f'{x:.1f}' for x in os.getloadavg())}" + (" (quick)" if quick else ""))
-    runners: dict[str, Callable[[], dict[str, Any]]] = {
-        "run": lambda: section_run(quick),
-        "sim": lambda: section_sim(quick, args.repeats),
-        "capture": lambda: section_capture(quick),
-        "plan": lambda: section_plan(quick),
-        "api": lambda: section_api(quick),
-        "scale": lambda: section_scale(quick, args.grid),
-        "modes": lambda: section_modes(quick, args.seed),
-        "padding": lambda: section_padding(quick, args.seed),
-        "suite": lambda: section_suite(args.suite),
+    runners: dict[str, Callable[[str], dict[str, Any]]] = {
+        "run": lambda root: section_run(quick, root),
+        "sim": lambda root: section_sim(quick, args.repeats),
+        "capture": lambda root: section_capture(quick, root),
+        "plan": lambda root: section_plan(quick, root),
+        "api": lambda root: section_api(quick, root),
+        "facade": lambda root: section_facade(quick, root),
+        "scale": lambda root: section_scale(quick, args.grid),
+        "modes": lambda root: section_modes(quick, args.seed),
+        "padding": lambda root: section_padding(quick, args.seed),
+        "suite": lambda root: section_suite(args.suite),
     }
-    sections = {name: runners[name]() for name in SECTIONS if name in chosen}
-    table = goals(sections)
+    sections: dict[str, Any] = {}
+    before: dict[str, Any] = {}
+    for name in SECTIONS:
+        if name not in chosen:
+            continue
+        if args.before is not None and name in PROCESS_SECTIONS:
+            print(f"\n-- before ({args.before}):", end="")
+            before[name] = runners[name](os.path.abspath(args.before))
+            print("\n-- after (this tree):", end="")
+        sections[name] = runners[name](ROOT)
+    table = goals(sections, read_recorded())
+    if before:
+        print_side_by_side(goals(before, {}), table)
     print_goals(table)
     results: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
@@ -424,6 +564,7 @@ def _run(args: argparse.Namespace) -> int:
                         "cpus": os.cpu_count(), "machine": platform.machine(), "load_average": os.getloadavg()},
         "sections": sections,
         "goals": table,
+        "before": {"tree": os.path.abspath(args.before), "sections": before} if before else None,
         "seconds": time.perf_counter() - started,
     }
     out = args.out

@@ -304,10 +304,11 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
             raise capture.host_sync_error(what)
 
     def warmup_scope(self) -> ContextManager[WarmupMode]:
-        """A context for work whose results are discarded (the engine's warm-ups): every op
-        runs as issued, half-precision matrix products from float32 copies (`sim.warmup`)."""
+        """A context for work whose results are discarded (the engine's warm-ups): kernels are
+        launched at their shapes (contracts checked, lazy initialisation marked) and their
+        outputs only shaped, not computed (`sim.warmup`)."""
         self._check_alive()
-        return warmup_scope()
+        return warmup_scope(self)
 
     def synchronize(self) -> None:
         """Wait for all streams. A replay suspended at an unrecorded ExternalEvent would

@@ -362,19 +362,35 @@ def check_kernel_call(policy: ContractPolicy, kernel: str, arguments: Any) -> No
         )
 
 
+def _launch(name: str, args: tuple[Any, ...]) -> None:
+    """An eager launch of checked kernel ``name``: check its contract, mark its shape initialised."""
+    policy = current_policy()
+    check_op(name, args, in_graph=False, lenient=policy.lenient)
+    signature = (name, *_signature(args))
+    # A test's override still initialises the devices' kernels.
+    for marked in (policy, *list(_LIVE.values())):
+        if marked.lazy_init:
+            marked.initialised.add(signature)
+
+
+def on_eager_launch(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """What an eager launch of ``func`` does before its kernel computes (check the contract,
+    mark the shape initialised), for a launch that computes nothing (`sim.warmup`). Returns
+    whether ``func`` is a checked kernel."""
+    name = _op_name(func)
+    if name is None:
+        return False
+    _launch(name, _arguments(func, args, kwargs))
+    return True
+
+
 def _checked(name: str, kernel: Callable[..., Any]) -> Callable[..., Any]:
     if name not in CHECKED_OPS:
         return kernel
 
     def run(*args: Any) -> Any:
         if not _REPLAYING.get():
-            policy = current_policy()
-            check_op(name, args, in_graph=False, lenient=policy.lenient)
-            signature = (name, *_signature(args))
-            # A test's override still initialises the devices' kernels.
-            for marked in (policy, *list(_LIVE.values())):
-                if marked.lazy_init:
-                    marked.initialised.add(signature)
+            _launch(name, args)
         return kernel(*args)
 
     run.__name__ = f"checked_{name}"

@@ -1,4 +1,10 @@
-"""Compile cache: the pass manager's rewritten graph, kept across runs.
+"""Compile cache: the traced graph of a model, and the pass manager's rewritten graph, kept across runs.
+
+Two kinds of entries. *Traced* entries (the second half of this module, `traced_key`) hold
+the whole compile's result — the aten graph Dynamo and aot_autograd produced, lowered and
+rewritten by the passes — so a later run of the same model, mode and passes traces nothing.
+*Pass* entries (below) are the finer-grained fallback used when a model is traced: they
+skip the passes' pattern matching for a graph seen before.
 
 Theory of operation. Every run compiles the same model the same way, and the costliest
 part of the passes is not matching but importing torch's inductor pattern matcher and
@@ -41,6 +47,8 @@ import io
 import logging
 import os
 import pickle
+import re
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,7 +57,8 @@ from typing import Any, Optional, Sequence
 import torch
 from torch import fx
 
-__all__ = ["CACHE_FORMAT", "CACHE_SUBDIR", "CACHEABLE_PASSES", "CachedGraph", "CompileCache", "cache_key"]
+__all__ = ["CACHE_FORMAT", "CACHE_SUBDIR", "CACHEABLE_PASSES", "CachedGraph", "CompileCache", "cache_key",
+           "TracedGraph", "traced_key", "load_traced", "store_traced", "parse_source", "resolve_source"]
 
 log = logging.getLogger(__name__)
 
@@ -165,3 +174,152 @@ class CompileCache:
         except Exception as exc:
             log.debug("compile cache: cannot write to %s: %s: %s", directory, type(exc).__name__, exc)
             return False
+
+
+# --------------------------------------------------------------------------- traced graphs
+#
+# The entries above skip the passes; the ones below skip Dynamo and aot_autograd too. A traced
+# entry holds the aten graph the backend received from aot_autograd, after the lowering and the
+# passes — the graph it splits and wraps — and the sources of its inputs as Dynamo named them
+# (``L['model']._modules['layers']._modules['0']._parameters['weight']``, ``L['input_ids']``,
+# ``L['input_ids'].size()[0]``). A later run with the same key binds those sources to its own
+# model and inputs and calls the graph directly: nothing is traced. Stored only when the call
+# needs nothing of aot_autograd's runtime wrapper (no input mutation, one output that aliases
+# nothing, one graph input per Dynamo input), which `AscendGraphBackend` checks.
+
+TRACED_FORMAT = 1
+TRACED_SUBDIR = "traced"  # $ASCENDGRAPH_CACHE_DIR/compile/traced/<key>.pkl
+_PACKAGE_DIR = Path(__file__).resolve().parent.parent
+_package_digest_memo: Optional[str] = None
+_ROOTS = ("model", "input_ids", "positions")
+_SOURCE_RE = re.compile(r"^L\['(model|input_ids|positions)'\]((?:\.(?:_modules|_parameters|_buffers)\['[A-Za-z0-9_.]+'\]"
+                        r"|\.size\(\)\[\d+\])*)$")
+_STEP_RE = re.compile(r"\.(_modules|_parameters|_buffers)\['([A-Za-z0-9_.]+)'\]|\.size\(\)\[(\d+)\]")
+
+
+def package_digest() -> str:
+    """A digest of every ``ascendgraph/**/*.py`` source: any edit invalidates the traced entries."""
+    global _package_digest_memo
+    if _package_digest_memo is None:
+        digest = hashlib.sha256()
+        for path in sorted(_PACKAGE_DIR.rglob("*.py")):
+            digest.update(str(path.relative_to(_PACKAGE_DIR)).encode())
+            digest.update(path.read_bytes())
+        _package_digest_memo = digest.hexdigest()
+    return _package_digest_memo
+
+
+def traced_key(model_spec: str, mode: str, attention_split: bool, passes: Sequence[Any], device_type: str) -> str:
+    """The key of a traced entry: the model and how it is built, the mode, the split, the passes,
+    the device type, the torch / ascendgraph versions and the package's sources."""
+    from ascendgraph import __version__
+
+    digest = hashlib.sha256()
+    for part in (f"traced-format={TRACED_FORMAT}", f"torch={torch.__version__}", f"ascendgraph={__version__}",
+                 f"sources={package_digest()}", f"model={model_spec}", f"mode={mode}", f"split={attention_split}",
+                 f"device={device_type}", *(_pass_token(p) for p in passes)):
+        digest.update(part.encode())
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+Step = tuple[str, str]
+
+
+def parse_source(text: str) -> tuple[str, tuple[Step, ...]]:
+    """A Dynamo input source as (root, steps); ValueError for anything else (never evaluated)."""
+    match = _SOURCE_RE.match(text)
+    if match is None:
+        raise ValueError(f"not a model/input source: {text!r}")
+    steps: list[Step] = []
+    for found in _STEP_RE.finditer(match.group(2)):
+        steps.append(("size", found.group(3)) if found.group(3) is not None else (found.group(1), found.group(2)))
+    return match.group(1), tuple(steps)
+
+
+def resolve_source(source: tuple[str, tuple[Step, ...]], roots: dict[str, Any]) -> Any:
+    """The value a parsed source names among ``roots`` (model, input_ids, positions)."""
+    root, steps = source
+    value = roots[root]
+    for kind, name in steps:
+        value = int(value.size()[int(name)]) if kind == "size" else getattr(value, kind)[name]
+    return value
+
+
+@dataclass(frozen=True)
+class TracedGraph:
+    """A traced entry: the aten graph after lowering and passes, its input sources, the passes' matches."""
+
+    module: fx.GraphModule
+    sources: tuple[str, ...]
+    matches: dict[str, int]
+
+
+def _read_regular_file(path: Path, limit: int = 1 << 30) -> Optional[bytes]:
+    """The bytes of ``path`` if it is a regular file (None if absent). Opened non-blocking and
+    checked with fstat first, so a FIFO or a device at the path is refused, never waited on."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        with os.fdopen(descriptor, "rb", closefd=False) as handle:
+            data = handle.read(limit + 1)
+        if len(data) > limit:
+            raise OSError(f"{path} is larger than {limit} bytes")
+        return data
+    finally:
+        os.close(descriptor)
+
+
+def load_traced(cache: "CompileCache", key: str) -> Optional[TracedGraph]:
+    """The traced entry for ``key``, or None. A corrupt, foreign or unreadable entry is a miss
+    with one warning naming the file (the run then traces as if there were no cache)."""
+    path = cache.directory / TRACED_SUBDIR / f"{key}.pkl"
+    try:
+        data = _read_regular_file(path)
+        if data is None:
+            return None
+        document = pickle.loads(data)
+        if not isinstance(document, dict) or document.get("format") != TRACED_FORMAT or document.get("key") != key:
+            raise ValueError("not a traced-graph entry of this key and format (a foreign file)")
+        module, sources = document["module"], tuple(str(s) for s in document["sources"])
+        if not isinstance(module, fx.GraphModule) or not _storable(module):
+            raise ValueError("the entry holds no storable graph module")
+        placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]
+        if len(placeholders) != len(sources):
+            raise ValueError(f"{len(placeholders)} graph inputs for {len(sources)} sources")
+        for source in sources:
+            parse_source(source)
+        matches = {str(k): int(v) for k, v in document["matches"].items()}
+        return TracedGraph(module, sources, matches)
+    except Exception as exc:  # a broken entry is a miss, never an error
+        log.warning("compile cache: ignoring %s (%s: %s); tracing the model instead", path, type(exc).__name__, exc)
+        return None
+
+
+def store_traced(cache: "CompileCache", key: str, traced: TracedGraph) -> bool:
+    if not _storable(traced.module):
+        return False
+    directory = cache.directory / TRACED_SUBDIR
+    try:
+        for source in traced.sources:
+            parse_source(source)
+        buffer = io.BytesIO()
+        pickle.dump({"format": TRACED_FORMAT, "key": key, "module": traced.module, "sources": list(traced.sources),
+                     "matches": dict(traced.matches)}, buffer, protocol=pickle.HIGHEST_PROTOCOL)
+        directory.mkdir(parents=True, exist_ok=True)
+        handle = tempfile.NamedTemporaryFile("wb", dir=directory, prefix=".tmp.", delete=False)
+        try:
+            with handle:
+                handle.write(buffer.getvalue())
+            os.replace(handle.name, directory / f"{key}.pkl")
+        except BaseException:
+            Path(handle.name).unlink(missing_ok=True)
+            raise
+        return True
+    except Exception as exc:
+        log.debug("compile cache: cannot write a traced graph to %s: %s: %s", directory, type(exc).__name__, exc)
+        return False

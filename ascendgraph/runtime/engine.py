@@ -279,7 +279,8 @@ class Engine(BuildStage, ForwardPlumbing, CaptureStage, ServeStage, CheckStage, 
                 pass_manager=self.pass_manager,
                 debug=options.debug,
             )
-        self.compiled = CompiledModel(self.model, self.backend)
+        self.compiled = CompiledModel(self.model, self.backend, traced_key=self._traced_key(options),
+                                      cache=self.pass_manager.cache)
         self.observers: list[StepObserver] = []
         # npugraph_ex (issue 10): static-kernel builds are installed on the device, super kernel
         # optimises each captured FULL graph, and kernels per step are counted for the report.
@@ -309,6 +310,19 @@ class Engine(BuildStage, ForwardPlumbing, CaptureStage, ServeStage, CheckStage, 
         # may fail with it changed); the last engine to close gives the caller's value back.
         self._threads = acquire_threads(self, options.num_threads)
 
+
+    def _traced_key(self, options: "EngineOptions") -> Optional[str]:
+        """The compile cache's key for this engine's traced graph (None: not cached). Only when
+        the pass manager uses the cache and every pass is a pure graph rewrite."""
+        from ascendgraph.compile.cache import cacheable, traced_key
+
+        passes = list(self.pass_manager.passes)
+        if self.backend is None or not self.pass_manager.use_cache or (passes and not cacheable(passes)):
+            return None
+        model_spec = repr((self.spec, self.resolution.attention_backend, str(self.dtype), options.quantization,
+                           self.config.tensor_parallel_size))
+        device = f"{getattr(self.device, 'name', type(self.device).__name__)}:{self.device.torch_device.type}"
+        return traced_key(model_spec, self.mode.name, self.resolution.attention_split, passes, device)
 
     def close(self) -> None:
         """Release every captured graph and the stream plan (the engine can be dropped afterwards)."""

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from bench import bench_proc
-from bench.__main__ import BASELINE, NESTED_ENV, NOT_MEASURED, RESULT_KEYS, goals, section_suite, write_json_atomic
+from bench.__main__ import (BASELINE, GOALS, NESTED_ENV, NOT_MEASURED, RESULT_KEYS, goals, read_recorded, section_suite,
+                            write_json_atomic)
 from bench.__main__ import main as bench_main
 from bench.bench_scale import growth_note
 
@@ -34,11 +35,10 @@ def test_quick_bench_writes_every_requested_section_and_the_goals_table(tmp_path
     padding = results["sections"]["padding"]
     assert set(padding["workloads"]) == {"decode-heavy", "mixed", "bursty"}
     figures = {row["figure"]: row for row in results["goals"]}
-    assert len(figures) == 6  # every row of the table
-    assert figures["default suite, pytest -n auto"]["now"] == NOT_MEASURED  # opt-in
+    assert list(figures) == [figure for figure, _ in GOALS.values()]  # every row of the table
     assert figures["ascendgraph run default, wall / peak RSS"]["now"] == NOT_MEASURED  # not run here
-    assert "floor" in figures["sim replay / eager, batch 1 / 8 / 64"]["now"]
-    assert "figure vs goal" in stdout and "9. test suite" not in stdout
+    assert figures["first facade test (pytest -m npu --npu-facade, one capture)"]["now"] == NOT_MEASURED
+    assert "figure vs goal" in stdout and "10. test suite" not in stdout
     assert not list(tmp_path.glob(".results.*"))  # no temporary file left behind
     # hygiene: the tracked baseline is never written without --update-baseline
     assert (os.stat(BASELINE).st_mtime_ns if os.path.exists(BASELINE) else None) == baseline_before
@@ -73,19 +73,41 @@ def test_the_suite_is_opt_in_and_never_benchmarked_from_inside_itself(monkeypatc
 
 
 def test_goals_compare_each_figure_with_its_goal():
+    def proc(wall: float, rss: float = 0.0) -> dict:
+        return {"wall_s": wall, "cpu_s": wall, "peak_rss_bytes": rss, "exit_code": 0}
+
     sections = {
-        "run": {"wall_s": 3.0, "cpu_s": 2.5, "peak_rss_bytes": 900e6},
-        "plan": {"wall_s": 1.5, "cpu_s": 1.2},
+        "run": {"first": proc(4.0, 700e6), "second": proc(2.5, 500e6)},
+        "plan": proc(1.5),
+        "facade": proc(5.0),
         "api": {"loaded": {"api_over_cli": 1.05}, "idle": {"api_over_cli": 0.98}},
-        "sim": {"batches": [{"batch": 1, "ratio": 0.4, "floor_ratio": 0.3}, {"batch": 8, "ratio": 0.6, "floor_ratio": 0.5},
-                            {"batch": 64, "ratio": 0.95, "floor_ratio": 0.9}]},
+        "capture": {"warm": {"capture_seconds": 1.0, "compile_seconds": 0.4, "graphs": 210},
+                    "cold": {"capture_seconds": 1.0, "compile_seconds": 3.0, "graphs": 210}},
     }
-    rows = {row["figure"]: row for row in goals(sections)}
-    assert rows["ascendgraph run default, wall / peak RSS"]["met"] is False  # RSS over 800 MB
+    recorded = {"suite": {"seconds": 140.0, "cpu_seconds": 270.0, "exit_code": 0, "recorded": "2026-12-02"},
+                "ci": {"seconds": 800.0, "exit_code": 0}}
+    rows = {row["figure"]: row for row in goals(sections, recorded)}
+    assert rows["ascendgraph run default, wall / peak RSS"]["met"] is False  # RSS over 600 MB
+    assert rows["second ascendgraph run (warm caches), wall"]["met"] is True
+    assert rows["capture of the 210 graphs incl. compile (warm cache)"]["met"] is True  # 1.4 s
     assert rows["ascendgraph plan README example"]["met"] is True
+    assert rows["first facade test (pytest -m npu --npu-facade, one capture)"]["met"] is False  # over 4 s
     assert rows["API vs CLI run, loaded / idle (API/CLI wall)"]["met"] is True
-    assert rows["sim replay / eager, batch 1 / 8 / 64"]["met"] is False  # batch 64 over 0.9
-    assert rows["default suite, pytest -n auto"]["met"] is None
+    suite = rows["default suite, make test"]
+    assert suite["met"] is True and "recorded 2026-12-02" in suite["now"] and "CPU 270 s" in suite["now"]
+    assert rows[".ci/run, all steps"]["met"] is False  # over 12 min
+    measured = goals({"suite": {"skipped": False, "seconds": 200.0, "exit_code": 0}}, recorded)
+    assert {r["figure"]: r for r in measured}["default suite, make test"]["met"] is False  # this run beats the record
+    assert all(row["met"] is None for row in goals({}, {}))  # nothing measured, nothing recorded
+
+
+def test_recorded_figures_are_read_and_a_broken_file_is_no_figure(tmp_path):
+    path = tmp_path / "recorded.json"
+    assert read_recorded(str(path)) == {}
+    path.write_text("{not json")
+    assert read_recorded(str(path)) == {}
+    path.write_text(json.dumps({"ci": {"seconds": 600}}))
+    assert read_recorded(str(path)) == {"ci": {"seconds": 600}}
 
 
 def test_growth_note_names_the_factors():

@@ -181,3 +181,26 @@ def test_the_pre_check_issues_no_tensor_op_and_passes_what_hw_sends() -> None:
     assert issued.ops == []
     (call,) = kernel_calls("add_rms_norm_dynamic_quant", calls["add_rms_norm_dynamic_quant"], in_graph=False)
     assert call.arguments["output_mask"] == [True, False]  # what hw/kernels.py sends
+
+
+def test_converted_arguments_are_metadata_twins_and_the_rules_still_fire_on_them() -> None:
+    """hw's adapters copy (``.to(dtype)``, ``.contiguous()``); the contract check describes those
+    arguments (shape, dtype, contiguity) instead of copying them (no copy of the cos/sin cache per
+    call), and the rules still fire on the descriptions."""
+    q, k = torch.zeros(3, 64, dtype=torch.bfloat16), torch.zeros(3, 32, dtype=torch.bfloat16)
+    cache = torch.zeros(16, 16, dtype=torch.float32)
+    (rope,) = kernel_calls("rotary_embedding", (torch.arange(3), q, k, cache, 16, True), in_graph=True)
+    query, key, converted = rope.arguments["query"], rope.arguments["key"], rope.arguments["cos_sin_cache"]
+    assert not any(isinstance(t, torch.Tensor) for t in (query, key, converted))  # descriptions
+    assert (tuple(query.shape), query.is_contiguous(), query.dtype) == ((3, 64), True, torch.bfloat16)
+    assert (tuple(converted.shape), converted.dtype) == ((16, 16), torch.bfloat16)
+    with pytest.raises(KernelContractError, match="rope_dtype"):
+        check_op("rotary_embedding", (torch.arange(3), q.float(), k.float(), cache, 16, True), in_graph=True)
+    with pytest.raises(KernelContractError, match="rope_layout"):  # 2 positions for 3 tokens
+        check_op("rotary_embedding", (torch.arange(2), q, k, cache, 16, True), in_graph=True)
+    x = torch.zeros(3, 32, dtype=torch.bfloat16)
+    (norm,) = kernel_calls("rms_norm", (x, torch.ones(32, dtype=torch.float32), 1e-6), in_graph=True)
+    assert not isinstance(norm.arguments["gamma"], torch.Tensor) and norm.arguments["gamma"].dtype == torch.bfloat16
+    same = torch.ones(32, dtype=torch.bfloat16)
+    (norm,) = kernel_calls("rms_norm", (x, same, 1e-6), in_graph=True)
+    assert norm.arguments["gamma"] is same  # nothing to convert: the argument itself
