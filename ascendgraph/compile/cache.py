@@ -41,7 +41,6 @@ import io
 import logging
 import os
 import pickle
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -49,9 +48,12 @@ from typing import Any, Optional, Sequence
 import torch
 from torch import fx
 
+from ascendgraph.readers import cache_miss, read_cache_entry, user_cache_root, write_output
+
 __all__ = ["CACHE_FORMAT", "CACHE_SUBDIR", "CACHEABLE_PASSES", "CachedGraph", "CompileCache", "cache_key"]
 
 log = logging.getLogger(__name__)
+MAX_ENTRY_BYTES = 256 << 20  # a compiled graph entry larger than this is no entry of ours
 
 CACHE_FORMAT = 1
 CACHE_SUBDIR = "compile"
@@ -122,26 +124,25 @@ class CompileCache:
     def directory(self) -> Path:
         if self._root is not None:
             return self._root / CACHE_SUBDIR
-        value = os.environ.get(CACHE_ENV, "").strip()
-        base = Path(value).expanduser() if value else Path.home() / ".cache" / "ascendgraph"
+        base = Path(user_cache_root())  # $ASCENDGRAPH_CACHE_DIR, else the user's cache folder
         return base / CACHE_SUBDIR
 
     def load(self, key: str) -> Optional[CachedGraph]:
         path = self.directory / f"{key}.pkl"
+        data = read_cache_entry(path, "compile cache entry", limit=MAX_ENTRY_BYTES)  # regular files only
+        if data is None:
+            return None
         try:
-            with open(path, "rb") as handle:
-                document = pickle.load(handle)
-            if document.get("format") != CACHE_FORMAT or document.get("key") != key:
+            document = pickle.loads(data)
+            if not isinstance(document, dict) or document.get("format") != CACHE_FORMAT or document.get("key") != key:
                 return None
             module = document["module"]
             matches = {str(k): int(v) for k, v in document["matches"].items()}
             if not isinstance(module, fx.GraphModule):
                 return None
             return CachedGraph(module.graph, matches)
-        except FileNotFoundError:
-            return None
-        except Exception as exc:  # a broken entry is a miss, never an error
-            log.debug("compile cache: cannot read %s: %s: %s", path, type(exc).__name__, exc)
+        except Exception as exc:  # a broken entry (RecursionError too) is a miss with one warning, never an error
+            cache_miss(path, "compile cache entry", f"{path}: {type(exc).__name__}: {str(exc)[:200]}")
             return None
 
     def store(self, key: str, graph_module: fx.GraphModule, matches: dict[str, int]) -> bool:
@@ -153,14 +154,8 @@ class CompileCache:
             pickle.dump({"format": CACHE_FORMAT, "key": key, "module": graph_module, "matches": dict(matches)},
                         buffer, protocol=pickle.HIGHEST_PROTOCOL)
             directory.mkdir(parents=True, exist_ok=True)
-            handle = tempfile.NamedTemporaryFile("wb", dir=directory, prefix=".tmp.", delete=False)
-            try:
-                with handle:
-                    handle.write(buffer.getvalue())
-                os.replace(handle.name, directory / f"{key}.pkl")
-            except BaseException:
-                Path(handle.name).unlink(missing_ok=True)
-                raise
+            target = directory / f"{key}.pkl"
+            write_output(target, buffer.getvalue(), f"compile cache entry {target}")  # never over a special file
             return True
         except Exception as exc:
             log.debug("compile cache: cannot write to %s: %s: %s", directory, type(exc).__name__, exc)

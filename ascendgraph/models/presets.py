@@ -366,6 +366,27 @@ def spec_from_hf_config(raw: Mapping[str, Any], *, source: str = "model config")
     return ModelSpec(**values)
 
 
+def local_config_path(text: str) -> Optional[str]:
+    """The config.json a model argument names (the file itself, or ``config.json`` in the
+    folder), or None when nothing is there. Something there that is not a regular file is
+    returned too: reading it (`ascendgraph.readers.read_text_file`) refuses it by name. A folder
+    that cannot be entered is a ConfigError saying so (not "has no config.json")."""
+    local = os.path.expanduser(text)
+    if os.path.isdir(local):
+        candidate = os.path.join(local, "config.json")
+        try:
+            os.stat(candidate)
+        except FileNotFoundError:
+            return None
+        except PermissionError:
+            raise ConfigError(f"model folder {text!r} cannot be entered (permission denied); make it readable "
+                              "or pass the config.json file itself", key="model") from None
+        except OSError:
+            return candidate if os.path.lexists(candidate) else None
+        return candidate
+    return local if os.path.lexists(local) else None
+
+
 def model_spec_from(model: Any) -> ModelSpec:
     """A ModelSpec from a preset name, a config.json path (file or folder), a dict, or a spec."""
     if model is None:
@@ -378,8 +399,8 @@ def model_spec_from(model: Any) -> ModelSpec:
         text = os.fspath(model)
         if text in PRESETS:
             return PRESETS[text]
-        path = os.path.join(text, "config.json") if os.path.isdir(text) else text
-        if os.path.isfile(path):
+        path = local_config_path(text)
+        if path is not None:
             where = f"model config {path}"
             raw = load_json(read_text_file(path, where, key="model", kind="JSON config.json"), where, key="model")
             return spec_from_hf_config(raw, source=path)
