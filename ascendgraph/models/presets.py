@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Callable, Mapping, Optional
 
 from ascendgraph.errors import ConfigError
-from ascendgraph.readers import load_json, read_text_file
+from ascendgraph.readers import load_json, read_text_file, shown
 
 __all__ = [
     "ModelSpec",
@@ -339,7 +339,8 @@ def spec_from_hf_config(raw: Mapping[str, Any], *, source: str = "model config")
     rope_theta = _positive_number_field(raw, ("rope_theta",), source, default=1_000_000.0)
     is_mla = bool(kv_lora_rank) or raw.get("attention") == "mla"
     values: dict[str, Any] = dict(
-        name=str(raw.get("name") or raw.get("_name_or_path") or architecture),
+        # escaped: a name from a file is printed in reports (no newline, ESC or lone surrogate)
+        name=shown(str(raw.get("name") or raw.get("_name_or_path") or architecture)),
         architecture=architecture,
         num_hidden_layers=layers,
         hidden_size=hidden,
