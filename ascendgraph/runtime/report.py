@@ -225,16 +225,19 @@ class Report:
     def _capture_lines(self) -> list[str]:
         before = self.graphs_captured_before_failure
         sizes = _sizes_text(self.capture_sizes, counted=False)
+        # never "0 configured sizes []" (an eager fallback clears them): say there were none
+        configured = f"{len(self.capture_sizes)} configured sizes {sizes}" if self.capture_sizes else "none"
         count = f"{len(self.capture_sizes)} configured sizes"
         if before is not None:
             return [
-                f"  capture    failed after {before} graphs were captured (sizes configured: {count} {sizes})",
+                f"  capture    failed after {before} graphs were captured (sizes configured: {configured})",
                 f"  resources  held after the release: {self.graphs_captured} graphs, streams "
                 f"{self.streams_used}/{self.stream_limit}, graph pool {_mib(self.pool_bytes)}",
             ]
         if self.capture_sizes or self.graphs_captured:
+            scope = f"all {count} {sizes}" if self.capture_sizes else "no configured size"
             return [
-                f"  capture    {self.graphs_captured} graphs for all {count} {sizes} in "
+                f"  capture    {self.graphs_captured} graphs for {scope} in "
                 f"{self.capture_seconds:.2f} s (compile {self.compile_seconds:.2f} s)",
                 f"  resources  streams {self.streams_used}/{self.stream_limit}, graph pool {_mib(self.pool_bytes)}",
             ]

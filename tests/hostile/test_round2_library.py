@@ -60,3 +60,29 @@ def test_a_profile_that_cannot_be_written_keeps_the_report_and_fails_the_run(err
     assert report.exit_code == 1 and report.requests_completed == 2
     assert report.error["type"] == "ProfileNotWritten" and os.strerror(error) in report.error["message"]
     assert report.to_json()["profile"]["error"] == report.error["message"]
+
+
+@pytest.mark.parametrize("before", [0, 3])
+def test_a_report_without_configured_sizes_never_says_0_configured_sizes(before):
+    from ascendgraph.runtime.report import Report
+
+    report = Report("FULL", "NONE", [], [], graphs_captured_before_failure=before,
+                    capture_fallback={"type": "StreamResourceExhausted", "message": "x"})
+    text = report.format_text()
+    assert "0 configured sizes" not in text and "[]" not in text and "sizes configured: none" in text
+
+
+@pytest.mark.parametrize("value, breaks", [("1", True), ("0", False), ("true", False), (None, False)])
+def test_doctor_reports_torch_compile_disable_as_breaking(value, breaks, monkeypatch, capsys):
+    from ascendgraph.cli.app import main
+
+    if value is None:
+        monkeypatch.delenv("TORCH_COMPILE_DISABLE", raising=False)
+    else:
+        monkeypatch.setenv("TORCH_COMPILE_DISABLE", value)
+    main(["doctor", "--json"])
+    import json
+
+    document = json.loads(capsys.readouterr().out)
+    found = [f for f in document["findings"] if f.get("rule") == "compile_disabled"]
+    assert bool(found) == breaks, document["findings"]
