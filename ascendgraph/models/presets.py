@@ -166,12 +166,18 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+MAX_MODEL_LAYERS = 1024  # the same bound as --num-layers (ascendgraph.cli.args.LIMITS)
+
+
 def check_model_dimensions(values: Mapping[str, Any], *, source: str) -> None:
     """Raise a ConfigError naming the field when ``values`` (ModelSpec fields) cannot be built."""
     for name, lowest in [(n, 1) for n in _POSITIVE_INT_FIELDS] + [(n, 0) for n in _NON_NEGATIVE_INT_FIELDS]:
         value = values[name]
         if not _is_int(value) or value < lowest:
             raise ConfigError(f"{source}: {name} must be an integer >= {lowest}, got {value!r}", key=name)
+    if values["num_hidden_layers"] > MAX_MODEL_LAYERS:  # the --num-layers bound, for config.json too
+        raise ConfigError(f"{source}: num_hidden_layers is {values['num_hidden_layers']}; at most {MAX_MODEL_LAYERS} "
+                          "layers are modelled (no real model has more); check the file", key="num_hidden_layers")
     if values["attention"] not in ATTENTION_KINDS:
         raise ConfigError(
             f"{source}: attention must be one of {', '.join(ATTENTION_KINDS)}, got {values['attention']!r}",

@@ -288,3 +288,23 @@ def test_a_deleted_working_directory_is_refused_in_one_line_with_a_document(tmp_
     finally:
         os.chdir(here)
     assert "working directory no longer exists" in err and json_document(out)["exit_code"] == 2
+
+
+@pytest.mark.parametrize("layers", [1025, 100_000, 10**15])
+@pytest.mark.parametrize("argv", [["explain", "--model"], ["plan", "--measure", "off", "--model"]], ids=" ".join)
+def test_a_config_json_beyond_the_layer_bound_is_refused_before_any_work(layers, argv, tmp_path, capsys):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": layers}))
+    _, err = _refused([*argv, str(path)], capsys)
+    assert "at most 1024 layers" in err
+
+
+def test_the_memory_pre_check_sees_the_address_space_limit(monkeypatch):
+    import resource
+
+    from ascendgraph.models import build
+
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (1 << 30, resource.RLIM_INFINITY))
+    room = build._address_space_available()
+    assert room is not None and room <= 1 << 30
+    assert build.available_host_memory() <= 1 << 30
