@@ -317,7 +317,7 @@ def check_output_path(path: Union[str, os.PathLike[str]], where: str, *, key: Op
     for follow in (False, True):
         try:
             info = os.stat(text, follow_symlinks=follow)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             continue
         except OSError as exc:
             raise _fail(where, f"cannot be written ({exc.strerror or exc})", key) from None
@@ -325,7 +325,8 @@ def check_output_path(path: Union[str, os.PathLike[str]], where: str, *, key: Op
             raise _fail(where, f"is {_file_kind(info.st_mode)}; write to a regular file", key)
     folder = os.path.dirname(os.path.abspath(text)) or "."
     if not os.path.isdir(folder):
-        raise _fail(where, f"folder {folder} does not exist", key)
+        what = "is a file, not a folder" if os.path.exists(folder) else "does not exist"
+        raise _fail(where, f"folder {folder} {what}", key)
 
 
 # Temporary files and folders being written right now: removed on every exit path; a signal

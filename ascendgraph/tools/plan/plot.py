@@ -138,8 +138,6 @@ def check_plot_path(path: str) -> str:
     example = "e.g. --plot waste.png"
     if not path.strip():
         raise ConfigError(f"--plot needs the path of a PNG file to write, got {path!r} ({example})", key="plot")
-    if not os.path.isdir(path):
-        check_output_path(path, f"--plot {path}", key="plot")  # never a device, FIFO or socket (/dev/null)
     if os.path.isdir(path):
         raise ConfigError(
             f"--plot {path}: is a folder; give a file path in it, e.g. --plot {os.path.join(path, 'waste.png')}",
@@ -152,6 +150,7 @@ def check_plot_path(path: str) -> str:
     if not os.path.isdir(directory):
         raise ConfigError(f"--plot {path}: {directory} is a file, not a folder; pick another path ({example})",
                           key="plot")
+    check_output_path(path, f"--plot {path}", key="plot")  # never a device, FIFO or socket (/dev/null)
     if not os.access(directory, os.W_OK | os.X_OK):
         raise ConfigError(f"--plot {path}: folder {directory} is not writable; pick another path ({example})",
                           key="plot")
