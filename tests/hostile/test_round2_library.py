@@ -86,3 +86,20 @@ def test_doctor_reports_torch_compile_disable_as_breaking(value, breaks, monkeyp
     document = json.loads(capsys.readouterr().out)
     found = [f for f in document["findings"] if f.get("rule") == "compile_disabled"]
     assert bool(found) == breaks, document["findings"]
+
+
+def test_sigterm_while_a_command_runs_unwinds_and_the_handler_is_restored():
+    import signal
+
+    from ascendgraph.cli.streams import Terminated, sigterm_unwinds
+
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        pytest.skip("the test runner handles SIGTERM itself")
+    cleaned = []
+    with pytest.raises(Terminated):
+        with sigterm_unwinds():
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+            finally:
+                cleaned.append(True)
+    assert cleaned == [True] and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
