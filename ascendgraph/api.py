@@ -188,6 +188,11 @@ def run(
     code is 1. Bad configurations raise ConfigError / GraphModeError / DeviceUnavailable.
     ``options`` are `ascendgraph.runtime.engine.EngineOptions` fields (``on_capture_error``,
     ``stream_limit``, ``faults``, ``dtype``, ``atol``, ...).
+
+    The caller's process is left as found: environment variables the run (or torch) set are
+    removed again and tqdm's monitor thread is stopped; torch's default device must be the CPU
+    and its default dtype float32 (else ConfigError). ``ascendgraph/caller_state.py`` lists
+    exactly what is kept and the one import-time setting (``TORCH_DEVICE_BACKEND_AUTOLOAD``).
     """
     from dataclasses import fields
 
@@ -200,4 +205,8 @@ def run(
     _check_run_options(options)
     if requests is None:
         requests = engine.DEFAULT_REQUESTS
-    return engine.run(as_config(config_or_args), device=device, requests=requests, seed=seed, **options)
+    from ascendgraph.caller_state import check_torch_defaults, kept_as_found
+
+    check_torch_defaults()  # a caller's set_default_device("meta") / set_default_dtype: refused, named
+    with kept_as_found():  # environment and threads as the caller had them (ascendgraph/caller_state.py)
+        return engine.run(as_config(config_or_args), device=device, requests=requests, seed=seed, **options)

@@ -13,16 +13,31 @@ Bounds (docs/decisions.md "Bounded input"):
 * one flag value or one file is at most ``MAX_TEXT_BYTES``;
 * numbers are finite (no NaN, Infinity or a float that overflows to it);
 * digits are ASCII (``int("²")`` and ``int("١٢")`` are refused, not read as 2 or 12).
+
+Files (the one way to open an input, `open_input`, and to write an output, `write_output`):
+
+* an input is a regular file (or standard input where a command documents ``-``): a FIFO, a
+  socket, a device, a folder or anything under ``/proc``, ``/sys`` or ``/dev`` is refused with
+  one line, opened without blocking so a FIFO nobody writes cannot hang a command;
+* a cache entry that is missing is a miss; one that is broken (special, too large, too deep,
+  not parseable) is a miss with one warning (`read_cache_entry`, `load_cache_json`);
+* an output replaces only a regular file (never a device, FIFO, socket or folder, nor a link to
+  one), through a temporary file in the same folder that is removed on every exit path
+  (`ascendgraph.cli.app` turns SIGTERM into an exception, so ``finally`` blocks run).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
+import stat
+import tempfile
 import tomllib
-from typing import Any, Optional, Union
+from contextlib import contextmanager
+from typing import Any, BinaryIO, Callable, Iterator, Optional, Union
 
 from ascendgraph.errors import ConfigError
 
@@ -36,10 +51,21 @@ __all__ = [
     "load_json_or_text",
     "load_toml",
     "read_text_file",
+    "open_input",
+    "read_input_bytes",
+    "read_cache_entry",
+    "load_cache_json",
+    "check_output_path",
+    "write_output",
+    "output_directory",
+    "live_temporaries",
     "read_int",
     "read_human_int",
     "read_float",
     "dump_json",
+    "shown",
+    "user_cache_root",
+    "cache_miss",
 ]
 
 MAX_INT_DIGITS = 20
@@ -166,24 +192,254 @@ def load_toml(text: str, where: str, *, key: Optional[str] = None) -> dict[str, 
     return check_tree(value, where, key=key)
 
 
+SPECIAL_ROOTS = ("/proc", "/sys", "/dev")
+_log = logging.getLogger("ascendgraph")
+_KINDS = (
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISDIR, "a folder"),
+)
+
+
+def _file_kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def _under_special_root(path: str) -> Optional[str]:
+    """``/proc`` (or /sys, /dev) when ``path`` is, or links to, something there; with the link's
+    target when it is a link (``z.json -> /dev/zero``)."""
+    real = os.path.realpath(path)
+    root = next((root for root in SPECIAL_ROOTS if real == root or real.startswith(root + "/")), None)
+    if root is None or real == os.path.abspath(path):
+        return root
+    return f"{root} (it links to {real})"
+
+
+def open_input(path: Union[str, os.PathLike[str]], where: str, *, key: Optional[str] = None,
+               limit: int = MAX_TEXT_BYTES, kind: str = "file") -> BinaryIO:
+    """The one way to open an input: a regular file of at most ``limit`` bytes, opened for
+    binary reading. Anything else is a ConfigError naming ``where`` and what the path is:
+    missing, unreadable, a folder, a FIFO, a socket, a device, or a file under /proc, /sys or
+    /dev (whose size says nothing and whose reads may block or never end). The open itself
+    never blocks (``O_NONBLOCK``; a FIFO is refused after the open, before any read)."""
+    text = os.fspath(path)
+    root = _under_special_root(text)
+    if root is not None:
+        raise _fail(where, f"is under {root}, not a regular {kind}", key)
+    try:
+        fd = os.open(text, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise _fail(where, "does not exist", key) from None
+    except OSError as exc:
+        raise _fail(where, f"cannot read it ({exc.strerror or exc})", key) from None
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise _fail(where, f"is a folder, not a {kind}", key)
+        if not stat.S_ISREG(info.st_mode):
+            raise _fail(where, f"is {_file_kind(info.st_mode)}, not a regular {kind}", key)
+        if info.st_size > limit:
+            raise _fail(where, f"is {info.st_size} bytes; at most {limit} bytes are read (not a {kind})", key)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_input_bytes(path: Union[str, os.PathLike[str]], where: str, *, key: Optional[str] = None,
+                     limit: int = MAX_TEXT_BYTES, kind: str = "file") -> bytes:
+    """A regular file's bytes (`open_input`), never more than ``limit`` (a file that grows
+    while it is read is refused too)."""
+    with open_input(path, where, key=key, limit=limit, kind=kind) as handle:
+        try:
+            data = handle.read(limit + 1)
+        except OSError as exc:
+            raise _fail(where, f"cannot read it ({exc.strerror or exc})", key) from None
+    if len(data) > limit:
+        raise _fail(where, f"larger than {limit} bytes; not a {kind}", key)
+    return data
+
+
 def read_text_file(path: Union[str, os.PathLike[str]], where: str, *, key: Optional[str] = None,
                    kind: str = "text") -> str:
     """A UTF-8 text file of at most ``MAX_TEXT_BYTES`` (read in bounded time: never more bytes)."""
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_TEXT_BYTES + 1)
-    except IsADirectoryError:
-        raise _fail(where, "is a folder, not a file", key) from None
-    except OSError as exc:
-        raise _fail(where, f"cannot read it ({exc.strerror or exc})", key) from None
-    if len(data) > MAX_TEXT_BYTES:
-        raise _fail(where, f"larger than {MAX_TEXT_BYTES} bytes (16 MiB); not a {kind} file", key)
+    data = read_input_bytes(path, where, key=key, kind=f"{kind} file")
     if b"\x00" in data:
         raise _fail(where, f"not a text file (it holds NUL bytes; expected UTF-8 {kind})", key)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
         raise _fail(where, f"not a text file (expected UTF-8 {kind})", key) from None
+
+
+def read_cache_entry(path: Union[str, os.PathLike[str]], what: str, *, limit: int = MAX_TEXT_BYTES) -> Optional[bytes]:
+    """A cache entry's bytes, or None: a missing entry is a plain miss; a broken one (special
+    file, too large, unreadable) is a miss with one warning naming it. Never raises."""
+    try:
+        return read_input_bytes(path, f"{what} {os.fspath(path)}", limit=limit, kind="cache entry")
+    except ConfigError as exc:
+        if os.path.lexists(path):
+            cache_miss(path, what, str(exc))
+        return None
+
+
+def cache_miss(path: Union[str, os.PathLike[str]], what: str, reason: str) -> None:
+    """The one warning for a broken cache entry: it is ignored (a miss) and rebuilt."""
+    _log.warning("%s", shown(f"ignoring a broken {what} (a cache miss, it is rebuilt): {reason}"))
+
+
+def load_cache_json(path: Union[str, os.PathLike[str]], what: str) -> Optional[Any]:
+    """A JSON cache entry within the readers' bounds, or None (`read_cache_entry`; text that
+    is not bounded JSON is a miss with one warning too)."""
+    data = read_cache_entry(path, what)
+    if data is None:
+        return None
+    where = f"{what} {os.fspath(path)}"
+    try:
+        return load_json(data.decode("utf-8"), where)
+    except UnicodeDecodeError:
+        cache_miss(path, what, f"{where}: not UTF-8 text")
+    except ConfigError as exc:
+        cache_miss(path, what, str(exc))
+    return None
+
+
+def check_output_path(path: Union[str, os.PathLike[str]], where: str, *, key: Optional[str] = None) -> None:
+    """An output may replace only a regular file: refuse a path that is (or links to) a device,
+    FIFO, socket or folder, one under /proc, /sys or /dev, and one whose folder is missing."""
+    text = os.fspath(path)
+    root = _under_special_root(text)
+    if root is not None:
+        raise _fail(where, f"is under {root}; write to a regular file", key)
+    for follow in (False, True):
+        try:
+            info = os.stat(text, follow_symlinks=follow)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError as exc:
+            raise _fail(where, f"cannot be written ({exc.strerror or exc})", key) from None
+        if not stat.S_ISREG(info.st_mode) and not stat.S_ISLNK(info.st_mode):
+            raise _fail(where, f"is {_file_kind(info.st_mode)}; write to a regular file", key)
+    folder = os.path.dirname(os.path.abspath(text)) or "."
+    if not os.path.isdir(folder):
+        what = "is a file, not a folder" if os.path.exists(folder) else "does not exist"
+        raise _fail(where, f"folder {folder} {what}", key)
+
+
+# Temporary files and folders being written right now: removed on every exit path; a signal
+# handler (ascendgraph.cli.app) may remove what is left when it cannot unwind.
+_LIVE: set[str] = set()
+
+
+def live_temporaries() -> frozenset[str]:
+    """Temporary outputs being written at this moment (for tests and signal handlers)."""
+    return frozenset(_LIVE)
+
+
+@contextmanager
+def _temporary(path: str) -> Iterator[str]:
+    _LIVE.add(path)
+    try:
+        yield path
+    finally:
+        _LIVE.discard(path)
+        try:
+            if os.path.isdir(path) and not os.path.islink(path):
+                import shutil
+
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            pass
+
+
+def write_output(path: Union[str, os.PathLike[str]], content: Union[bytes, str, Callable[[str], None]], where: str,
+                 *, key: Optional[str] = None, suffix: str = ".tmp") -> None:
+    """The one way to write an output file: ``content`` (bytes, text, or a function that writes
+    the temporary path it is given) goes to a temporary file beside ``path``, which then
+    replaces ``path`` — only ever a regular file (`check_output_path`). The temporary file is
+    removed on every exit path. OSError (disk full, read-only) propagates with its errno."""
+    text = os.fspath(path)
+    check_output_path(text, where, key=key)
+    folder = os.path.dirname(os.path.abspath(text))
+    handle, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(text)}.", suffix=suffix, dir=folder)
+    with _temporary(temporary):
+        with os.fdopen(handle, "wb") as stream:
+            if isinstance(content, str):
+                stream.write(content.encode("utf-8"))
+            elif isinstance(content, bytes):
+                stream.write(content)
+        if callable(content):
+            content(temporary)
+        check_output_path(text, where, key=key)  # nothing special appeared there meanwhile
+        os.replace(temporary, text)
+
+
+@contextmanager
+def output_directory(path: Union[str, os.PathLike[str]], where: str, *, key: Optional[str] = None) -> Iterator[str]:
+    """A temporary folder beside ``path`` to fill; on success it becomes ``path`` (which must
+    not exist yet, or be a folder that is replaced only when empty); removed on every exit path."""
+    text = os.fspath(path)
+    parent = os.path.dirname(os.path.abspath(text))
+    root = _under_special_root(parent)
+    if root is not None:
+        raise _fail(where, f"is under {root}; write to a regular folder", key)
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(text)}.", dir=parent)
+    with _temporary(staging):
+        yield staging
+        os.replace(staging, text)
+
+
+def user_cache_root(env: Optional[Any] = None) -> str:
+    """Where ascendgraph's caches live: ``$ASCENDGRAPH_CACHE_DIR``, else ``$XDG_CACHE_HOME/ascendgraph``
+    (when absolute), else ``$HOME/.cache/ascendgraph`` — with an empty or relative ``HOME`` (``HOME=""``
+    would put it in ``/.cache``) the home folder of the user's password entry, and without one a
+    per-user folder in the temporary directory."""
+    environment = os.environ if env is None else env
+    value = str(environment.get("ASCENDGRAPH_CACHE_DIR", "")).strip()
+    if value:
+        return os.path.expanduser(value)
+    xdg = str(environment.get("XDG_CACHE_HOME", "")).strip()
+    if os.path.isabs(xdg):
+        return os.path.join(xdg, "ascendgraph")
+    home = str(environment.get("HOME", "")).strip()
+    if not os.path.isabs(home):
+        try:
+            import pwd
+
+            home = pwd.getpwuid(os.getuid()).pw_dir
+        except (ImportError, KeyError, OSError):
+            home = ""
+    if not os.path.isabs(home):
+        return os.path.join(tempfile.gettempdir(), f"ascendgraph-cache-{os.getuid()}")
+    return os.path.join(home, ".cache", "ascendgraph")
+
+
+# Characters never printed raw: C0 controls (ESC, BEL, CR, newline ...), DEL, C1 controls,
+# lone surrogates and the Unicode line/paragraph separators and bidi overrides.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def shown(text: str, *, keep_newlines: bool = False) -> str:
+    """Text from an input made safe to print: every control character (newline too, unless
+    ``keep_newlines``), DEL, C1 control, lone surrogate and bidi override written as an escape
+    (``\\x1b``, ``\\n``, ``\\ud800``), so it cannot forge a line or drive the terminal."""
+
+    def escape(match: "re.Match[str]") -> str:
+        char = match.group(0)
+        if keep_newlines and char in "\n\t":
+            return char
+        return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(char) or (
+            f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}")
+
+    return _UNSAFE.sub(escape, text)
 
 
 def read_int(text: Any, where: str, *, key: Optional[str] = None) -> int:

@@ -35,6 +35,7 @@ from ascendgraph.errors import ConfigError
 from ascendgraph.modes import GraphMode
 
 __all__ = [
+    "pad_sorted",
     "CaptureSizes",
     "StreamPlan",
     "DEFAULT_MAX_STREAMS",
@@ -257,7 +258,15 @@ def pad_num_tokens(num_tokens: int, sizes: Sequence[int]) -> Optional[int]:
         return 0
     import bisect
 
-    ordered = sorted(sizes)
+    return pad_sorted(num_tokens, sorted(sizes))
+
+
+def pad_sorted(num_tokens: int, ordered: Sequence[int]) -> Optional[int]:
+    """`pad_num_tokens` over sizes already sorted ascending: O(log n), for loops over a workload."""
+    import bisect
+
+    if num_tokens <= 0:
+        return 0
     index = bisect.bisect_left(ordered, num_tokens)
     return ordered[index] if index < len(ordered) else None
 
@@ -476,7 +485,7 @@ def padding_waste(sizes: Sequence[int], workload: Iterable[int]) -> float:
     for t in workload:
         if t <= 0:
             continue
-        target = pad_num_tokens(t, ordered)
+        target = pad_sorted(t, ordered)
         if target is None:
             continue
         real += t
@@ -502,6 +511,10 @@ def select_sizes(candidates: Sequence[int], n: int, workload: Iterable[int]) -> 
     for t in workload:
         if 0 < t <= largest:
             counts[t] = counts.get(t, 0) + 1
+    from ascendgraph.size_selection import EXACT_SELECTION_WORK, select_sizes_fast
+
+    if n * len(ordered) ** 2 > EXACT_SELECTION_WORK:
+        return select_sizes_fast(ordered, n, counts)
     # cost(i, j): padded tokens of batches in (ordered[i], ordered[j]] padded to ordered[j];
     # i = -1 means "from 0".
     tokens = sorted(counts)
@@ -542,3 +555,4 @@ def select_sizes(candidates: Sequence[int], n: int, workload: Iterable[int]) -> 
         j = parent[k][j]
         k -= 1
     return sorted(chosen)
+

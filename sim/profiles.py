@@ -28,7 +28,7 @@ from typing import Any, Callable, Mapping, Union
 
 from ascendgraph.device import DeviceProfile
 from ascendgraph.errors import ConfigError
-from ascendgraph.readers import check_tree, load_json, read_text_file
+from ascendgraph.readers import check_tree, load_json, open_input, read_text_file
 from sim.cost import CostParams
 
 __all__ = ["SimProfile", "PROFILES", "DEFAULT_PROFILE", "get_profile", "load_profile", "profile_from_dict"]
@@ -121,15 +121,28 @@ _Rule = tuple[Callable[[Any], bool], str]
 _NON_EMPTY_STR: _Rule = (lambda v: isinstance(v, str) and bool(v.strip()), "a non-empty string")
 _STR: _Rule = (lambda v: isinstance(v, str), "a string")
 _BOOL: _Rule = (lambda v: isinstance(v, bool), "true or false")
-_POSITIVE_INT: _Rule = (lambda v: _is_int(v) and v >= 1, "an integer >= 1")
-_POSITIVE_NUMBER: _Rule = (lambda v: _is_number(v) and v > 0, "a finite number > 0")
-_NON_NEGATIVE_NUMBER: _Rule = (lambda v: _is_number(v) and v >= 0, "a finite number >= 0")
+
+
+def _number_within(low: float, high: float, unit: str = "") -> _Rule:
+    """A finite number in a physical range: a cost of 1e308 us or a bandwidth of 1e-300 GB/s is
+    no device, and would overflow the simulator's clock to inf/NaN (a report must never show NaN)."""
+    return (lambda v: _is_number(v) and low <= v <= high, f"a number from {low:g} to {high:g}{unit}")
+
+
+def _int_within(low: int, high: int, unit: str = "") -> _Rule:
+    return (lambda v: _is_int(v) and low <= v <= high, f"an integer from {low} to {high}{unit}")
+
+
+# Physical ranges (generous: a thousand times beyond any Ascend part, yet far from overflow).
+_MICROSECONDS = _number_within(0, 1e6, " (microseconds, at most one second)")
+_TFLOPS = _number_within(1e-3, 1e5, " (TFLOPS)")
+_GBPS = _number_within(1e-3, 1e6, " (GB/s)")
 
 _DEVICE_RULES: Mapping[str, _Rule] = MappingProxyType(
     {
         "name": _NON_EMPTY_STR,
         "soc": _NON_EMPTY_STR,
-        "stream_limit": _POSITIVE_INT,
+        "stream_limit": _int_within(1, 10**6),
         "hdk_version": _NON_EMPTY_STR,
         "cann_version": _NON_EMPTY_STR,
         "old_hdk": _BOOL,
@@ -137,26 +150,27 @@ _DEVICE_RULES: Mapping[str, _Rule] = MappingProxyType(
         "supports_static_kernel": _BOOL,
         "supports_super_kernel": _BOOL,
         "supports_task_update": _BOOL,
-        "max_piecewise_sizes": (lambda v: v is None or (_is_int(v) and v >= 1), "an integer >= 1, or null for no limit"),
-        "memory_bytes": _POSITIVE_INT,
-        "reserved_streams": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
+        "max_piecewise_sizes": (lambda v: v is None or (_is_int(v) and 1 <= v <= 10**6),
+                                "an integer from 1 to 1000000, or null for no limit"),
+        "memory_bytes": _int_within(1, 2**50, " (bytes, at most 1 PiB)"),
+        "reserved_streams": _int_within(0, 10**6),
         "description": _STR,
     }
 )
 _COST_RULES: Mapping[str, _Rule] = MappingProxyType(
     {
-        "host_launch_us": _NON_NEGATIVE_NUMBER,
-        "graph_launch_us": _NON_NEGATIVE_NUMBER,
-        "graph_launch_per_task_us": _NON_NEGATIVE_NUMBER,
-        "task_overhead_us": _NON_NEGATIVE_NUMBER,
-        "peak_tflops": _POSITIVE_NUMBER,
-        "bandwidth_gbps": _POSITIVE_NUMBER,
-        "capture_base_us": _NON_NEGATIVE_NUMBER,
-        "capture_per_task_us": _NON_NEGATIVE_NUMBER,
-        "ai_cores": _POSITIVE_INT,
-        "elements_per_block": _POSITIVE_INT,
-        "static_kernel_overhead_factor": _NON_NEGATIVE_NUMBER,
-        "super_kernel_sync_us": _NON_NEGATIVE_NUMBER,
+        "host_launch_us": _MICROSECONDS,
+        "graph_launch_us": _MICROSECONDS,
+        "graph_launch_per_task_us": _MICROSECONDS,
+        "task_overhead_us": _MICROSECONDS,
+        "peak_tflops": _TFLOPS,
+        "bandwidth_gbps": _GBPS,
+        "capture_base_us": _MICROSECONDS,
+        "capture_per_task_us": _MICROSECONDS,
+        "ai_cores": _int_within(1, 65536),
+        "elements_per_block": _int_within(1, 2**24),
+        "static_kernel_overhead_factor": _number_within(0, 100),
+        "super_kernel_sync_us": _MICROSECONDS,
     }
 )
 assert set(_DEVICE_RULES) == _DEVICE_FIELDS and set(_COST_RULES) == _COST_FIELDS, "a profile field has no rule"
@@ -282,11 +296,7 @@ def _load_profile(source: Path, *, chain: tuple[Path, ...]) -> SimProfile:
         )
     if source.is_dir():
         raise ConfigError(f"cannot read profile file {source}: it is a folder", key="profile")
-    try:
-        with open(source, "rb"):
-            pass
-    except OSError as exc:
-        raise ConfigError(f"cannot read profile file {source}: {exc.strerror or exc}", key="profile") from None
+    open_input(source, f"cannot read profile file {source}", key="profile").close()  # regular files only
     where = f"profile file {source}"
     data = load_json(read_text_file(source, where, key="profile", kind="JSON object"), where, key="profile")
     return _profile_from_dict(data, origin=f"profile file {source}", chain=(*chain, identity))

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import errno
 import logging
 import os
 import sys
@@ -26,7 +25,10 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 from ascendgraph.cli.args import LIMITS, config_from_args, env_from_args, hccl_mode_from_args, limit_error
 from ascendgraph.cli.vllm_flags import VLLM_FLAGS
 from ascendgraph.errors import ConfigError, DeviceUnavailable, GraphModeError
-from ascendgraph.readers import dump_json
+from ascendgraph.readers import shown
+from ascendgraph.cli.streams import (INTERRUPTED, PIPE_CLOSED, TERMINATED, ClosedStdout, Terminated, emit_json,
+                                     emit_result, emit_text, is_stdout_error, sigterm_unwinds, silence_stdout,
+                                     write_stdout)
 
 __all__ = ["main", "build_parser", "parse_command_line", "commands", "Command", "Parser", "CliUsageError", "check_limits", "flag_hint",
            "unrecognized_message", "format_warning", "cli_warnings", "package_version", "emit_json", "emit_result",
@@ -83,6 +85,14 @@ class Parser(argparse.ArgumentParser):
         action = super().add_subparsers(**kwargs)
         self.subcommand_dest = action.dest
         return _Subcommands(action, self)
+
+    def _print_message(self, message: str, file: Any = None) -> None:
+        """--help, --version and usage go through the stdout writer: a full or closed stdout is
+        the same one-line error (exit 1) as for any result, never a silent exit 0."""
+        if message and (file is None or file is sys.stdout):
+            write_stdout(message)
+        elif message:
+            emit_text(message.rstrip("\n"))
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise CliUsageError(f"{self.prog}: error: {message} (see {self.prog} --help)")
@@ -179,38 +189,6 @@ def check_limits(parser: Parser, args: argparse.Namespace) -> None:
             raise CliUsageError(f"{leaf.prog}: error: argument {flag}: {problem} (see {leaf.prog} --help)")
 
 
-def emit_json(document: dict[str, Any]) -> None:
-    """The ``--json`` document on stdout: with ``--json`` it is the only thing there."""
-    _write_stdout(dump_json(document) + "\n")
-
-
-def emit_result(text: str) -> None:
-    """A command's result (its report, table or plan) on stdout, where ``| less`` and ``>``
-    find it; logs, progress and warnings go to stderr (`emit_text`, logging)."""
-    _write_stdout(text + "\n")
-
-
-def _write_stdout(text: str) -> None:
-    try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        raise
-    except OSError as exc:
-        exc._ascendgraph_stdout = True  # type: ignore[attr-defined]  # `main` reports it as a stdout failure
-        raise
-
-
-def emit_text(text: str) -> None:
-    """A line on stderr (errors, notes, progress); best effort (a closed or full stderr must not
-    turn into a traceback)."""
-    try:
-        sys.stderr.write(text + "\n")
-        sys.stderr.flush()
-    except (OSError, ValueError, AttributeError):
-        pass
-
-
 # --------------------------------------------------------------------------- command table
 
 
@@ -280,10 +258,20 @@ def build_parser() -> Parser:
 LOG_FORMAT = "%(levelname)s ascendgraph: %(message)s"
 
 
+class OneLineFormatter(logging.Formatter):
+    """A log record's message on one line, text from inputs escaped (`ascendgraph.readers.shown`):
+    a newline or an escape sequence in a flag, a path or a config name cannot forge a second
+    line or drive the terminal. A traceback (``--debug``) still follows on its own lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = shown(record.message)
+        return super().formatMessage(record)
+
+
 def _configure_logging(args: argparse.Namespace) -> None:
     level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    handler.setFormatter(OneLineFormatter(LOG_FORMAT))
     root = logging.getLogger("ascendgraph")
     root.handlers[:] = [handler]
     root.setLevel(level)
@@ -429,7 +417,9 @@ def _wants_json(tokens: Sequence[str]) -> bool:
 
 def _bad_input(message: str, error_type: str, wants_json: bool) -> int:
     """Exit 2: the one-line error on stderr and, under ``--json``, an error document on stdout
-    so a machine reading stdout always gets one document."""
+    so a machine reading stdout always gets one document. Text from the input is escaped
+    (`ascendgraph.readers.shown`): the error is one line whatever the input held."""
+    message = shown(message)
     emit_text(message)
     if wants_json:
         emit_json({"schema_version": 1, "exit_code": BAD_INPUT, "error": {"type": error_type, "message": message}})
@@ -465,7 +455,20 @@ def _interrupts_deferred() -> Iterator[None]:
         raise KeyboardInterrupt
 
 
+def _check_working_directory() -> None:
+    """torch's native libraries (oneMKL) abort the process when the working directory was
+    deleted under it: refuse up front, in one line, instead of a fatal error with empty stdout."""
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        raise ConfigError("the current working directory no longer exists (it was deleted or moved); "
+                          "cd to an existing folder and run the command again", key="cwd") from None
+    except OSError:
+        pass
+
+
 def _import_torch_whole() -> None:
+    _check_working_directory()
     with _interrupts_deferred():
         import numpy  # noqa: F401  (before torch: its C++ start-up imports numpy)
         import torch  # noqa: F401
@@ -484,8 +487,21 @@ def _run_command(command: "Command", args: argparse.Namespace, wants_json: bool 
         first_line = str(exc).strip()
         return _bad_input(f"{PROG} {command.name}: error: {first_line}", type(exc).__name__, wants_json)
     except KeyboardInterrupt:
-        emit_text(f"{PROG} {command.name}: interrupted")
-        return 130
+        return _stopped(f"{PROG} {command.name}: interrupted", "KeyboardInterrupt", INTERRUPTED, wants_json)
+    except Terminated:
+        return _stopped(f"{PROG} {command.name}: terminated (SIGTERM)", "Terminated", TERMINATED, wants_json)
+
+
+def _stopped(message: str, error_type: str, code: int, wants_json: bool) -> int:
+    """Ctrl-C or SIGTERM: one line on stderr and, under ``--json``, the document saying so (a
+    reader of stdout always gets one document). Outputs being written were removed on the way."""
+    emit_text(message)
+    if wants_json:
+        try:
+            emit_json({"schema_version": 1, "exit_code": code, "error": {"type": error_type, "message": message}})
+        except OSError:
+            pass
+    return code
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -494,59 +510,28 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     quietly; stdout that cannot be written (``> /dev/full``, ``>&-``) is a one-line error
     (exit 1); Ctrl-C is exit 130. Never a traceback."""
     try:
-        return _main(argv)
+        with sigterm_unwinds():
+            return _main(argv)
     except KeyboardInterrupt:
         emit_text(f"{PROG}: interrupted")
         return INTERRUPTED
+    except Terminated:
+        emit_text(f"{PROG}: terminated (SIGTERM)")
+        return TERMINATED
     except BrokenPipeError:
-        _silence_stdout()
+        silence_stdout()
         return PIPE_CLOSED
     except OSError as exc:
-        if not _is_stdout_error(exc):
+        if not is_stdout_error(exc):
             raise
-        _silence_stdout()
+        silence_stdout()
         emit_text(f"{PROG}: error: cannot write to stdout: {exc.strerror or exc}")
         return RUN_FAILED
 
 
-INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a process ended by Ctrl-C
-PIPE_CLOSED = 141  # 128 + SIGPIPE, what a shell reports when the reader went away
-
-
-class _ClosedStdout:
-    """Stands in for ``sys.stdout`` when file descriptor 1 is closed (``ascendgraph ... >&-``):
-    writing to it is the same OSError a write to a closed descriptor gives."""
-
-    def write(self, text: str) -> int:
-        raise OSError(errno.EBADF, "stdout is closed")
-
-    def flush(self) -> None:
-        return None
-
-
-def _is_stdout_error(exc: OSError) -> bool:
-    if getattr(exc, "_ascendgraph_stdout", False):
-        return True
-    return exc.filename is None and exc.errno in (errno.ENOSPC, errno.EBADF)
-
-
-def _silence_stdout() -> None:
-    """Point stdout at /dev/null so the interpreter's final flush cannot fail again."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        if sys.stdout is not None and not isinstance(sys.stdout, _ClosedStdout):
-            try:
-                os.dup2(devnull, sys.stdout.fileno())
-            except (OSError, ValueError, AttributeError):
-                pass
-        sys.stdout = open(devnull, "w")
-    except OSError:
-        pass
-
-
 def _main(argv: Optional[Sequence[str]] = None) -> int:
     if sys.stdout is None:
-        sys.stdout = _ClosedStdout()  # type: ignore[assignment]
+        sys.stdout = ClosedStdout()  # type: ignore[assignment]
     parser = build_parser()
     tokens = list(sys.argv[1:] if argv is None else argv)
     wants_json = _wants_json(tokens)

@@ -26,9 +26,9 @@ from typing import Any, Callable, Optional, Sequence
 
 from ascendgraph.config import parse_json_argument
 from ascendgraph.errors import ConfigError
-from ascendgraph.readers import load_json_or_text
+from ascendgraph.readers import MAX_NESTING, load_json_or_text, shown
 from ascendgraph.models.backends import ATTENTION_BACKENDS
-from ascendgraph.models.presets import PRESETS, preset_for_architecture
+from ascendgraph.models.presets import PRESETS, local_config_path, preset_for_architecture
 from ascendgraph.cli.vllm_flags import VLLM_FLAGS, VLLM_FLAGS_WITH_VALUE, VLLM_SWITCHES, VLLM_VERSION
 
 __all__ = ["PASTE_COMMANDS", "PastedCommand", "translate_vllm_command", "resolve_model_argument", "dashed",
@@ -94,27 +94,29 @@ def looks_like_path(model: str) -> bool:
 def resolve_model_argument(model: str) -> tuple[str, Optional[str]]:
     """A `--model` value for a vLLM model argument, and a note when falling back to tiny.
 
-    Order: a preset named like the model (``Qwen/Qwen3-0.6B`` -> ``qwen3-0.6b``); a preset
-    whose architecture is the argument; a local ``config.json`` (file or folder); a value
-    that is clearly a path (``/``, ``./``, ``../``, ``~``, ``*.json``) but names no
-    config.json is a ConfigError; else (a Hugging Face id) ``tiny`` with a warning.
+    Order (a path is a path, as vLLM reads it): a local ``config.json`` (file or folder) that
+    exists; a value that is clearly a path (``/``, ``./``, ``../``, ``~``, ``*.json``) but names
+    no config.json is a ConfigError, even when its last part looks like a preset name
+    (``/models/Qwen3-0.6B``); then a preset named like the model (``Qwen/Qwen3-0.6B`` ->
+    ``qwen3-0.6b``); a preset whose architecture is the argument; else (a Hugging Face id)
+    ``tiny`` with a warning.
     """
+    config = local_config_path(model)
+    if config is not None:
+        return os.path.expanduser(model), None
+    if looks_like_path(model):
+        local = os.path.expanduser(model)
+        what = "has no config.json" if os.path.isdir(local) else "does not exist"
+        raise ConfigError(
+            f"model path {model!r} {what}; pass an existing config.json (file or folder), a preset "
+            f"({', '.join(PRESETS)}) or a Hugging Face id", key="model",
+        )
     base = model.rstrip("/").rsplit("/", 1)[-1].lower()
     if base in PRESETS:
         return base, None
     by_architecture = preset_for_architecture(model)
     if by_architecture:
         return by_architecture, None
-    local = os.path.expanduser(model)
-    candidate = os.path.join(local, "config.json") if os.path.isdir(local) else local
-    if os.path.isfile(candidate):
-        return local, None
-    if looks_like_path(model):
-        what = "has no config.json" if os.path.isdir(local) else "does not exist"
-        raise ConfigError(
-            f"model path {model!r} {what}; pass an existing config.json (file or folder), a preset "
-            f"({', '.join(PRESETS)}) or a Hugging Face id", key="model",
-        )
     return "tiny", (
         f"model {model!r} is not a preset ({', '.join(PRESETS)}), an architecture name or a local "
         "config.json: using the tiny preset (Qwen3ForCausalLM); pass the model's config.json folder to "
@@ -122,6 +124,8 @@ def resolve_model_argument(model: str) -> tuple[str, Optional[str]]:
     )
 
 
+# A shell variable name (POSIX, as bash takes it in an assignment): ASCII letters, digits, underscore.
+_SHELL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 
 
@@ -150,6 +154,8 @@ def _json_value(text: str, flag: str) -> Any:
 
 
 def _set_dotted(target: dict[str, Any], dotted: str, value: Any, flag: str) -> None:
+    if dotted.count(".") >= MAX_NESTING:
+        raise ConfigError(f"{shown(flag)[:40]}...: a dotted key more than {MAX_NESTING} levels deep", key=flag)
     keys = [k for k in dotted.split(".") if k]
     if not keys:
         raise ConfigError(f"{flag}: empty key in a dotted option", key=flag)
@@ -236,7 +242,13 @@ def _split_env(tokens: list[str]) -> tuple[dict[str, str], list[str]]:
     index = 0
     while index < len(tokens) and "=" in tokens[index] and not tokens[index].startswith("-"):
         name, _, value = tokens[index].partition("=")
-        if not name.isidentifier():
+        if not _SHELL_NAME.fullmatch(name):
+            odd = next((char for char in name if not (char.isascii() and (char.isalnum() or char == "_"))), None)
+            if name.isidentifier() and odd is not None:
+                raise ConfigError(
+                    f"{shown(name)}={shown(value)} is not an environment assignment: {odd!r} (U+{ord(odd):04X}) "
+                    "is not an ASCII letter, digit or underscore, so a shell runs it as a command; "
+                    "retype the variable name", key="--")
             break
         env[name] = value
         index += 1
@@ -274,6 +286,7 @@ def translate_vllm_command(
     dotted_configs: dict[str, dict[str, Any]] = {}
     lora_enabled = False
     max_loras_given, max_loras_value = False, ""
+    switches: dict[str, bool] = {}  # a modelled switch -> its last setting (--x / --no-x)
 
     for name, value in env.items():
         if name in ENV_FLAGS:
@@ -354,14 +367,22 @@ def translate_vllm_command(
         elif flag in MODELLED_FLAGS:
             target = MODELLED_FLAGS[flag]
             if flag in VLLM_SWITCHES:
-                add(target)
+                switches[target] = True
             else:
                 add(target, value or "")
         elif flag.startswith("--no-") and ("--" + flag[5:]) in MODELLED_FLAGS:
-            pass  # the negative of a modelled switch is its default
+            switches[MODELLED_FLAGS["--" + flag[5:]]] = False  # vLLM's BooleanOptionalAction: the last one wins
         else:
             result.ignored.append(flag)
 
+    for target, on in switches.items():
+        negative = "--no-" + target[2:]
+        if on:
+            add(target)
+        elif accepts(negative):
+            add(negative)
+        else:
+            result.ignored.append(negative)
     # vLLM: --max-loras belongs to the LoRA config, which exists only with --enable-lora (max_loras >= 1).
     if lora_enabled:
         if max_loras_given and max_loras_value.strip() == "0":

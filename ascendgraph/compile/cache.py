@@ -48,8 +48,6 @@ import logging
 import os
 import pickle
 import re
-import stat
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -57,10 +55,13 @@ from typing import Any, Optional, Sequence
 import torch
 from torch import fx
 
+from ascendgraph.readers import cache_miss, read_cache_entry, user_cache_root, write_output
+
 __all__ = ["CACHE_FORMAT", "CACHE_SUBDIR", "CACHEABLE_PASSES", "CachedGraph", "CompileCache", "cache_key",
            "TracedGraph", "traced_key", "load_traced", "store_traced", "parse_source", "resolve_source"]
 
 log = logging.getLogger(__name__)
+MAX_ENTRY_BYTES = 256 << 20  # a compiled graph entry larger than this is no entry of ours
 
 CACHE_FORMAT = 1
 CACHE_SUBDIR = "compile"
@@ -131,26 +132,25 @@ class CompileCache:
     def directory(self) -> Path:
         if self._root is not None:
             return self._root / CACHE_SUBDIR
-        value = os.environ.get(CACHE_ENV, "").strip()
-        base = Path(value).expanduser() if value else Path.home() / ".cache" / "ascendgraph"
+        base = Path(user_cache_root())  # $ASCENDGRAPH_CACHE_DIR, else the user's cache folder
         return base / CACHE_SUBDIR
 
     def load(self, key: str) -> Optional[CachedGraph]:
         path = self.directory / f"{key}.pkl"
+        data = read_cache_entry(path, "compile cache entry", limit=MAX_ENTRY_BYTES)  # regular files only
+        if data is None:
+            return None
         try:
-            with open(path, "rb") as handle:
-                document = pickle.load(handle)
-            if document.get("format") != CACHE_FORMAT or document.get("key") != key:
+            document = pickle.loads(data)
+            if not isinstance(document, dict) or document.get("format") != CACHE_FORMAT or document.get("key") != key:
                 return None
             module = document["module"]
             matches = {str(k): int(v) for k, v in document["matches"].items()}
             if not isinstance(module, fx.GraphModule):
                 return None
             return CachedGraph(module.graph, matches)
-        except FileNotFoundError:
-            return None
-        except Exception as exc:  # a broken entry is a miss, never an error
-            log.debug("compile cache: cannot read %s: %s: %s", path, type(exc).__name__, exc)
+        except Exception as exc:  # a broken entry (RecursionError too) is a miss with one warning, never an error
+            cache_miss(path, "compile cache entry", f"{path}: {type(exc).__name__}: {str(exc)[:200]}")
             return None
 
     def store(self, key: str, graph_module: fx.GraphModule, matches: dict[str, int]) -> bool:
@@ -162,14 +162,8 @@ class CompileCache:
             pickle.dump({"format": CACHE_FORMAT, "key": key, "module": graph_module, "matches": dict(matches)},
                         buffer, protocol=pickle.HIGHEST_PROTOCOL)
             directory.mkdir(parents=True, exist_ok=True)
-            handle = tempfile.NamedTemporaryFile("wb", dir=directory, prefix=".tmp.", delete=False)
-            try:
-                with handle:
-                    handle.write(buffer.getvalue())
-                os.replace(handle.name, directory / f"{key}.pkl")
-            except BaseException:
-                Path(handle.name).unlink(missing_ok=True)
-                raise
+            target = directory / f"{key}.pkl"
+            write_output(target, buffer.getvalue(), f"compile cache entry {target}")  # never over a special file
             return True
         except Exception as exc:
             log.debug("compile cache: cannot write to %s: %s: %s", directory, type(exc).__name__, exc)
@@ -255,33 +249,14 @@ class TracedGraph:
     matches: dict[str, int]
 
 
-def _read_regular_file(path: Path, limit: int = 1 << 30) -> Optional[bytes]:
-    """The bytes of ``path`` if it is a regular file (None if absent). Opened non-blocking and
-    checked with fstat first, so a FIFO or a device at the path is refused, never waited on."""
-    try:
-        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except FileNotFoundError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
-            raise OSError(f"{path} is not a regular file")
-        with os.fdopen(descriptor, "rb", closefd=False) as handle:
-            data = handle.read(limit + 1)
-        if len(data) > limit:
-            raise OSError(f"{path} is larger than {limit} bytes")
-        return data
-    finally:
-        os.close(descriptor)
-
-
 def load_traced(cache: "CompileCache", key: str) -> Optional[TracedGraph]:
     """The traced entry for ``key``, or None. A corrupt, foreign or unreadable entry is a miss
     with one warning naming the file (the run then traces as if there were no cache)."""
     path = cache.directory / TRACED_SUBDIR / f"{key}.pkl"
+    data = read_cache_entry(path, "traced-graph cache entry", limit=MAX_ENTRY_BYTES)  # regular files only
+    if data is None:
+        return None
     try:
-        data = _read_regular_file(path)
-        if data is None:
-            return None
         document = pickle.loads(data)
         if not isinstance(document, dict) or document.get("format") != TRACED_FORMAT or document.get("key") != key:
             raise ValueError("not a traced-graph entry of this key and format (a foreign file)")
@@ -295,8 +270,8 @@ def load_traced(cache: "CompileCache", key: str) -> Optional[TracedGraph]:
             parse_source(source)
         matches = {str(k): int(v) for k, v in document["matches"].items()}
         return TracedGraph(module, sources, matches)
-    except Exception as exc:  # a broken entry is a miss, never an error
-        log.warning("compile cache: ignoring %s (%s: %s); tracing the model instead", path, type(exc).__name__, exc)
+    except Exception as exc:  # a broken entry is a miss with one warning, never an error
+        cache_miss(path, "traced-graph cache entry", f"{path}: {type(exc).__name__}: {str(exc)[:200]}")
         return None
 
 
@@ -311,14 +286,8 @@ def store_traced(cache: "CompileCache", key: str, traced: TracedGraph) -> bool:
         pickle.dump({"format": TRACED_FORMAT, "key": key, "module": traced.module, "sources": list(traced.sources),
                      "matches": dict(traced.matches)}, buffer, protocol=pickle.HIGHEST_PROTOCOL)
         directory.mkdir(parents=True, exist_ok=True)
-        handle = tempfile.NamedTemporaryFile("wb", dir=directory, prefix=".tmp.", delete=False)
-        try:
-            with handle:
-                handle.write(buffer.getvalue())
-            os.replace(handle.name, directory / f"{key}.pkl")
-        except BaseException:
-            Path(handle.name).unlink(missing_ok=True)
-            raise
+        target = directory / f"{key}.pkl"
+        write_output(target, buffer.getvalue(), f"traced-graph cache entry {target}")  # never over a special file
         return True
     except Exception as exc:
         log.debug("compile cache: cannot write a traced graph to %s: %s: %s", directory, type(exc).__name__, exc)

@@ -44,6 +44,7 @@ from torch import fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ascendgraph.ops import argument_tensors
+from ascendgraph.readers import load_cache_json, user_cache_root
 
 if TYPE_CHECKING:  # pragma: no cover
     from ascendgraph.compile.pass_manager import PassManager
@@ -135,10 +136,9 @@ def static_sizes(capture_sizes: Iterable[int], query_len: int, max_num_seqs: int
 
 
 def cache_root(env: Optional[Mapping[str, str]] = None) -> Path:
-    """``$ASCENDGRAPH_CACHE_DIR``, else ``~/.cache/ascendgraph``."""
-    environment = os.environ if env is None else env
-    value = environment.get(CACHE_DIR_ENV, "").strip()
-    return Path(value).expanduser() if value else Path.home() / ".cache" / "ascendgraph"
+    """``$ASCENDGRAPH_CACHE_DIR``, else ``~/.cache/ascendgraph`` (`ascendgraph.readers.user_cache_root`:
+    never ``/.cache`` for an empty ``HOME``)."""
+    return Path(user_cache_root(env))
 
 
 # --------------------------------------------------------------------------- signatures
@@ -220,10 +220,7 @@ def _build_key(signatures: Sequence[KernelSignature], flags: Mapping[str, bool],
 
 
 def _read_manifest(directory: Path, key: str) -> Optional[dict[str, Any]]:
-    try:
-        manifest = json.loads((directory / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return None
+    manifest = load_cache_json(directory / MANIFEST, "static kernel manifest")  # bounded; broken = miss
     if not isinstance(manifest, dict) or manifest.get("key") != key:
         return None
     return manifest
@@ -258,7 +255,9 @@ def build_static_kernels(
             "kernels": [k.as_dict() for k in kernels],
         }
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
-        if directory.exists():  # an incomplete or stale build: replace it
+        if directory.is_symlink() or (directory.exists() and not directory.is_dir()):
+            directory.unlink()  # not a build folder (a file, a FIFO, a link): replace it, never follow it
+        elif directory.exists():  # an incomplete or stale build: replace it
             shutil.rmtree(directory)
         try:
             os.replace(staging, directory)

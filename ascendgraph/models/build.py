@@ -371,13 +371,34 @@ def available_host_memory() -> Optional[int]:
     """Bytes of host memory this process can still allocate, or None when that is unknown.
 
     MemAvailable (page cache counts as free), else free pages from sysconf; capped by a
-    cgroup memory limit (containers) when there is one.
+    cgroup memory limit (containers) and by the address-space limit (``ulimit -v``) when there
+    is one.
     """
     system = _meminfo_available()
     if system is None:
         system = _sysconf_available()
-    known = [value for value in (system, _cgroup_available()) if value is not None]
+    known = [value for value in (system, _cgroup_available(), _address_space_available()) if value is not None]
     return min(known) if known else None
+
+
+def _address_space_available() -> Optional[int]:
+    """What ``ulimit -v`` (RLIMIT_AS) still allows this process to map: the soft limit minus the
+    virtual size it has now (/proc/self/statm); None without a limit. Without this, a run under
+    ``ulimit -v`` passed the pre-check and then failed inside an allocation with an OSError."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    except (ImportError, OSError, ValueError, AttributeError):
+        return None
+    if soft == resource.RLIM_INFINITY or soft <= 0:
+        return None
+    try:
+        with open("/proc/self/statm", encoding="ascii") as handle:
+            virtual = int(handle.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+    return max(0, soft - virtual)
 
 
 def _human_bytes(count: int) -> str:

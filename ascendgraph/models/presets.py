@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Callable, Mapping, Optional
 
 from ascendgraph.errors import ConfigError
-from ascendgraph.readers import load_json, read_text_file
+from ascendgraph.readers import load_json, read_text_file, shown
 
 __all__ = [
     "ModelSpec",
@@ -166,12 +166,18 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+MAX_MODEL_LAYERS = 1024  # the same bound as --num-layers (ascendgraph.cli.args.LIMITS)
+
+
 def check_model_dimensions(values: Mapping[str, Any], *, source: str) -> None:
     """Raise a ConfigError naming the field when ``values`` (ModelSpec fields) cannot be built."""
     for name, lowest in [(n, 1) for n in _POSITIVE_INT_FIELDS] + [(n, 0) for n in _NON_NEGATIVE_INT_FIELDS]:
         value = values[name]
         if not _is_int(value) or value < lowest:
             raise ConfigError(f"{source}: {name} must be an integer >= {lowest}, got {value!r}", key=name)
+    if values["num_hidden_layers"] > MAX_MODEL_LAYERS:  # the --num-layers bound, for config.json too
+        raise ConfigError(f"{source}: num_hidden_layers is {values['num_hidden_layers']}; at most {MAX_MODEL_LAYERS} "
+                          "layers are modelled (no real model has more); check the file", key="num_hidden_layers")
     if values["attention"] not in ATTENTION_KINDS:
         raise ConfigError(
             f"{source}: attention must be one of {', '.join(ATTENTION_KINDS)}, got {values['attention']!r}",
@@ -339,7 +345,8 @@ def spec_from_hf_config(raw: Mapping[str, Any], *, source: str = "model config")
     rope_theta = _positive_number_field(raw, ("rope_theta",), source, default=1_000_000.0)
     is_mla = bool(kv_lora_rank) or raw.get("attention") == "mla"
     values: dict[str, Any] = dict(
-        name=str(raw.get("name") or raw.get("_name_or_path") or architecture),
+        # escaped: a name from a file is printed in reports (no newline, ESC or lone surrogate)
+        name=shown(str(raw.get("name") or raw.get("_name_or_path") or architecture)),
         architecture=architecture,
         num_hidden_layers=layers,
         hidden_size=hidden,
@@ -366,6 +373,27 @@ def spec_from_hf_config(raw: Mapping[str, Any], *, source: str = "model config")
     return ModelSpec(**values)
 
 
+def local_config_path(text: str) -> Optional[str]:
+    """The config.json a model argument names (the file itself, or ``config.json`` in the
+    folder), or None when nothing is there. Something there that is not a regular file is
+    returned too: reading it (`ascendgraph.readers.read_text_file`) refuses it by name. A folder
+    that cannot be entered is a ConfigError saying so (not "has no config.json")."""
+    local = os.path.expanduser(text)
+    if os.path.isdir(local):
+        candidate = os.path.join(local, "config.json")
+        try:
+            os.stat(candidate)
+        except FileNotFoundError:
+            return None
+        except PermissionError:
+            raise ConfigError(f"model folder {text!r} cannot be entered (permission denied); make it readable "
+                              "or pass the config.json file itself", key="model") from None
+        except OSError:
+            return candidate if os.path.lexists(candidate) else None
+        return candidate
+    return local if os.path.lexists(local) else None
+
+
 def model_spec_from(model: Any) -> ModelSpec:
     """A ModelSpec from a preset name, a config.json path (file or folder), a dict, or a spec."""
     if model is None:
@@ -378,8 +406,8 @@ def model_spec_from(model: Any) -> ModelSpec:
         text = os.fspath(model)
         if text in PRESETS:
             return PRESETS[text]
-        path = os.path.join(text, "config.json") if os.path.isdir(text) else text
-        if os.path.isfile(path):
+        path = local_config_path(text)
+        if path is not None:
             where = f"model config {path}"
             raw = load_json(read_text_file(path, where, key="model", kind="JSON config.json"), where, key="model")
             return spec_from_hf_config(raw, source=path)

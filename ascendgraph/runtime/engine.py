@@ -362,6 +362,11 @@ def run(
             report = _capture_and_serve(engine)
         if profile is not None:
             report.extensions["profile"] = profile.summary()
+            if profile.write_error is not None:  # the profile asked for is missing: the run failed (exit 1)
+                if report.error is None:
+                    report.error = {"type": "ProfileNotWritten", "message": profile.write_error}
+                else:
+                    report.warnings.append(profile.write_error)
     finally:
         engine.close()
     report.settle_after_release(engine.device)  # a failed capture: what the device holds now

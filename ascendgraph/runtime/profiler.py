@@ -337,8 +337,11 @@ class ProfileSession:
     output_dir: Path
     output: Optional[ProfileOutput] = None
     npu: Any = None
+    write_error: Optional[str] = None  # the files could not be written (disk full, ...): the run failed
 
     def summary(self) -> dict[str, Any]:
+        if self.write_error is not None:
+            return {"dir": str(self.output_dir), "kernels": 0, "error": self.write_error}
         if self.output is not None:
             return self.output.as_dict()
         if self.npu is not None:
@@ -404,10 +407,10 @@ def profile_run(
             output_dir, records, step_ids=steps, spans=device.trace_spans[spans_begin:], stream_names=streams,
             device_label=f"Ascend Hardware (ascendgraph simulator, {device.profile.name})",
         )
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot write the profile to {output_dir}: {exc.strerror or exc}; nothing was written", key="profile_dir"
-        ) from None
+    except OSError as exc:  # a full or read-only disk after the run: the run's report stands, the run fails
+        session.write_error = f"cannot write the profile to {output_dir}: {exc.strerror or exc}; nothing was written"
+        log.error("%s", session.write_error)
+        return
     log.info("profile written to %s (%d kernels, %d steps)", session.output.output_dir, len(records),
              session.output.steps)
 

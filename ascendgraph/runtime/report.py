@@ -9,6 +9,7 @@ e.g. ``batches_by_route`` (xlite), ``fused_ops`` / ``kernels_per_step`` (npugrap
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -78,8 +79,18 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        """True when every request completed and nothing failed."""
-        return self.error is None and self.requests_failed == 0
+        """True when every request completed, nothing failed and every figure is finite (a run
+        whose simulated time or difference is NaN/inf is not "OK", whatever the requests did)."""
+        return self.error is None and self.requests_failed == 0 and not self.non_finite_figures()
+
+    def non_finite_figures(self) -> list[str]:
+        """The report's figures that are not finite numbers (names), for the result line."""
+        figures = {f"simulated_time_us.{k}": v for k, v in self.simulated_time_us.items()}
+        figures["capture_seconds"], figures["compile_seconds"] = self.capture_seconds, self.compile_seconds
+        if self.eager_checked and self.max_abs_diff_vs_eager is not None:
+            figures["max_abs_diff_vs_eager"] = self.max_abs_diff_vs_eager
+        return [name for name, value in figures.items()
+                if isinstance(value, float) and not math.isfinite(value)]
 
     @property
     def exit_code(self) -> int:
@@ -191,6 +202,9 @@ class Report:
             lines.append(f"  error      {self.error['type']}: {message}")
         for note in self.notes:
             lines.append(f"  note       {note}")
+        odd = self.non_finite_figures()
+        if odd:
+            lines.append(f"  error      figures that are not finite numbers: {', '.join(odd)}")
         lines.append(f"  result     {'OK' if self.ok else 'FAILED'}")
         return "\n".join(lines)
 
@@ -211,16 +225,19 @@ class Report:
     def _capture_lines(self) -> list[str]:
         before = self.graphs_captured_before_failure
         sizes = _sizes_text(self.capture_sizes, counted=False)
+        # never "0 configured sizes []" (an eager fallback clears them): say there were none
+        configured = f"{len(self.capture_sizes)} configured sizes {sizes}" if self.capture_sizes else "none"
         count = f"{len(self.capture_sizes)} configured sizes"
         if before is not None:
             return [
-                f"  capture    failed after {before} graphs were captured (sizes configured: {count} {sizes})",
+                f"  capture    failed after {before} graphs were captured (sizes configured: {configured})",
                 f"  resources  held after the release: {self.graphs_captured} graphs, streams "
                 f"{self.streams_used}/{self.stream_limit}, graph pool {_mib(self.pool_bytes)}",
             ]
         if self.capture_sizes or self.graphs_captured:
+            scope = f"all {count} {sizes}" if self.capture_sizes else "no configured size"
             return [
-                f"  capture    {self.graphs_captured} graphs for all {count} {sizes} in "
+                f"  capture    {self.graphs_captured} graphs for {scope} in "
                 f"{self.capture_seconds:.2f} s (compile {self.compile_seconds:.2f} s)",
                 f"  resources  streams {self.streams_used}/{self.stream_limit}, graph pool {_mib(self.pool_bytes)}",
             ]

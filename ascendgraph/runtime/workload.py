@@ -24,6 +24,7 @@ allocated as positions are reached and freed when a request finishes or fails.
 from __future__ import annotations
 
 import enum
+from collections import deque
 import hashlib
 import math
 import random
@@ -306,8 +307,10 @@ class Scheduler:
                 key="num_blocks",
             )
         self.allocator = BlockAllocator(num_blocks)
-        self._waiting: list[str] = [r.request_id for r in requests]
+        # A deque: admitting from the head is O(1), so a million requests schedule in linear time.
+        self._waiting: deque[str] = deque(r.request_id for r in requests)
         self._running: list[str] = []
+        self._waiting_retired = 0  # retired requests still in `_waiting` (removed in batches)
         self._rng = random.Random(seed)
         self.step = 0
 
@@ -318,7 +321,7 @@ class Scheduler:
 
     # -- state ---------------------------------------------------------------------
     def has_unfinished(self) -> bool:
-        return bool(self._waiting or self._running)
+        return bool(self._running) or len(self._waiting) > self._waiting_retired
 
     @property
     def finished(self) -> list[RequestState]:
@@ -382,6 +385,7 @@ class Scheduler:
             if item is not None:
                 scheduled.append(item)
                 budget -= item.num_tokens
+        self._drop_retired_heads()
         while self._waiting and len(self._running) < self.max_num_seqs and budget > 0:
             state = self.states[self._waiting[0]]
             if state.request.arrival_step > self.step:
@@ -391,7 +395,8 @@ class Scheduler:
             item = self._scheduled(state, budget)
             if item is None:
                 break
-            self._waiting.pop(0)
+            self._waiting.popleft()
+            self._drop_retired_heads()
             self._running.append(state.request_id)
             state.status = RequestStatus.RUNNING
             scheduled.append(item)
@@ -443,16 +448,27 @@ class Scheduler:
             self._retire(state, RequestStatus.FAILED)
 
     def fail_all(self, reason: str) -> None:
-        self.fail([*self._running, *self._waiting], reason)
+        self.fail([*self._running, *(i for i in self._waiting if self.states[i].status is RequestStatus.WAITING)],
+                  reason)
+
+    def _drop_retired_heads(self) -> None:
+        while self._waiting and self.states[self._waiting[0]].status is not RequestStatus.WAITING:
+            self._waiting.popleft()
+            self._waiting_retired -= 1
 
     def _retire(self, state: RequestState, status: RequestStatus) -> None:
+        was = state.status
         state.status = status
         self.allocator.free(state.block_ids)
         state.block_ids = []
-        if state.request_id in self._running:
+        if was is RequestStatus.RUNNING:  # at most max_num_seqs of them: a short list
             self._running.remove(state.request_id)
-        if state.request_id in self._waiting:
-            self._waiting.remove(state.request_id)
+        elif was is RequestStatus.WAITING:  # a failed waiting request: dropped from the queue lazily
+            self._waiting_retired += 1
+            if self._waiting_retired * 2 > len(self._waiting):  # amortised O(1) per request
+                self._waiting = deque(i for i in self._waiting
+                                      if self.states[i].status is RequestStatus.WAITING)
+                self._waiting_retired = 0
 
 
 def simulate_batches(

@@ -107,8 +107,21 @@ def test_hugging_face_ids_still_fall_back_to_tiny():
     assert model == "tiny" and "using the tiny preset" in note
 
 
-def test_a_path_named_like_a_preset_selects_the_preset():
-    assert resolve_model_argument("/models/Qwen/Qwen3-0.6B") == ("qwen3-0.6b", None)
+def test_a_hugging_face_id_named_like_a_preset_selects_the_preset():
+    assert resolve_model_argument("Qwen/Qwen3-0.6B") == ("qwen3-0.6b", None)
+
+
+def test_a_path_is_a_path_even_when_its_folder_is_named_like_a_preset(tmp_path):
+    """vLLM reads a local folder as the model: its config.json, never the preset of the same name;
+    a path of that shape that does not exist is refused (README: paths must exist)."""
+    import json
+
+    folder = tmp_path / "Qwen3-0.6B"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2}))
+    assert resolve_model_argument(str(folder)) == (str(folder), None)
+    with pytest.raises(ConfigError, match="does not exist"):
+        resolve_model_argument("/models/Qwen/Qwen3-0.6B-not-here/Qwen3-0.6B")
 
 
 # ---------------------------------------------------------------- --speculative-config

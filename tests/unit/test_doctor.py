@@ -70,7 +70,8 @@ def cache(tmp_path) -> str:
 
 def test_every_graph_mode_variable_of_the_issue_is_listed():
     assert set(GRAPH_ENV_NAMES) == {"HCCL_OP_EXPANSION_MODE", "ASCEND_LAUNCH_BLOCKING", "TASK_QUEUE_ENABLE",
-                                    "PYTORCH_NPU_ALLOC_CONF", "TORCH_DEVICE_BACKEND_AUTOLOAD", "ASCENDGRAPH_CACHE_DIR"}
+                                    "PYTORCH_NPU_ALLOC_CONF", "TORCH_DEVICE_BACKEND_AUTOLOAD", "ASCENDGRAPH_CACHE_DIR",
+                                    "TORCH_COMPILE_DISABLE"}  # issue 27: a process without torch.compile
 
 
 def test_every_rule_is_about_a_listed_variable_or_the_hdk_and_has_a_fix():

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import ascendgraph.cli.plan  # noqa: F401  (imported first: it binds make_plan before a test patches it)
 import ascendgraph.tools.plan as plan_module
 from ascendgraph.cli.app import main
 from ascendgraph.config import GraphConfig
@@ -75,6 +76,7 @@ def no_measuring(monkeypatch):
         raise AssertionError("the plan was computed before --plot was checked")
 
     monkeypatch.setattr(plan_module, "make_plan", refuse)
+    monkeypatch.setattr(ascendgraph.cli.plan, "make_plan", refuse)  # where the command looks it up
 
 
 def _bad_plot_paths(tmp_path: Path) -> dict[str, tuple[str, str]]:

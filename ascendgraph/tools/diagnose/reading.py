@@ -8,6 +8,8 @@ import sys
 import zlib
 from typing import Any, BinaryIO, Iterator, Optional
 
+from ascendgraph.errors import ConfigError
+from ascendgraph.readers import open_input
 from ascendgraph.sizes import DEFAULT_MAX_STREAMS
 from ascendgraph.tools.diagnose.classes import UnreadableLog
 from ascendgraph.tools.diagnose.diagnosis import Diagnosis, diagnose_lines
@@ -16,6 +18,7 @@ from ascendgraph.tools.diagnose.diagnosis import Diagnosis, diagnose_lines
 # --------------------------------------------------------------------------- reading
 
 
+MAX_LOG_BYTES = 1 << 40  # logs are streamed: a file size bound only against sparse/absurd files (1 TiB)
 MAX_LINE_BYTES = 1 << 20  # longer physical lines are cut (binary junk, giant dumps)
 
 
@@ -163,11 +166,18 @@ def diagnose_file(
     source = "<stdin>" if path == "-" else path
     try:
         if path == "-":
-            raw = stdin if stdin is not None else sys.stdin.buffer
+            raw = stdin if stdin is not None else getattr(sys.stdin, "buffer", None)
+            if raw is None:
+                raise UnreadableLog(f"cannot read log {source!r}: standard input is closed; {_READ_HINT}",
+                                    key="LOGFILE")
             handle: BinaryIO = raw if hasattr(raw, "peek") else io.BufferedReader(raw)  # type: ignore[arg-type]
             return diagnose_lines(iter_log_lines(_text_stream(source, handle), source), source=source,
                                   num_layers=num_layers, stream_limit=stream_limit)
-        with open(path, "rb") as handle:
+        try:  # regular files only: a FIFO, a device or /proc/kmsg would block or never end
+            opened = open_input(path, f"log {path!r}", key="LOGFILE", limit=MAX_LOG_BYTES, kind="log file")
+        except ConfigError as exc:
+            raise UnreadableLog(f"cannot read {exc}; {_READ_HINT}", key="LOGFILE") from None
+        with opened as handle:
             return diagnose_lines(iter_log_lines(_text_stream(source, handle), source), source=source,
                                   num_layers=num_layers, stream_limit=stream_limit)
     except (OSError, EOFError, zlib.error) as exc:

@@ -49,6 +49,7 @@ GRAPH_ENV_VARS: tuple[tuple[str, str], ...] = (
     ("TASK_QUEUE_ENABLE", "torch_npu's asynchronous launch queue (0 off, 1 on, 2 on + extra optimisation)"),
     ("PYTORCH_NPU_ALLOC_CONF", "torch_npu caching-allocator options; the graph memory pool comes from this allocator"),
     ("TORCH_DEVICE_BACKEND_AUTOLOAD", "whether `import torch` also imports torch_npu (torch: only \"1\" or unset loads it)"),
+    ("TORCH_COMPILE_DISABLE", "torch.compile off for the whole process (torch/_dynamo/config.py `disable`: \"1\" only)"),
     ("ASCENDGRAPH_CACHE_DIR", f"ascendgraph's cache: static-kernel builds, the parity environment (default {DEFAULT_CACHE_DIR})"),
 )
 GRAPH_ENV_NAMES = tuple(name for name, _ in GRAPH_ENV_VARS)

@@ -11,6 +11,8 @@ import re
 from importlib import metadata
 from typing import Callable, Mapping, Optional, Sequence
 
+from ascendgraph.errors import ConfigError
+from ascendgraph.readers import read_input_bytes
 from ascendgraph.tools.doctor.facts import (
     DEFAULT_ASCEND_ROOTS,
     DEFAULT_CACHE_DIR,
@@ -60,15 +62,22 @@ def parse_version_numbers(text: Optional[str]) -> Optional[tuple[int, ...]]:
     return tuple(numbers) or None
 
 
+# A toolkit's version/install-info file is a few lines; a bigger one (or a link to /dev/zero, a
+# FIFO, a folder) is not one: read as "unknown", never blocking or filling memory.
+MAX_TOOLKIT_FILE_BYTES = 1 << 20
+
+
 def _read_key(path: str, keys: Sequence[str]) -> Optional[str]:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            for line in handle:
-                key, sep, value = line.partition("=")
-                if sep and key.strip().lower() in keys:
-                    return value.strip().strip("\"'") or None
-    except OSError:
+    if not os.path.lexists(path):
         return None
+    try:
+        data = read_input_bytes(path, path, limit=MAX_TOOLKIT_FILE_BYTES, kind="toolkit info file")
+    except ConfigError:
+        return None
+    for line in data.decode("utf-8", "replace").splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip().lower() in keys:
+            return value.strip().strip("\"'") or None
     return None
 
 

@@ -127,6 +127,10 @@ def _autoload_off_with_torch_npu(value: Optional[str], facts: DoctorFacts) -> bo
     return value is not None and value != "1" and facts.torch_npu_installed
 
 
+def _compile_disabled(value: Optional[str], facts: DoctorFacts) -> bool:
+    return value == "1"  # torch/_dynamo/config.py: disable = os.environ.get("TORCH_COMPILE_DISABLE", "0") == "1"
+
+
 def _cache_dir_problem(value: Optional[str], facts: DoctorFacts) -> bool:
     return facts.cache_dir_problem is not None
 
@@ -201,6 +205,12 @@ RULES: tuple[Rule, ...] = (
         "torch does not import torch_npu by itself ({value!r}); `torch.npu` exists only after an explicit "
         "`import torch_npu` (ascendgraph's npu backend does that)",
         "nothing to do for ascendgraph; unset it if other tools expect `torch.npu` after `import torch`",
+    ),
+    Rule(
+        "compile_disabled", "TORCH_COMPILE_DISABLE", Severity.BREAKS, _compile_disabled,
+        "torch.compile is switched off for the whole process: no graph is compiled, so every graph-mode run "
+        "(ascendgraph run, vLLM with cudagraph_mode other than NONE) fails or serves nothing from graphs",
+        "unset TORCH_COMPILE_DISABLE (or use --enforce-eager to run eagerly on purpose)",
     ),
     Rule(
         "cache_dir_unusable", "ASCENDGRAPH_CACHE_DIR", Severity.WEAKENS, _cache_dir_problem,

@@ -10,7 +10,7 @@ from ascendgraph.config import GraphConfig
 from ascendgraph.errors import ConfigError
 from ascendgraph.modes import GraphMode
 from ascendgraph.resolve import Resolution, resolve
-from ascendgraph.sizes import DEFAULT_MAX_STREAMS, StreamPlan, pad_num_tokens, sample_sizes, select_sizes
+from ascendgraph.sizes import DEFAULT_MAX_STREAMS, StreamPlan, pad_sorted, sample_sizes, select_sizes
 from ascendgraph.tools.plan.workload import (
     DEFAULT_REQUESTS,
     Workload,
@@ -71,7 +71,7 @@ def padding_counts(sizes: Sequence[int], workload: Sequence[int]) -> tuple[int, 
     ordered = sorted(sizes)
     real = padded = batches = 0
     for tokens in workload:
-        target = pad_num_tokens(tokens, ordered) if tokens > 0 else None
+        target = pad_sorted(tokens, ordered) if tokens > 0 else None
         if target is None:
             continue
         real += tokens

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import tempfile
 from typing import Any
 
 from ascendgraph.errors import ConfigError
+from ascendgraph.readers import check_output_path, write_output
 from ascendgraph.sizes import pad_num_tokens
 from ascendgraph.tools.plan.model import PlanResult
 from ascendgraph.tools.plan.formatting import percent
@@ -113,22 +113,18 @@ def plot_padding_waste(result: PlanResult, path: str) -> list[str]:
 
 
 def _save_atomically(figure: Any, path: str) -> None:
-    """Write the PNG to a temporary file next to ``path``, then rename: a failure leaves no partial file."""
-    directory = os.path.dirname(os.path.abspath(path))
+    """Write the PNG through `ascendgraph.readers.write_output`: to a temporary file next to
+    ``path``, then renamed over it, only ever over a regular file; a failure or a signal leaves
+    no partial or temporary file."""
+
+    def save(temporary: str) -> None:
+        figure.savefig(temporary, dpi=110, format="png")
+        os.chmod(temporary, 0o666 & ~_umask())  # mkstemp makes it 0600; the user's umask decides, as for `>`
+
     try:
-        handle, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp.png", dir=directory)
-    except OSError as exc:
-        raise ConfigError(f"--plot {path}: cannot write in {directory}: {exc.strerror or exc}", key="plot") from None
-    os.close(handle)
-    try:
-        figure.savefig(tmp, dpi=110, format="png")
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it 0600; the user's umask decides, as for `>`
-        os.replace(tmp, path)
+        write_output(path, save, f"--plot {path}", key="plot", suffix=".tmp.png")
     except OSError as exc:
         raise ConfigError(f"--plot {path}: cannot write it: {exc.strerror or exc}", key="plot") from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def _umask() -> int:
@@ -154,6 +150,7 @@ def check_plot_path(path: str) -> str:
     if not os.path.isdir(directory):
         raise ConfigError(f"--plot {path}: {directory} is a file, not a folder; pick another path ({example})",
                           key="plot")
+    check_output_path(path, f"--plot {path}", key="plot")  # never a device, FIFO or socket (/dev/null)
     if not os.access(directory, os.W_OK | os.X_OK):
         raise ConfigError(f"--plot {path}: folder {directory} is not writable; pick another path ({example})",
                           key="plot")

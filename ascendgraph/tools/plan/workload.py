@@ -10,7 +10,7 @@ from typing import Any, Optional
 from ascendgraph.config import GraphConfig
 from ascendgraph.errors import ConfigError
 from ascendgraph.modes import GraphMode
-from ascendgraph.readers import read_int, read_text_file
+from ascendgraph.readers import open_input, read_int, read_text_file
 
 __all__ = [
     "DEFAULT_REQUESTS", "Workload", "check_workload_fits", "file_workload", "generated_workload",
@@ -43,6 +43,11 @@ class Workload:
         }
 
 
+# Generated requests `plan` simulates at most (about a millisecond each on one core): more would
+# take minutes; a workload file of any length is read in linear time instead.
+MAX_GENERATED_REQUESTS = 20_000
+
+
 def _short(text: str) -> str:
     shown = repr(text)
     return shown if len(shown) <= 40 else shown[:37] + "..."
@@ -54,11 +59,7 @@ def read_workload_file(path: str, *, max_tokens: Optional[int] = None) -> list[i
     A bad line is a ConfigError naming the file, the line number and the text; so is a
     batch size above ``max_tokens`` (the config's max_num_batched_tokens: no batch is larger).
     """
-    try:
-        with open(path, "rb"):
-            pass
-    except OSError as exc:
-        raise ConfigError(f"cannot read the workload file {path}: {exc.strerror or exc}", key="workload") from None
+    open_input(path, f"cannot read the workload file {path}", key="workload").close()  # regular files only
     lines = read_text_file(path, str(path), key="workload", kind="text, one batch size in tokens per line").splitlines()
     sizes: list[int] = []
     for number, line in enumerate(lines, 1):
@@ -102,7 +103,13 @@ def _counts_for_mode(mode: GraphMode) -> str:
 
 
 def generated_workload(config: GraphConfig, mode: GraphMode, *, requests: int, seed: int) -> Workload:
-    """The batches the engine's scheduler forms for ``requests`` generated requests."""
+    """The batches the engine's scheduler forms for ``requests`` generated requests (at most
+    `MAX_GENERATED_REQUESTS`, refused up front: the scheduler is simulated request by request)."""
+    if requests > MAX_GENERATED_REQUESTS:
+        raise ConfigError(
+            f"--requests {requests}: a generated workload is simulated through the scheduler request by request "
+            f"(about a millisecond each), so at most {MAX_GENERATED_REQUESTS} requests are planned (seconds, not "
+            f"minutes); pass the batch sizes as a file (--workload FILE) to plan for more", key="requests")
     from ascendgraph.runtime.workload import WorkloadSpec, generate_workload, simulate_batches
 
     spec = WorkloadSpec(num_requests=requests, seed=seed)

@@ -228,7 +228,7 @@ def _action_args(path: Path, table: Any) -> tuple[str, dict[str, Any]]:
 def load_scenario(path: Union[str, Path]) -> Scenario:
     """Read and check one scenario file; a bad file raises ScenarioError (file, key, expected)."""
     path = Path(path)
-    if not path.exists():
+    if not os.path.lexists(path):
         raise ScenarioError(path, "(file)", "no such file")
     try:
         text = read_text_file(path, "", kind="TOML scenario file")
@@ -421,18 +421,29 @@ def _check_run_budget(path: Path, run: Mapping[str, Any], model: Any) -> None:
                                                           f"output ({output[1]} tokens) exceed the model's {limit} positions")
 
 
+MAX_SCENARIO_FILES = 10_000  # a folder with more scenario files than this is not a scenario folder
+
+
 def discover_scenarios(paths: Sequence[Union[str, Path]]) -> list[Path]:
     """Scenario files from files and folders (folders: every *.toml below, sorted)."""
     found: list[Path] = []
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            files = sorted(p for p in path.rglob("*.toml") if p.is_file())
+            # Everything named *.toml that is not a folder: a FIFO or a device among them is refused
+            # by name when it is read (`load_scenario`), never skipped in silence or read blocking.
+            files = []
+            for candidate in path.rglob("*.toml"):
+                if not candidate.is_dir():
+                    files.append(candidate)
+                if len(files) > MAX_SCENARIO_FILES:
+                    raise ScenarioError(path, "(folder)", f"holds more than {MAX_SCENARIO_FILES} *.toml files; "
+                                                          "pass a smaller folder")
             if not files:
                 raise ScenarioError(path, "(folder)", "holds no *.toml scenario files")
-            found.extend(files)
-        elif path.is_file():
-            found.append(path)
+            found.extend(sorted(files))
+        elif os.path.lexists(path):
+            found.append(path)  # a file, or something that is not one: `load_scenario` says which
         else:
             raise ScenarioError(path, "(path)", "no such file or folder")
     return found

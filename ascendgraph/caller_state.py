@@ -1,0 +1,80 @@
+"""What `ascendgraph.run` leaves of its caller's process: as it found it.
+
+A library call must not change the process it runs in behind the caller's back. `run` goes
+through `kept_as_found`, which puts back afterwards what a run (or torch underneath it)
+changes on the way:
+
+* environment variables: any variable the run added is removed and any it changed is put
+  back (torch's inductor sets ``TORCHINDUCTOR_CACHE_DIR`` on first use, for instance);
+* threads: tqdm's monitor thread, started by the first capture progress bar, is stopped when
+  the run started it.
+
+The caller's torch defaults are refused rather than silently overridden (`check_torch_defaults`):
+the engine builds its weights and inputs on the CPU in float32 unless told otherwise, so a
+default device other than the CPU (``torch.set_default_device("meta")``) or a default dtype
+other than float32 is a ConfigError naming the setting and the fix.
+
+One change is made at import time and kept, on purpose: ``import ascendgraph`` sets
+``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` when the variable is unset and torch is not imported yet
+(so that `import torch` works with torch_npu installed but CANN missing); the caller's own value
+is never overwritten, and `ascendgraph.ORIGINAL_TORCH_DEVICE_BACKEND_AUTOLOAD` keeps it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import contextmanager
+from typing import Iterator
+
+from ascendgraph.errors import ConfigError
+
+__all__ = ["check_torch_defaults", "kept_as_found"]
+
+
+def check_torch_defaults() -> None:
+    """Refuse a caller's torch default device other than the CPU or default dtype other than float32."""
+    import torch
+
+    device = torch.get_default_device() if hasattr(torch, "get_default_device") else torch.device("cpu")
+    if device.type != "cpu":
+        raise ConfigError(
+            f"torch's default device is {device.type!r} (torch.set_default_device was called); ascendgraph.run "
+            "builds on the CPU: call torch.set_default_device('cpu') (or None) before run(), and pass "
+            "device=... to choose the simulator or the NPU", key="device")
+    dtype = torch.get_default_dtype()
+    if dtype != torch.float32:
+        raise ConfigError(
+            f"torch's default dtype is {dtype} (torch.set_default_dtype was called); ascendgraph.run expects "
+            "float32 there: call torch.set_default_dtype(torch.float32) before run(), and pass dtype=... to "
+            "choose the run's dtype", key="dtype")
+
+
+def _tqdm_monitor() -> object:
+    tqdm = sys.modules.get("tqdm")
+    cls = getattr(tqdm, "tqdm", None)
+    return getattr(cls, "monitor", None)
+
+
+@contextmanager
+def kept_as_found() -> Iterator[None]:
+    """Put back the environment and stop the threads a run started (see the module docstring)."""
+    environment = dict(os.environ)
+    monitor = _tqdm_monitor()
+    try:
+        yield
+    finally:
+        for name in set(os.environ) - set(environment):
+            os.environ.pop(name, None)
+        for name, value in environment.items():
+            if os.environ.get(name) != value:
+                os.environ[name] = value
+        started = _tqdm_monitor()
+        if started is not None and started is not monitor:
+            cls = sys.modules["tqdm"].tqdm  # type: ignore[attr-defined]
+            try:
+                started.exit()  # type: ignore[attr-defined]
+                started.join(timeout=5)  # type: ignore[attr-defined]
+            except Exception:  # noqa: BLE001 - a thread that already ended
+                pass
+            cls.monitor = None
