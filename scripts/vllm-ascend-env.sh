@@ -35,7 +35,8 @@
 # Usage: scripts/vllm-ascend-env.sh   -> last line of stdout: the environment's python.
 # Logs go to stderr.  PYTHON selects the interpreter (default python3). VLLM_ASCEND_SRC points
 # at a vLLM Ascend checkout (the directory holding vllm_ascend/); default: the snapshot
-# VLLM_ASCEND_TARBALL (default ../shared/third_party/vllm-ascend/vllm-ascend-182b75ea.tar.gz).
+# VLLM_ASCEND_TARBALL (default: vllm-ascend-182b75ea.tar.gz in shared/third_party/vllm-ascend/
+# beside the checkout, where the project's CI lays it).
 set -euo pipefail
 
 log() { printf '[vllm-ascend-env] %s\n' "$*" >&2; }

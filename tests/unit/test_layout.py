@@ -52,6 +52,9 @@ LONG_FILES: dict[str, str] = {
                               "is planned with the next rule change",
     "ascendgraph/testing/conformance.py": "the device conformance suite, being split into parts by "
                                           "the test-trust issue",
+    "ascendgraph/kernel_contracts.py": "the contract table: torch_npu's rules plus the kernels vLLM Ascend's "
+                                        "A2 graph paths issue (FIA v2, paged attention, scatter KV); to be "
+                                        "split per kernel family",
     "hw/kernels.py": "the torch_npu kernel table grew past the limit with the task-group and stale-"
                      "parameter rules; to be split (launchers / reference fallbacks) by its owner",
 }
