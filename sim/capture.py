@@ -240,6 +240,7 @@ class Capture:
         self.open_group: Optional[tuple["SimStream", int]] = None
         self.super_kernel_scopes: list[str] = []  # names of the super_kernel_scope()s opened
         self.fresh_bytes = 0
+        self.pool_blocks: list[Any] = []  # the storages behind fresh_bytes (held by the graph: sim.graph)
         self.fallback_ops = 0
         self.recorder = CaptureRecorder(self)
         self.guard = HostSyncGuard(self.host_sync_error)
@@ -314,6 +315,7 @@ class Capture:
         if self.poison and (real.is_floating_point() or real.is_complex()):
             real.fill_(math.nan)
         self.fresh_bytes += real.untyped_storage().nbytes()
+        self.pool_blocks.append(real.untyped_storage())
         return real
 
     def _allocate_only(self, info: OpInfo, args: tuple, kwargs: dict) -> Any:
@@ -346,6 +348,7 @@ class Capture:
         for value in _flatten_returns(func, out):
             if isinstance(value, Tensor) and value.untyped_storage().data_ptr() not in inputs:
                 self.fresh_bytes += value.untyped_storage().nbytes()
+                self.pool_blocks.append(value.untyped_storage())
                 dests.append(value)
             else:
                 dests.append(None)

@@ -208,6 +208,7 @@ class CaptureMixin:
         graph._finalizer = weakref.finalize(graph, self._release_hold, hold)
         graph._pool_handle = pool.handle
         graph.program = program
+        graph._pool_blocks = tuple(capture.pool_blocks)
         graph.pool_bytes = capture.fresh_bytes
         graph.super_kernel_scopes = tuple(capture.super_kernel_scopes)
         graph.capture = None
@@ -266,6 +267,7 @@ class CaptureMixin:
             graph._hold = None
             graph._finalizer = None
             graph.program = None
+            graph._pool_blocks = ()
             graph.pool_bytes = 0
             graph.state = IDLE
             graph.generation += 1

@@ -107,6 +107,12 @@ class SimGraph:
         self._hold: Optional[GraphHold] = None
         self._finalizer: Optional[weakref.finalize] = None
         self._pool_handle: Optional["SimPoolHandle"] = None
+        # The storages allocated while this graph was captured. As torch_npu's private graph pool
+        # keeps a capture's blocks for the graph until it is reset (a block freed by Python goes
+        # back to the pool, not to the device), the graph holds them: a torch_npu weak reference
+        # made inside the capture (vLLM Ascend's attention `softmax_lse`, graph outputs) stays
+        # readable while the graph lives.
+        self._pool_blocks: tuple[Any, ...] = ()
 
     # -- the state machine
     def _transition(self, operation: str) -> str:

@@ -87,6 +87,11 @@ DEFAULT_REQUESTS = 16
 ON_CAPTURE_ERROR = ("raise", "eager")
 # Upper bounds (the CLI's `ascendgraph.cli.args.LIMITS` say the same; a test keeps them equal).
 MAX_REQUESTS = 1_000_000
+# Requests one run simulates at most: every step runs the model on the CPU simulator (about 0.2 to
+# 0.4 s of CPU a request for the default tiny model on a 2-core laptop, measured with
+# `ascendgraph run --requests 16` and `--requests 160`), so a million requests would run for days.
+# Larger workloads are for `ascendgraph plan --workload FILE`, which models the scheduler only.
+MAX_SIMULATED_REQUESTS = 1_000
 MAX_SEED = 2**63 - 1
 _ATOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 
@@ -157,6 +162,14 @@ def validate_engine_options(options: EngineOptions) -> None:
             key="on_capture_error",
         )
     _check_int("requests", options.requests, 1, MAX_REQUESTS)
+    if options.requests > MAX_SIMULATED_REQUESTS:
+        raise ConfigError(
+            f"requests {options.requests} is more than a run simulates ({MAX_SIMULATED_REQUESTS} at most: every step "
+            f"runs the model on the simulator, about 0.2-0.4 s of CPU a request, so this would take hours); "
+            f"run at most {MAX_SIMULATED_REQUESTS} requests, or size a large workload with "
+            f"`ascendgraph plan --workload FILE`",
+            key="requests",
+        )
     _check_int("seed", options.seed, 0, MAX_SEED)
     _check_int("stream_limit", options.stream_limit, 1, 2**63 - 1, optional=True)  # planning uses 2**30
     atol = options.atol

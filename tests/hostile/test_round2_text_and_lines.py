@@ -308,3 +308,18 @@ def test_the_memory_pre_check_sees_the_address_space_limit(monkeypatch):
     room = build._address_space_available()
     assert room is not None and room <= 1 << 30
     assert build.available_host_memory() <= 1 << 30
+
+
+@pytest.mark.parametrize("requests", ["1001", "1000000"])
+def test_run_refuses_more_requests_than_it_can_simulate_up_front(requests, capsys):
+    # Legal for the parser (at most 1,000,000) but days of simulation: refused before any build.
+    _, err = _refused(["run", "--requests", requests], capsys)
+    assert f"requests {requests} is more than a run simulates" in err and "plan --workload FILE" in err
+
+
+def test_the_api_refuses_more_requests_than_a_run_simulates():
+    import ascendgraph
+    from ascendgraph.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="more than a run simulates"):
+        ascendgraph.run(requests=1001)

@@ -60,6 +60,28 @@ def test_a_weak_reference_lives_as_long_as_any_owner_of_the_storage(torch_npu: A
     torch.testing.assert_close(weak[2:] + 0, view)
 
 
+def test_a_weak_reference_to_a_capture_allocation_lives_as_long_as_the_graph(torch_npu: Any) -> None:
+    # torch_npu's private graph pool keeps the blocks a capture allocated until the graph is reset
+    # (a block Python frees goes back to the pool, not to the device): vLLM Ascend's attention
+    # weak-references its capture-allocated `softmax_lse` and re-issues `.out` into it at every
+    # update (attention_v1.py@182b75ea full_graph_fia). Outside the graph's lifetime it is dead.
+    npu = torch_npu.npu
+    x = torch.ones(16)
+    graph = npu.NPUGraph()
+    with npu.graph(graph):
+        scratch = torch.empty(1)  # allocated inside the capture: a block of the graph's pool
+        weak = torch_npu._C._weak_ref_tensor(scratch)
+        y = x * 2
+    del scratch
+    gc.collect()
+    assert weak.alive  # the graph's pool holds the block
+    weak.fill_(3.0)
+    graph.reset()
+    gc.collect()
+    assert not weak.alive  # reset gave the pool's blocks back
+    del y
+
+
 def test_memory_reserved_keeps_what_the_allocator_held_until_empty_cache(torch_npu: Any) -> None:
     npu = torch_npu.npu
     x = torch.ones(1024)
