@@ -157,17 +157,23 @@ class CompileCache:
         if not _storable(graph_module):
             return False
         directory = self.directory
-        try:
-            buffer = io.BytesIO()
-            pickle.dump({"format": CACHE_FORMAT, "key": key, "module": graph_module, "matches": dict(matches)},
-                        buffer, protocol=pickle.HIGHEST_PROTOCOL)
-            directory.mkdir(parents=True, exist_ok=True)
-            target = directory / f"{key}.pkl"
-            write_output(target, buffer.getvalue(), f"compile cache entry {target}")  # never over a special file
-            return True
-        except Exception as exc:
-            log.debug("compile cache: cannot write to %s: %s: %s", directory, type(exc).__name__, exc)
-            return False
+        document = {"format": CACHE_FORMAT, "key": key, "module": graph_module, "matches": dict(matches)}
+        return _store_entry(directory, key, document, "compile cache entry")
+
+
+def _store_entry(directory: Path, key: str, document: dict[str, Any], what: str) -> bool:
+    """Pickle ``document`` to ``directory/<key>.pkl`` through the readers' one way to write an
+    output (never over a special file, no temporary left behind); False when it cannot be written."""
+    try:
+        buffer = io.BytesIO()
+        pickle.dump(document, buffer, protocol=pickle.HIGHEST_PROTOCOL)
+        directory.mkdir(parents=True, exist_ok=True)
+        target = directory / f"{key}.pkl"
+        write_output(target, buffer.getvalue(), f"{what} {target}")
+        return True
+    except Exception as exc:
+        log.debug("compile cache: cannot write a %s to %s: %s: %s", what, directory, type(exc).__name__, exc)
+        return False
 
 
 # --------------------------------------------------------------------------- traced graphs
@@ -278,17 +284,12 @@ def load_traced(cache: "CompileCache", key: str) -> Optional[TracedGraph]:
 def store_traced(cache: "CompileCache", key: str, traced: TracedGraph) -> bool:
     if not _storable(traced.module):
         return False
-    directory = cache.directory / TRACED_SUBDIR
     try:
         for source in traced.sources:
             parse_source(source)
-        buffer = io.BytesIO()
-        pickle.dump({"format": TRACED_FORMAT, "key": key, "module": traced.module, "sources": list(traced.sources),
-                     "matches": dict(traced.matches)}, buffer, protocol=pickle.HIGHEST_PROTOCOL)
-        directory.mkdir(parents=True, exist_ok=True)
-        target = directory / f"{key}.pkl"
-        write_output(target, buffer.getvalue(), f"traced-graph cache entry {target}")  # never over a special file
-        return True
-    except Exception as exc:
-        log.debug("compile cache: cannot write a traced graph to %s: %s: %s", directory, type(exc).__name__, exc)
+    except Exception as exc:  # a source of a shape the loader would refuse: not stored
+        log.debug("compile cache: not storing a traced graph: %s", exc)
         return False
+    document = {"format": TRACED_FORMAT, "key": key, "module": traced.module, "sources": list(traced.sources),
+                "matches": dict(traced.matches)}
+    return _store_entry(cache.directory / TRACED_SUBDIR, key, document, "traced-graph cache entry")
