@@ -52,15 +52,26 @@ def engine_faults(faults: Optional[str], ranks: int) -> Optional[str]:
     return common or None
 
 
-def run_ranks_for(args: argparse.Namespace, config: Any, env: Optional[dict[str, str]]) -> Optional[Any]:
-    """Run every rank when the layout has more than one and the device is the simulator."""
+def check_ranks_for(args: argparse.Namespace, config: Any) -> None:
+    """Refuse a multi-rank layout the run cannot take before anything runs: ranks run on the
+    simulator only, and the heads must split evenly over tensor parallelism."""
     if world_size(args) <= 1:
-        return None
+        return
     from ascendgraph.device import resolve_device_name
 
     if resolve_device_name(args.device) != "sim":
         raise ConfigError("more than one rank (-dp / -tp / -pp) runs on the simulator only: give --device sim",
                           key="device")
+    from ascendgraph.parallel.layout import check_heads_split
+
+    check_heads_split(config)
+
+
+def run_ranks_for(args: argparse.Namespace, config: Any, env: Optional[dict[str, str]]) -> Optional[Any]:
+    """Run every rank when the layout has more than one and the device is the simulator."""
+    if world_size(args) <= 1:
+        return None
+    check_ranks_for(args, config)
     from ascendgraph.runtime.ranks import RankOptions, run_ranks
 
     options = RankOptions(

@@ -17,7 +17,7 @@ import traceback
 from typing import Any, Callable, Optional
 
 from ascendgraph.cli.app import Command, emit_json, emit_result, emit_text
-from ascendgraph.cli.ranks_args import add_rank_arguments, engine_faults, run_ranks_for, world_size
+from ascendgraph.cli.ranks_args import add_rank_arguments, check_ranks_for, engine_faults, run_ranks_for, world_size
 from ascendgraph.cli.args import (
     LIMITS,
     add_config_arguments,
@@ -122,8 +122,6 @@ def _check_sim_profile_soc(args: argparse.Namespace) -> None:
 
 def run_command(args: argparse.Namespace, on_report: Optional[Callable[[Any], None]] = None) -> int:
     """The ``run`` command; ``on_report`` (used by ``ascendgraph profile``) sees the Report."""
-    from ascendgraph.runtime.engine import run  # torch is imported only when a run starts
-
     config = config_from_args(args)
     env = env_from_args(args)
     _check_sim_profile_soc(args)
@@ -137,11 +135,14 @@ def run_command(args: argparse.Namespace, on_report: Optional[Callable[[Any], No
                                    env=env)
         emit_text(selected.describe())
         config = selected.config
+    check_ranks_for(args, config)  # before the one-rank run, not after it
     quiet = bool(getattr(args, "quiet", False))
     verbose = bool(getattr(args, "verbose", False))
     debug = bool(getattr(args, "debug", False))
     if quiet or verbose:  # flags given after `run` are parsed after logging was configured
         logging.getLogger("ascendgraph").setLevel(logging.DEBUG if verbose else logging.WARNING)
+    from ascendgraph.runtime.engine import run  # torch is imported only when a run starts
+
     report = run(
         config,
         device=args.device,

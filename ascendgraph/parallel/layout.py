@@ -16,7 +16,7 @@ vLLM orders the ranks of one engine as ``[DP][PP][TP]`` (the innermost index mov
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator
 
 from ascendgraph.errors import ConfigError
 
@@ -106,3 +106,19 @@ class ParallelLayout:
 
     def describe(self) -> str:
         return f"dp={self.dp} pp={self.pp} tp={self.tp} (world {self.world_size}, ep {self.ep})"
+
+
+def check_heads_split(config: Any) -> None:
+    """Refuse what vLLM refuses before any rank starts (vLLM 0.32
+    ModelConfig.verify_with_parallel_config):
+    tensor parallelism splits the attention heads evenly, so their total must be a multiple of
+    the tensor parallel size. Only a multi-rank run checks it: elsewhere the model is a stand-in
+    and a tensor parallel size describes the user's deployment, not the simulated model."""
+    heads, tp = config.model.num_attention_heads, config.tensor_parallel_size
+    if heads % tp:
+        fits = ", ".join(str(d) for d in range(1, heads + 1) if heads % d == 0)
+        raise ConfigError(
+            f"Total number of attention heads ({heads}) must be divisible by tensor parallel size ({tp}); "
+            f"model {config.model.name!r} takes a tensor parallel size of {fits} (or pick a model with more heads)",
+            key="tensor_parallel_size",
+        )

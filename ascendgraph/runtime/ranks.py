@@ -53,7 +53,7 @@ from ascendgraph.parallel.coordination import (
     redispatch_after_sync,
 )
 from ascendgraph.parallel.fingerprints import EAGER, default_collective_timeout_s, graph_how
-from ascendgraph.parallel.layout import ParallelLayout, RankCoords
+from ascendgraph.parallel.layout import ParallelLayout, RankCoords, check_heads_split
 from ascendgraph.resolve import resolve
 from ascendgraph.parallel.rank_faults import split_rank_faults
 from ascendgraph.runtime.workload import WorkloadSpec, generate_workload, simulate_batches
@@ -472,6 +472,7 @@ def rank_program(rank: _Rank, collective_types: tuple[Any, Any]) -> Generator[An
 def run_ranks(config: GraphConfig, options: RankOptions = RankOptions()) -> RanksReport:
     """Run every rank of ``config``'s layout (dp x pp x tp) on the simulator; never raises for
     a failed run (the error is in the report); bad options raise ConfigError."""
+    check_heads_split(config)
     layout = layout_of(config)
     split_rank_faults(options.faults, layout.world_size)  # a bad rank prefix fails before any device
     ranks = [build_rank(config, options, layout, rank) for rank in range(layout.world_size)]

@@ -53,6 +53,21 @@ def test_a_per_rank_capture_fallback_fails_the_run_with_exit_1(capsys):
 
 
 
+@pytest.mark.parametrize("extra, fragment", [
+    (["-tp", "3"], "Total number of attention heads (4) must be divisible by tensor parallel size (3)"),
+    (["-dp", "2", "--device", "npu"], "runs on the simulator only: give --device sim"),
+])
+def test_a_layout_the_run_cannot_take_is_refused_before_anything_runs(capsys, caplog, extra, fragment):
+    # vLLM 0.32 ModelConfig.verify_with_parallel_config refuses heads that do not split over TP;
+    # the refusal comes before the one-rank run (no graph is captured first).
+    caplog.set_level("INFO", logger="ascendgraph")
+    code = main(["run", "--num-layers", "1", "--requests", "2", *extra])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert fragment in captured.err
+    assert captured.out == ""
+    assert not any("captured" in record.getMessage() for record in caplog.records)
+
 
 def test_the_communicator_stream_table_is_the_simulators():
     from ascendgraph.parallel.communicators import COLLECTIVE_STREAMS_PER_GROUP
