@@ -286,3 +286,40 @@ def test_every_kernel_fallback_is_in_the_report_and_none_is_captured(npu: Any, c
     finally:
         npu.router._broken.pop(api.NPU_RMS_NORM, None)
         npu.router.fallbacks.clear()
+
+
+def test_full_graphs_share_one_workspace_per_capture_size_held_weakly_after_capture(npu: Any) -> None:
+    # vLLM Ascend keeps ONE FIA workspace per capture size, shared by every layer
+    # (attention_v1.py@182b75ea full_graph_fia: graph_params.workspaces.get(num_tokens)) and
+    # weak-references it once the capture ended (compilation/acl_graph.py weak_ref_workspaces):
+    # the graph's pool keeps the memory. Before: one strongly held workspace per layer per size.
+    from ascendgraph.config import GraphConfig
+    from ascendgraph.runtime.engine import Engine, EngineOptions
+    from sim.facade.weak_refs import WeakRefTensor
+
+    config = GraphConfig.from_vllm_args(
+        compilation_config={"cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": [1, 2, 4]},
+        model="tiny", num_layers=3, max_num_seqs=4, max_num_batched_tokens=8,
+    )
+    engine = Engine(config, EngineOptions(device=npu, requests=4, progress=False))
+    try:
+        engine.capture()
+        params = engine.graph_params
+        sizes = sorted({descriptor.num_tokens for descriptor in params.descriptors})
+        assert sizes == [1, 2, 4]
+        per_size: dict[int, set[int]] = {}
+        for descriptor in params.descriptors:
+            records = params.records(descriptor)
+            assert len(records) == 3  # one attention call per layer
+            per_size[descriptor.num_tokens] = {record.call.workspace.data_ptr() for record in records}
+        assert all(len(pointers) == 1 for pointers in per_size.values()), per_size  # before: 3 per size
+        assert len(set().union(*per_size.values())) == len(sizes)
+        for descriptor in params.descriptors:
+            for record in params.records(descriptor):  # the graph's pool holds the memory
+                assert isinstance(record.call.workspace, WeakRefTensor) and record.call.workspace.alive
+        engine.serve()  # every update re-issues attention with the weakly held workspace
+        report = engine.report()
+        assert report.error is None and report.requests_failed == 0
+        assert report.batches_by_mode.get("FULL", 0) > 0
+    finally:
+        engine.close()
