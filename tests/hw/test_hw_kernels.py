@@ -61,7 +61,9 @@ def test_the_kernel_table_reads_as_data() -> None:
     table = {op: [b.api.path for b in r.bindings] or [r.fallback_kind] for op, r in KERNEL_ROUTES.items()}
     assert table["rms_norm"] == ["torch_npu.npu_rms_norm"]
     assert table["paged_attention"] == ["torch_npu.npu_fused_infer_attention_score.out"]
-    assert table["reshape_and_cache"] == ["torch_npu._npu_reshape_and_cache"]
+    assert table["reshape_and_cache"] == ["torch_npu.npu_scatter_pa_kv_cache", "torch_npu._npu_reshape_and_cache"]
+    socs = [b.socs for b in KERNEL_ROUTES["reshape_and_cache"].bindings]
+    assert socs == [("A2", "A3", "A5"), ("310P",)]  # vLLM Ascend: the ATB kernel on 310P only
     assert table["muls_add"] == ["reference"] and table["split_qkv_rmsnorm_rope"] == ["composition"]
 
 
