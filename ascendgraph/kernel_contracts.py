@@ -184,6 +184,25 @@ def _q_lens(a: Mapping[str, Any]) -> list[int]:
     return [end - start for start, end in zip([0, *ends[:-1]], ends)]
 
 
+def _q_s(a: Mapping[str, Any]) -> int:
+    """The call's Q_S, which picks the op docs' branch (:8201 Q_S > 1, :8269 Q_S == 1): in TND
+    the longest request's query length, else the query's S axis (BNSD: dim 2; BSH/BSND: dim 1)."""
+    query = a.get("query")
+    if _tnd(a):
+        if a.get("actual_seq_lengths") is not None:
+            return max(_q_lens(a), default=0)
+        return int(query.shape[0]) if query is not None else 0
+    if query is None or query.dim() < 3:
+        return 1
+    return int(query.shape[2] if a.get("input_layout") == "BNSD" else query.shape[1])
+
+
+def _batch(a: Mapping[str, Any]) -> int:
+    if _tnd(a):
+        return len(_ints(a.get("actual_seq_lengths")))
+    return int(a["query"].shape[0])
+
+
 def _blocks_needed(a: Mapping[str, Any]) -> list[int]:
     size = int(a["block_size"])
     return [math.ceil(max(n, 0) / size) for n in _ints(a["actual_seq_lengths_kv"])]
@@ -281,8 +300,17 @@ _FIA_RULES = (
                lambda a: f"the cache holds {int(a['key'].shape[0])} blocks but the KV lengths "
                          f"{_ints(a['actual_seq_lengths_kv'])} need {sum(_blocks_needed(a))} of {a['block_size']}"),
     KernelRule(FIA, "paged_block_size", PAGED_BLOCK_SIZE_SOURCE,
-               _paged, lambda a: paged_block_size_ok(a.get("block_size", 0)),
-               lambda a: describe_paged_block_size(a.get("block_size", 0))),
+               _paged, lambda a: paged_block_size_ok(a.get("block_size", 0), _q_s(a)),
+               lambda a: describe_paged_block_size(a.get("block_size", 0), _q_s(a))),
+    KernelRule(FIA, "q_s_gt_1_batch_limit", f"{DOCS}:8203 (Q_S > 1, the branch opening at :8201: the B axis at "
+               "most 65536)",
+               lambda a: _present("query")(a) and _q_s(a) > 1, lambda a: _batch(a) <= 65536,
+               lambda a: f"batch of {_batch(a)} requests with Q_S={_q_s(a)}; the fused attention takes at most "
+                         "65536 when a request has more than one query token"),
+    KernelRule(FIA, "q_s_gt_1_heads_limit", f"{DOCS}:8204 (Q_S > 1: the N axis at most 256)",
+               lambda a: _present("query")(a) and _q_s(a) > 1, lambda a: int(a.get("num_heads", 1)) <= 256,
+               lambda a: f"num_heads={a.get('num_heads')} with Q_S={_q_s(a)}; the fused attention takes at most 256 "
+                         "query heads when a request has more than one query token"),
     # No kv_len >= q_len rule: the op docs' sparse_mode 3 interception (:8248) belongs to the
     # int8-output list (:8244, "输出为int8 ... quant_offset2"), and the TND one (:8198) to the
     # D=192 branch (:8193-8199); neither is this call (bf16 out, D 128), and the rule refused
@@ -456,6 +484,13 @@ def _v2_q_lens(a: Mapping[str, Any]) -> list[int]:
     return [end - start for start, end in zip([0, *ends[:-1]], ends)]
 
 
+def _v2_q_s(a: Mapping[str, Any]) -> int:
+    """Q_S of a v2 call (the branches at :8759 / :8806): in TND the longest request's query length."""
+    if _v2_tnd(a) and a.get("actual_seq_qlen") is not None:
+        return max(_v2_q_lens(a), default=0)
+    return _q_s({**a, "actual_seq_lengths": None})
+
+
 def _v2_paged_lengths(a: Mapping[str, Any]) -> bool:
     return _paged(a) and a.get("actual_seq_kvlen") is not None and int(a.get("block_size", 0)) > 0
 
@@ -512,9 +547,11 @@ _FIA_V2_RULES = (
                lambda a: int(a["block_table"].shape[1]) >= max(_v2_blocks_needed(a), default=0),
                lambda a: f"block_table has {int(a['block_table'].shape[1])} columns but the longest KV length needs "
                          f"{max(_v2_blocks_needed(a), default=0)} blocks of {a['block_size']}"),
-    KernelRule(FIA_V2, "v2_paged_block_size", f"{PAGED_BLOCK_SIZE_SOURCE}; {DOCS}:8776",
-               _paged, lambda a: paged_block_size_ok(a.get("block_size", 0)),
-               lambda a: describe_paged_block_size(a.get("block_size", 0))),
+    KernelRule(FIA_V2, "v2_paged_block_size", f"{DOCS}:8776 (Q_S > 1, the branch at :8759: at least 128, at most "
+               "512, a multiple of 128); :8817 (Q_S == 1, the branch at :8806: 16-aligned for float16/bfloat16 KV); "
+               f"as v1's ({PAGED_BLOCK_SIZE_SOURCE})",
+               _paged, lambda a: paged_block_size_ok(a.get("block_size", 0), _v2_q_s(a)),
+               lambda a: describe_paged_block_size(a.get("block_size", 0), _v2_q_s(a))),
     KernelRule(FIA_V2, "v2_gqa_ratio", f"{DOCS}:8731 (K_N == V_N, Q_N divisible by K_N, ratio <= 64)",
                _always, lambda a: _v2_kv_heads(a) > 0 and int(a.get("num_query_heads", 1)) % _v2_kv_heads(a) == 0
                and int(a.get("num_query_heads", 1)) // _v2_kv_heads(a) <= 64,
