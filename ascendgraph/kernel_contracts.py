@@ -41,6 +41,7 @@ from ascendgraph.block_sizes import (
     describe_paged_block_size,
     paged_block_size_ok,
 )
+from ascendgraph.attention_limits import TND_DECODE_QUERY_LEN_SOURCE
 from ascendgraph.errors import KernelContractError
 
 __all__ = [
@@ -56,6 +57,7 @@ __all__ = [
     "FIA",
     "FIA_MASK_SIZE",
     "FIA_SPARSE_MODE",
+    "CONFIG_RULES",
 ]
 
 FIA = "npu_fused_infer_attention_score"
@@ -414,6 +416,8 @@ _NORM_RULES = (
                lambda a: f"gamma {_shape(a['gamma'])} {_dt(a['gamma'])} vs x1 {_shape(a['x1'])} {_dt(a['x1'])}"),
 )
 
+_DYN_LIKE_GAMMA = ("smooth_scale1", "smooth_scale2", "beta")
+
 _QUANT_RULES = (
     KernelRule(DYNAMIC_QUANT, "input_dtype_half", f"{DOCS}:4673 (float16, bfloat16)",
                _present("input"), lambda a: a["input"].dtype in HALF, lambda a: f"input dtype is {_dt(a['input'])}"),
@@ -450,10 +454,35 @@ _QUANT_RULES = (
                lambda a: f"zero_points1 {_shape(a['zero_points1'])} {_dt(a['zero_points1'])} vs gamma {_shape(a['gamma'])}"),
     KernelRule(ADD_RMS_NORM_QUANT, "axis_minus_one", f"{DOCS}:12308 (axis: only -1)",
                lambda a: "axis" in a, lambda a: int(a["axis"]) == -1, lambda a: f"axis={a['axis']}"),
+    KernelRule(ADD_RMS_NORM_QUANT, "x_shapes", f"{DOCS}:12300-12301 (x1, x2 1-8 dims); :12312, 12314 (y1 and x_out "
+               "have x1's and x2's shape: the two agree)",
+               _present("x1", "x2"), lambda a: 1 <= a["x1"].dim() <= 8 and _shape(a["x2"]) == _shape(a["x1"]),
+               lambda a: f"x1 {_shape(a['x1'])}, x2 {_shape(a['x2'])}: need one shape of 1-8 dims"),
+    KernelRule(ADD_RMS_NORM_QUANT, "gamma_shape", f"{DOCS}:12302 (gamma 1-8 dims, the dims of x1 being normalised: "
+               "its trailing dims)",
+               _present("x1", "gamma"),
+               lambda a: 1 <= a["gamma"].dim() <= min(8, a["x1"].dim())
+               and _shape(a["gamma"]) == _shape(a["x1"])[-a["gamma"].dim():],
+               lambda a: f"gamma {_shape(a['gamma'])} vs x1 {_shape(a['x1'])}: gamma must be x1's trailing dims"),
+    KernelRule(ADD_RMS_NORM_QUANT, "beta_like_gamma", f"{DOCS}:12305 (beta: gamma's shape and dtype)",
+               _present("beta", "gamma"),
+               lambda a: _shape(a["beta"]) == _shape(a["gamma"]) and a["beta"].dtype == a["gamma"].dtype,
+               lambda a: f"beta {_shape(a['beta'])} {_dt(a['beta'])} vs gamma {_shape(a['gamma'])} {_dt(a['gamma'])}"),
     KernelRule(ADD_RMS_NORM_DYNAMIC_QUANT, "x_dtype_half", f"{DOCS}:12199-12200 (x1, x2 float16/bfloat16, 2-8 dims)",
                _present("x1", "x2"), lambda a: a["x1"].dtype in HALF and a["x2"].dtype == a["x1"].dtype
                and 2 <= a["x1"].dim() <= 8,
                lambda a: f"x1 {_shape(a['x1'])} {_dt(a['x1'])}, x2 {_dt(a['x2'])}"),
+    KernelRule(ADD_RMS_NORM_DYNAMIC_QUANT, "x_shapes", f"{DOCS}:12199-12200 (x1, x2 2-8 dims); :12212 (x_out = x1 "
+               "+ x2 has x1's shape: the two agree)",
+               _present("x1", "x2"), lambda a: 2 <= a["x2"].dim() <= 8 and _shape(a["x2"]) == _shape(a["x1"]),
+               lambda a: f"x1 {_shape(a['x1'])}, x2 {_shape(a['x2'])}: need one shape of 2-8 dims"),
+    KernelRule(ADD_RMS_NORM_DYNAMIC_QUANT, "smooth_scales_and_beta_like_gamma", f"{DOCS}:12202-12204 (smooth_scale1, "
+               "smooth_scale2 and beta: gamma's shape and dtype)",
+               lambda a: a.get("gamma") is not None and any(a.get(n) is not None for n in _DYN_LIKE_GAMMA),
+               lambda a: all(_shape(a[n]) == _shape(a["gamma"]) and a[n].dtype == a["gamma"].dtype
+                             for n in _DYN_LIKE_GAMMA if a.get(n) is not None),
+               lambda a: ", ".join(f"{n} {_shape(a[n])} {_dt(a[n])}" for n in _DYN_LIKE_GAMMA if a.get(n) is not None)
+               + f" vs gamma {_shape(a['gamma'])} {_dt(a['gamma'])}"),
     KernelRule(ADD_RMS_NORM_DYNAMIC_QUANT, "gamma_vector", f"{DOCS}:12201 (gamma 1-D, x1's last dim, x1's dtype)",
                _present("x1", "gamma"), lambda a: a["gamma"].dim() == 1 and int(a["gamma"].shape[0]) == int(a["x1"].shape[-1])
                and a["gamma"].dtype == a["x1"].dtype,
@@ -665,6 +694,13 @@ RULES: tuple[KernelRule, ...] = (
 )
 
 KERNELS: tuple[str, ...] = tuple(dict.fromkeys(rule.kernel for rule in RULES))
+
+# Rules a single kernel call cannot show, checked on the configuration (`ascendgraph.config`,
+# torch-free modules): name -> source.
+CONFIG_RULES: dict[str, str] = {
+    "paged_block_size": PAGED_BLOCK_SIZE_SOURCE + " (configuration: the Q_S > 1 branch, every engine runs prefills)",
+    "tnd_decode_query_len": TND_DECODE_QUERY_LEN_SOURCE,
+}
 
 # Overloads and helpers that take the base kernel's arguments (docs:8442 "inputs as
 # npu_fused_infer_attention_score"; the .out overload adds workspace and out).

@@ -218,3 +218,20 @@ def test_the_block_size_rule_follows_the_query_length_branch_of_the_op_docs() ->
         check_op("paged_attention", _attention_args(3, [1, 3], [3, 18], rows=2, block_size=16), in_graph=False)
     assert ":8219" in str(info.value) and "Q_S=2 > 1" in str(info.value)
     check_op("paged_attention", _attention_args(3, [1, 3], [3, 18], rows=2, block_size=256), in_graph=False)
+
+
+@pytest.mark.parametrize("num_speculative_tokens, legal", [(0, True), (15, True), (16, False)])
+def test_decode_requests_of_more_than_16_query_tokens_are_refused_on_the_configuration(num_speculative_tokens, legal):
+    # vLLM Ascend's AscendAttentionMetadataBuilder asserts 1 + num_speculative_tokens <= 16
+    # (attention_v1.py@182b75ea:252-260, the TND layout's limit of the fused attention).
+    from ascendgraph.config import GraphConfig
+    from ascendgraph.errors import ConfigError
+
+    assert "tnd_decode_query_len" in kc.CONFIG_RULES
+    if legal:
+        assert GraphConfig.from_vllm_args(num_speculative_tokens=num_speculative_tokens).num_speculative_tokens == \
+            num_speculative_tokens
+    else:
+        with pytest.raises(ConfigError, match="tnd_decode_query_len") as info:
+            GraphConfig.from_vllm_args(num_speculative_tokens=num_speculative_tokens)
+        assert info.value.key == "num_speculative_tokens" and "attention_v1.py@182b75ea" in str(info.value)
