@@ -21,8 +21,9 @@ whole captured query, so there ``T == actual_seq_lengths[-1]`` is the caller's j
 FULL padding of `ascendgraph.forward_context.fia_padded_lengths`).
 
 `check(kernel, arguments)` raises `KernelContractError` naming the rule, the values and
-the source. Where torch_npu's own error text is known it is quoted; for these kernels the
-texts come from CANN's tiling code, which the wheel does not ship, so none is quoted.
+the source. The kernels' own error texts come from CANN's tiling code, which the wheel does
+not ship; where vLLM Ascend's threads quote them (``CANN_TEXT_*``: PR #10769, issue #6076),
+the rule's source quotes them too, so a card's message can be matched to the rule.
 Rules never read tensor *values* (only dtype, shape, contiguity and host lists): reading
 values would be a host synchronisation inside a capture.
 """
@@ -87,6 +88,20 @@ SRC_FIA_PAD = (
     f"{VLLM_ASCEND} PR #6357 (merged) 'Pads query_start_loc to satisfy FIA/TND constraint': "
     "NPUModelRunner._pad_query_start_loc_for_fia (vllm_ascend/worker/model_runner_v1.py); queryT != "
     "actualSequenceLengthQ[-1] fails aclnnFusedInferAttentionScoreV3 tiling (error 561002, PR #6535)"
+)
+# CANN's texts (FIA tiling, error 561002) as vLLM Ascend's threads quote them.
+CANN_TEXT_KV_LENGTHS = (
+    f"CANN's text, quoted in {VLLM_ASCEND} PR #10769 (merged, 'Pad seq_lens/block_table to fix FIA error 561002 "
+    "with flashcomm1'): \"The size(20) of actualSeqLengthsKv is not equal to the batchSize(21)\""
+)
+CANN_TEXT_BLOCK_TABLE = (
+    f"CANN's text, quoted in {VLLM_ASCEND} PR #10769 (merged): \"When page attention enable, block table shape "
+    "should be [21, >=29], now is [20, 1104]. [FUNC:CheckBlockTableShape]\" (reported once the KV lengths were "
+    "padded: FIA checks them first)"
+)
+CANN_TEXT_QUERY_T = (
+    f"CANN's text, quoted in {VLLM_ASCEND} issue #6076: \"When layout is TND, queryT(8) must be equal to the last "
+    "element of actualSequenceLengthQ(5)[FUNC:CheckFAISeqlenDataInTND][FILE:fused_infer_attention_score_tiling.cpp]\""
 )
 SRC_ZERO_KV = (
     f"{VLLM_ASCEND} vllm_ascend/compilation/acl_graph.py@f575cbb3 (update_*_attn_params pad "
@@ -267,13 +282,13 @@ _FIA_RULES = (
                "non-decreasing, non-negative; its length is the batch)",
                _tnd, lambda a: a.get("actual_seq_lengths") is not None and _nondecreasing(_ints(a["actual_seq_lengths"])),
                lambda a: f"actual_seq_lengths={a.get('actual_seq_lengths')!r} is missing or not cumulative"),
-    KernelRule(FIA, "tnd_tokens_equal_last_end", SRC_FIA_PAD,
+    KernelRule(FIA, "tnd_tokens_equal_last_end", f"{SRC_FIA_PAD}; {CANN_TEXT_QUERY_T}",
                lambda a: _tnd_with_lengths(a) and _present("query")(a) and len(a["actual_seq_lengths"]) > 0,
                lambda a: int(a["query"].shape[0]) == int(a["actual_seq_lengths"][-1]),
                lambda a: f"query has T={int(a['query'].shape[0])} tokens but actual_seq_lengths[-1]="
                          f"{int(a['actual_seq_lengths'][-1])}; pad with a dummy request so the last end equals T"),
     KernelRule(FIA, "paged_kv_lengths_per_request", f"{DOCS}:8222 (page attention: actual_seq_lengths_kv "
-               "required); :8275 (TND+PA: one entry per batch, each the request's KV length)",
+               f"required); :8275 (TND+PA: one entry per batch, each the request's KV length); {CANN_TEXT_KV_LENGTHS}",
                lambda a: _paged(a) and _tnd_with_lengths(a),
                lambda a: a.get("actual_seq_lengths_kv") is not None
                and len(a["actual_seq_lengths_kv"]) == len(a["actual_seq_lengths"])
@@ -284,13 +299,14 @@ _FIA_RULES = (
     KernelRule(FIA, "block_table_int32", f"{DOCS}:8091 (block_table: int32)",
                _paged, lambda a: a["block_table"].dtype == torch.int32,
                lambda a: f"block_table dtype is {_dt(a['block_table'])}, not int32"),
-    KernelRule(FIA, "block_table_rows", f"{DOCS}:8223, 8284 (page attention: block_table 2-D, first dim == batch)",
+    KernelRule(FIA, "block_table_rows", f"{DOCS}:8223, 8284 (page attention: block_table 2-D, first dim == batch); "
+               f"{CANN_TEXT_BLOCK_TABLE}",
                lambda a: _paged(a) and a.get("actual_seq_lengths") is not None,
                lambda a: a["block_table"].dim() == 2 and int(a["block_table"].shape[0]) == len(a["actual_seq_lengths"]),
                lambda a: f"block_table has shape {_shape(a['block_table'])} for {len(a['actual_seq_lengths'])} "
                          "requests; it needs one row per request"),
     KernelRule(FIA, "block_table_columns", f"{DOCS}:8223, 8284 (second dim >= maxBlockNumPerSeq of the longest "
-               "actual_seq_lengths_kv)",
+               f"actual_seq_lengths_kv); {CANN_TEXT_BLOCK_TABLE}",
                lambda a: _paged_with_lengths(a) and a["block_table"].dim() == 2,
                lambda a: int(a["block_table"].shape[1]) >= max(_blocks_needed(a), default=0),
                lambda a: f"block_table has {int(a['block_table'].shape[1])} columns but the longest KV length "

@@ -235,3 +235,14 @@ def test_decode_requests_of_more_than_16_query_tokens_are_refused_on_the_configu
         with pytest.raises(ConfigError, match="tnd_decode_query_len") as info:
             GraphConfig.from_vllm_args(num_speculative_tokens=num_speculative_tokens)
         assert info.value.key == "num_speculative_tokens" and "attention_v1.py@182b75ea" in str(info.value)
+
+
+def test_rules_quote_canns_own_texts_where_vllm_ascend_quotes_them() -> None:
+    # vLLM Ascend PR #10769 quotes CANN's FIA tiling texts for the KV lengths and the block-table
+    # shape, issue #6076 the TND query-length one (issue 24): a card's message maps to its rule.
+    sources = {rule.name: rule.source for rule in kc.rules_for(kc.FIA)}
+    assert "PR #10769" in sources["paged_kv_lengths_per_request"] and "actualSeqLengthsKv" in sources[
+        "paged_kv_lengths_per_request"]
+    for name in ("block_table_rows", "block_table_columns"):
+        assert "PR #10769" in sources[name] and "CheckBlockTableShape" in sources[name]
+    assert "CheckFAISeqlenDataInTND" in sources["tnd_tokens_equal_last_end"]
