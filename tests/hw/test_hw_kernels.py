@@ -155,7 +155,7 @@ ATTENTION_CASES = [([1, 2, 3], [5, 9, 1]), ([4, 5, 6], [4, 12, 7]), ([3, 6], [10
 
 
 def _attention_args(ends: list[int], lens: list[int], dtype: torch.dtype, padding: int = 2) -> tuple[Any, ...]:
-    heads, kvh, d, nb, bs = 4, 2, 16, 16, 16  # legal for the fused attention: D and block size 16-aligned
+    heads, kvh, d, nb, bs = 4, 2, 16, 16, 128  # legal for the fused attention: D 16-aligned, block 128 (Q_S > 1)
     tokens = ends[-1] + padding
     q = randn(tokens, heads, d, dtype=dtype)
     kc, vc = randn(nb, bs, kvh, d, dtype=dtype, seed=1), randn(nb, bs, kvh, d, dtype=dtype, seed=2)
