@@ -502,6 +502,12 @@ def _validate(config: GraphConfig) -> None:
     if problem is not None:
         raise ConfigError(f"block_size={config.block_size} is refused by the NPU's paged attention: {problem}",
                           key="block_size")
+    from ascendgraph.attention_limits import decode_query_len_problem  # the same table's config-level rule
+
+    problem = decode_query_len_problem(config.num_speculative_tokens, config.attention_backend or "default")
+    if problem is not None:
+        raise ConfigError(f"num_speculative_tokens={config.num_speculative_tokens} is refused by the NPU's attention: "
+                          f"{problem}", key="num_speculative_tokens")
     for name in _BOOL_FIELDS:
         value = getattr(config, name)
         if not isinstance(value, bool):

@@ -54,6 +54,9 @@ class FullGraphParams(Protocol):
     def capture_attention(self, descriptor: BatchDescriptor, call: Any) -> None:
         """Launch one attention call inside a FULL capture, remembering it for later updates."""
 
+    def captured(self, descriptor: BatchDescriptor) -> None:
+        """The capture of ``descriptor`` ended: what it allocated now belongs to the graph."""
+
     def discard(self, descriptor: BatchDescriptor) -> None:
         """Forget what a failed capture of ``descriptor`` recorded."""
 

@@ -37,6 +37,7 @@ from ascendgraph.kernel_contracts import (
     RESHAPE_AND_CACHE,
     RMS_NORM,
     ROTARY_EMBEDDING,
+    SCATTER_PA_KV_CACHE,
     KernelRule,
     message,
     violations,
@@ -202,45 +203,61 @@ def _rotated(t: Any, tokens: int, head_size: int, rot: int) -> Any:
     return _spec(t, shape=(tokens, per_token // head_size * rot), contiguous=True)
 
 
-def _reshape_and_cache_calls(args: Sequence[Any]) -> list[KernelCall]:
+# The SoC generations whose KV write is the ATB _npu_reshape_and_cache (vLLM Ascend's
+# Ascend310PDeviceAdaptor); every other one, and an unknown SoC, writes with
+# npu_scatter_pa_kv_cache (BaseDeviceAdaptor, vllm_ascend/device/device_op.py@182b75ea).
+ATB_KV_WRITE_SOCS = ("310P",)
+
+
+def _reshape_and_cache_calls(args: Sequence[Any], soc: Optional[str]) -> list[KernelCall]:
     key, value, key_cache, value_cache, slot_mapping = args
     tokens = int(slot_mapping.numel())
-    slots = _spec(slot_mapping, shape=(tokens,), dtype=torch.int32, contiguous=True)  # hw: reshape(-1), int32
-    return [KernelCall(RESHAPE_AND_CACHE, dict(
+    if soc in ATB_KV_WRITE_SOCS:
+        slots = _spec(slot_mapping, shape=(tokens,), dtype=torch.int32, contiguous=True)  # hw: reshape(-1), int32
+        return [KernelCall(RESHAPE_AND_CACHE, dict(
+            key=_reshaped(key, (tokens, *key_cache.shape[2:])), value=_reshaped(value, (tokens, *value_cache.shape[2:])),
+            key_cache=key_cache, value_cache=value_cache, slot_indices=slots))]
+    # hw: reshape(-1), int32/int64 kept (others cast to int32), .contiguous() on key, value, slots
+    slot_dtype = slot_mapping.dtype if slot_mapping.dtype in (torch.int32, torch.int64) else torch.int32
+    slots = _spec(slot_mapping, shape=(tokens,), dtype=slot_dtype, contiguous=True)
+    return [KernelCall(SCATTER_PA_KV_CACHE, dict(
         key=_reshaped(key, (tokens, *key_cache.shape[2:])), value=_reshaped(value, (tokens, *value_cache.shape[2:])),
-        key_cache=key_cache, value_cache=value_cache, slot_indices=slots))]
+        key_cache=key_cache, value_cache=value_cache, slot_mapping=slots, cache_mode="Norm"))]
 
 
-def kernel_calls(op: str, args: Sequence[Any], *, in_graph: bool) -> list[KernelCall]:
+def kernel_calls(op: str, args: Sequence[Any], *, in_graph: bool, soc: Optional[str] = None) -> list[KernelCall]:
     """The torch_npu calls (and our op's implied-rule level) of one ascendgraph op call.
 
     Mirrors hw/kernels.py's adapters; ops hw composes from others (split_qkv_rmsnorm_rope)
-    or runs by formula (muls_add) have none of their own.
+    or runs by formula (muls_add) have none of their own. ``soc`` (A2, A3, 310P, A5; None:
+    not known) picks the KV write's kernel as vLLM Ascend does.
     """
     if op == "paged_attention":
         return _paged_attention_calls(args, in_graph)
     if op == "reshape_and_cache":
-        return _reshape_and_cache_calls(args)
+        return _reshape_and_cache_calls(args, soc)
     if op == "rotary_embedding":
         return _rope_calls(args)
     return _norm_calls(op, args)
 
 
 def op_violations(
-    op: str, args: Sequence[Any], *, in_graph: bool, lenient: frozenset[str] = frozenset()
+    op: str, args: Sequence[Any], *, in_graph: bool, lenient: frozenset[str] = frozenset(), soc: Optional[str] = None
 ) -> list[tuple[KernelCall, KernelRule]]:
     """Every (call, rule) an op call breaks; rules named in ``lenient`` are skipped."""
     found = []
-    for call in kernel_calls(op, args, in_graph=in_graph):
+    for call in kernel_calls(op, args, in_graph=in_graph, soc=soc):
         for rule in violations(call.kernel, call.arguments):
             if rule.name not in lenient:
                 found.append((call, rule))
     return found
 
 
-def check_op(op: str, args: Sequence[Any], *, in_graph: bool, lenient: frozenset[str] = frozenset()) -> None:
+def check_op(
+    op: str, args: Sequence[Any], *, in_graph: bool, lenient: frozenset[str] = frozenset(), soc: Optional[str] = None
+) -> None:
     """Raise KernelContractError if an ascendgraph op call breaks a contract of the kernels it becomes."""
-    found = op_violations(op, args, in_graph=in_graph, lenient=lenient)
+    found = op_violations(op, args, in_graph=in_graph, lenient=lenient, soc=soc)
     if found:
         lines = [message(call.kernel, rule, call.arguments) for call, rule in found]
         raise KernelContractError(

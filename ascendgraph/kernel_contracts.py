@@ -21,8 +21,9 @@ whole captured query, so there ``T == actual_seq_lengths[-1]`` is the caller's j
 FULL padding of `ascendgraph.forward_context.fia_padded_lengths`).
 
 `check(kernel, arguments)` raises `KernelContractError` naming the rule, the values and
-the source. Where torch_npu's own error text is known it is quoted; for these kernels the
-texts come from CANN's tiling code, which the wheel does not ship, so none is quoted.
+the source. The kernels' own error texts come from CANN's tiling code, which the wheel does
+not ship; where vLLM Ascend's threads quote them (``CANN_TEXT_*``: PR #10769, issue #6076),
+the rule's source quotes them too, so a card's message can be matched to the rule.
 Rules never read tensor *values* (only dtype, shape, contiguity and host lists): reading
 values would be a host synchronisation inside a capture.
 """
@@ -41,6 +42,7 @@ from ascendgraph.block_sizes import (
     describe_paged_block_size,
     paged_block_size_ok,
 )
+from ascendgraph.attention_limits import TND_DECODE_QUERY_LEN_SOURCE
 from ascendgraph.errors import KernelContractError
 
 __all__ = [
@@ -56,6 +58,7 @@ __all__ = [
     "FIA",
     "FIA_MASK_SIZE",
     "FIA_SPARSE_MODE",
+    "CONFIG_RULES",
 ]
 
 FIA = "npu_fused_infer_attention_score"
@@ -85,6 +88,20 @@ SRC_FIA_PAD = (
     f"{VLLM_ASCEND} PR #6357 (merged) 'Pads query_start_loc to satisfy FIA/TND constraint': "
     "NPUModelRunner._pad_query_start_loc_for_fia (vllm_ascend/worker/model_runner_v1.py); queryT != "
     "actualSequenceLengthQ[-1] fails aclnnFusedInferAttentionScoreV3 tiling (error 561002, PR #6535)"
+)
+# CANN's texts (FIA tiling, error 561002) as vLLM Ascend's threads quote them.
+CANN_TEXT_KV_LENGTHS = (
+    f"CANN's text, quoted in {VLLM_ASCEND} PR #10769 (merged, 'Pad seq_lens/block_table to fix FIA error 561002 "
+    "with flashcomm1'): \"The size(20) of actualSeqLengthsKv is not equal to the batchSize(21)\""
+)
+CANN_TEXT_BLOCK_TABLE = (
+    f"CANN's text, quoted in {VLLM_ASCEND} PR #10769 (merged): \"When page attention enable, block table shape "
+    "should be [21, >=29], now is [20, 1104]. [FUNC:CheckBlockTableShape]\" (reported once the KV lengths were "
+    "padded: FIA checks them first)"
+)
+CANN_TEXT_QUERY_T = (
+    f"CANN's text, quoted in {VLLM_ASCEND} issue #6076: \"When layout is TND, queryT(8) must be equal to the last "
+    "element of actualSequenceLengthQ(5)[FUNC:CheckFAISeqlenDataInTND][FILE:fused_infer_attention_score_tiling.cpp]\""
 )
 SRC_ZERO_KV = (
     f"{VLLM_ASCEND} vllm_ascend/compilation/acl_graph.py@f575cbb3 (update_*_attn_params pad "
@@ -184,6 +201,25 @@ def _q_lens(a: Mapping[str, Any]) -> list[int]:
     return [end - start for start, end in zip([0, *ends[:-1]], ends)]
 
 
+def _q_s(a: Mapping[str, Any]) -> int:
+    """The call's Q_S, which picks the op docs' branch (:8201 Q_S > 1, :8269 Q_S == 1): in TND
+    the longest request's query length, else the query's S axis (BNSD: dim 2; BSH/BSND: dim 1)."""
+    query = a.get("query")
+    if _tnd(a):
+        if a.get("actual_seq_lengths") is not None:
+            return max(_q_lens(a), default=0)
+        return int(query.shape[0]) if query is not None else 0
+    if query is None or query.dim() < 3:
+        return 1
+    return int(query.shape[2] if a.get("input_layout") == "BNSD" else query.shape[1])
+
+
+def _batch(a: Mapping[str, Any]) -> int:
+    if _tnd(a):
+        return len(_ints(a.get("actual_seq_lengths")))
+    return int(a["query"].shape[0])
+
+
 def _blocks_needed(a: Mapping[str, Any]) -> list[int]:
     size = int(a["block_size"])
     return [math.ceil(max(n, 0) / size) for n in _ints(a["actual_seq_lengths_kv"])]
@@ -246,13 +282,13 @@ _FIA_RULES = (
                "non-decreasing, non-negative; its length is the batch)",
                _tnd, lambda a: a.get("actual_seq_lengths") is not None and _nondecreasing(_ints(a["actual_seq_lengths"])),
                lambda a: f"actual_seq_lengths={a.get('actual_seq_lengths')!r} is missing or not cumulative"),
-    KernelRule(FIA, "tnd_tokens_equal_last_end", SRC_FIA_PAD,
+    KernelRule(FIA, "tnd_tokens_equal_last_end", f"{SRC_FIA_PAD}; {CANN_TEXT_QUERY_T}",
                lambda a: _tnd_with_lengths(a) and _present("query")(a) and len(a["actual_seq_lengths"]) > 0,
                lambda a: int(a["query"].shape[0]) == int(a["actual_seq_lengths"][-1]),
                lambda a: f"query has T={int(a['query'].shape[0])} tokens but actual_seq_lengths[-1]="
                          f"{int(a['actual_seq_lengths'][-1])}; pad with a dummy request so the last end equals T"),
     KernelRule(FIA, "paged_kv_lengths_per_request", f"{DOCS}:8222 (page attention: actual_seq_lengths_kv "
-               "required); :8275 (TND+PA: one entry per batch, each the request's KV length)",
+               f"required); :8275 (TND+PA: one entry per batch, each the request's KV length); {CANN_TEXT_KV_LENGTHS}",
                lambda a: _paged(a) and _tnd_with_lengths(a),
                lambda a: a.get("actual_seq_lengths_kv") is not None
                and len(a["actual_seq_lengths_kv"]) == len(a["actual_seq_lengths"])
@@ -263,13 +299,14 @@ _FIA_RULES = (
     KernelRule(FIA, "block_table_int32", f"{DOCS}:8091 (block_table: int32)",
                _paged, lambda a: a["block_table"].dtype == torch.int32,
                lambda a: f"block_table dtype is {_dt(a['block_table'])}, not int32"),
-    KernelRule(FIA, "block_table_rows", f"{DOCS}:8223, 8284 (page attention: block_table 2-D, first dim == batch)",
+    KernelRule(FIA, "block_table_rows", f"{DOCS}:8223, 8284 (page attention: block_table 2-D, first dim == batch); "
+               f"{CANN_TEXT_BLOCK_TABLE}",
                lambda a: _paged(a) and a.get("actual_seq_lengths") is not None,
                lambda a: a["block_table"].dim() == 2 and int(a["block_table"].shape[0]) == len(a["actual_seq_lengths"]),
                lambda a: f"block_table has shape {_shape(a['block_table'])} for {len(a['actual_seq_lengths'])} "
                          "requests; it needs one row per request"),
     KernelRule(FIA, "block_table_columns", f"{DOCS}:8223, 8284 (second dim >= maxBlockNumPerSeq of the longest "
-               "actual_seq_lengths_kv)",
+               f"actual_seq_lengths_kv); {CANN_TEXT_BLOCK_TABLE}",
                lambda a: _paged_with_lengths(a) and a["block_table"].dim() == 2,
                lambda a: int(a["block_table"].shape[1]) >= max(_blocks_needed(a), default=0),
                lambda a: f"block_table has {int(a['block_table'].shape[1])} columns but the longest KV length "
@@ -281,8 +318,17 @@ _FIA_RULES = (
                lambda a: f"the cache holds {int(a['key'].shape[0])} blocks but the KV lengths "
                          f"{_ints(a['actual_seq_lengths_kv'])} need {sum(_blocks_needed(a))} of {a['block_size']}"),
     KernelRule(FIA, "paged_block_size", PAGED_BLOCK_SIZE_SOURCE,
-               _paged, lambda a: paged_block_size_ok(a.get("block_size", 0)),
-               lambda a: describe_paged_block_size(a.get("block_size", 0))),
+               _paged, lambda a: paged_block_size_ok(a.get("block_size", 0), _q_s(a)),
+               lambda a: describe_paged_block_size(a.get("block_size", 0), _q_s(a))),
+    KernelRule(FIA, "q_s_gt_1_batch_limit", f"{DOCS}:8203 (Q_S > 1, the branch opening at :8201: the B axis at "
+               "most 65536)",
+               lambda a: _present("query")(a) and _q_s(a) > 1, lambda a: _batch(a) <= 65536,
+               lambda a: f"batch of {_batch(a)} requests with Q_S={_q_s(a)}; the fused attention takes at most "
+                         "65536 when a request has more than one query token"),
+    KernelRule(FIA, "q_s_gt_1_heads_limit", f"{DOCS}:8204 (Q_S > 1: the N axis at most 256)",
+               lambda a: _present("query")(a) and _q_s(a) > 1, lambda a: int(a.get("num_heads", 1)) <= 256,
+               lambda a: f"num_heads={a.get('num_heads')} with Q_S={_q_s(a)}; the fused attention takes at most 256 "
+                         "query heads when a request has more than one query token"),
     # No kv_len >= q_len rule: the op docs' sparse_mode 3 interception (:8248) belongs to the
     # int8-output list (:8244, "输出为int8 ... quant_offset2"), and the TND one (:8198) to the
     # D=192 branch (:8193-8199); neither is this call (bf16 out, D 128), and the rule refused
@@ -386,6 +432,8 @@ _NORM_RULES = (
                lambda a: f"gamma {_shape(a['gamma'])} {_dt(a['gamma'])} vs x1 {_shape(a['x1'])} {_dt(a['x1'])}"),
 )
 
+_DYN_LIKE_GAMMA = ("smooth_scale1", "smooth_scale2", "beta")
+
 _QUANT_RULES = (
     KernelRule(DYNAMIC_QUANT, "input_dtype_half", f"{DOCS}:4673 (float16, bfloat16)",
                _present("input"), lambda a: a["input"].dtype in HALF, lambda a: f"input dtype is {_dt(a['input'])}"),
@@ -422,10 +470,35 @@ _QUANT_RULES = (
                lambda a: f"zero_points1 {_shape(a['zero_points1'])} {_dt(a['zero_points1'])} vs gamma {_shape(a['gamma'])}"),
     KernelRule(ADD_RMS_NORM_QUANT, "axis_minus_one", f"{DOCS}:12308 (axis: only -1)",
                lambda a: "axis" in a, lambda a: int(a["axis"]) == -1, lambda a: f"axis={a['axis']}"),
+    KernelRule(ADD_RMS_NORM_QUANT, "x_shapes", f"{DOCS}:12300-12301 (x1, x2 1-8 dims); :12312, 12314 (y1 and x_out "
+               "have x1's and x2's shape: the two agree)",
+               _present("x1", "x2"), lambda a: 1 <= a["x1"].dim() <= 8 and _shape(a["x2"]) == _shape(a["x1"]),
+               lambda a: f"x1 {_shape(a['x1'])}, x2 {_shape(a['x2'])}: need one shape of 1-8 dims"),
+    KernelRule(ADD_RMS_NORM_QUANT, "gamma_shape", f"{DOCS}:12302 (gamma 1-8 dims, the dims of x1 being normalised: "
+               "its trailing dims)",
+               _present("x1", "gamma"),
+               lambda a: 1 <= a["gamma"].dim() <= min(8, a["x1"].dim())
+               and _shape(a["gamma"]) == _shape(a["x1"])[-a["gamma"].dim():],
+               lambda a: f"gamma {_shape(a['gamma'])} vs x1 {_shape(a['x1'])}: gamma must be x1's trailing dims"),
+    KernelRule(ADD_RMS_NORM_QUANT, "beta_like_gamma", f"{DOCS}:12305 (beta: gamma's shape and dtype)",
+               _present("beta", "gamma"),
+               lambda a: _shape(a["beta"]) == _shape(a["gamma"]) and a["beta"].dtype == a["gamma"].dtype,
+               lambda a: f"beta {_shape(a['beta'])} {_dt(a['beta'])} vs gamma {_shape(a['gamma'])} {_dt(a['gamma'])}"),
     KernelRule(ADD_RMS_NORM_DYNAMIC_QUANT, "x_dtype_half", f"{DOCS}:12199-12200 (x1, x2 float16/bfloat16, 2-8 dims)",
                _present("x1", "x2"), lambda a: a["x1"].dtype in HALF and a["x2"].dtype == a["x1"].dtype
                and 2 <= a["x1"].dim() <= 8,
                lambda a: f"x1 {_shape(a['x1'])} {_dt(a['x1'])}, x2 {_dt(a['x2'])}"),
+    KernelRule(ADD_RMS_NORM_DYNAMIC_QUANT, "x_shapes", f"{DOCS}:12199-12200 (x1, x2 2-8 dims); :12212 (x_out = x1 "
+               "+ x2 has x1's shape: the two agree)",
+               _present("x1", "x2"), lambda a: 2 <= a["x2"].dim() <= 8 and _shape(a["x2"]) == _shape(a["x1"]),
+               lambda a: f"x1 {_shape(a['x1'])}, x2 {_shape(a['x2'])}: need one shape of 2-8 dims"),
+    KernelRule(ADD_RMS_NORM_DYNAMIC_QUANT, "smooth_scales_and_beta_like_gamma", f"{DOCS}:12202-12204 (smooth_scale1, "
+               "smooth_scale2 and beta: gamma's shape and dtype)",
+               lambda a: a.get("gamma") is not None and any(a.get(n) is not None for n in _DYN_LIKE_GAMMA),
+               lambda a: all(_shape(a[n]) == _shape(a["gamma"]) and a[n].dtype == a["gamma"].dtype
+                             for n in _DYN_LIKE_GAMMA if a.get(n) is not None),
+               lambda a: ", ".join(f"{n} {_shape(a[n])} {_dt(a[n])}" for n in _DYN_LIKE_GAMMA if a.get(n) is not None)
+               + f" vs gamma {_shape(a['gamma'])} {_dt(a['gamma'])}"),
     KernelRule(ADD_RMS_NORM_DYNAMIC_QUANT, "gamma_vector", f"{DOCS}:12201 (gamma 1-D, x1's last dim, x1's dtype)",
                _present("x1", "gamma"), lambda a: a["gamma"].dim() == 1 and int(a["gamma"].shape[0]) == int(a["x1"].shape[-1])
                and a["gamma"].dtype == a["x1"].dtype,
@@ -454,6 +527,13 @@ def _v2_ends(a: Mapping[str, Any]) -> list[int]:
 def _v2_q_lens(a: Mapping[str, Any]) -> list[int]:
     ends = _v2_ends(a)
     return [end - start for start, end in zip([0, *ends[:-1]], ends)]
+
+
+def _v2_q_s(a: Mapping[str, Any]) -> int:
+    """Q_S of a v2 call (the branches at :8759 / :8806): in TND the longest request's query length."""
+    if _v2_tnd(a) and a.get("actual_seq_qlen") is not None:
+        return max(_v2_q_lens(a), default=0)
+    return _q_s({**a, "actual_seq_lengths": None})
 
 
 def _v2_paged_lengths(a: Mapping[str, Any]) -> bool:
@@ -512,9 +592,11 @@ _FIA_V2_RULES = (
                lambda a: int(a["block_table"].shape[1]) >= max(_v2_blocks_needed(a), default=0),
                lambda a: f"block_table has {int(a['block_table'].shape[1])} columns but the longest KV length needs "
                          f"{max(_v2_blocks_needed(a), default=0)} blocks of {a['block_size']}"),
-    KernelRule(FIA_V2, "v2_paged_block_size", f"{PAGED_BLOCK_SIZE_SOURCE}; {DOCS}:8776",
-               _paged, lambda a: paged_block_size_ok(a.get("block_size", 0)),
-               lambda a: describe_paged_block_size(a.get("block_size", 0))),
+    KernelRule(FIA_V2, "v2_paged_block_size", f"{DOCS}:8776 (Q_S > 1, the branch at :8759: at least 128, at most "
+               "512, a multiple of 128); :8817 (Q_S == 1, the branch at :8806: 16-aligned for float16/bfloat16 KV); "
+               f"as v1's ({PAGED_BLOCK_SIZE_SOURCE})",
+               _paged, lambda a: paged_block_size_ok(a.get("block_size", 0), _v2_q_s(a)),
+               lambda a: describe_paged_block_size(a.get("block_size", 0), _v2_q_s(a))),
     KernelRule(FIA_V2, "v2_gqa_ratio", f"{DOCS}:8731 (K_N == V_N, Q_N divisible by K_N, ratio <= 64)",
                _always, lambda a: _v2_kv_heads(a) > 0 and int(a.get("num_query_heads", 1)) % _v2_kv_heads(a) == 0
                and int(a.get("num_query_heads", 1)) // _v2_kv_heads(a) <= 64,
@@ -628,6 +710,13 @@ RULES: tuple[KernelRule, ...] = (
 )
 
 KERNELS: tuple[str, ...] = tuple(dict.fromkeys(rule.kernel for rule in RULES))
+
+# Rules a single kernel call cannot show, checked on the configuration (`ascendgraph.config`,
+# torch-free modules): name -> source.
+CONFIG_RULES: dict[str, str] = {
+    "paged_block_size": PAGED_BLOCK_SIZE_SOURCE + " (configuration: the Q_S > 1 branch, every engine runs prefills)",
+    "tnd_decode_query_len": TND_DECODE_QUERY_LEN_SOURCE,
+}
 
 # Overloads and helpers that take the base kernel's arguments (docs:8442 "inputs as
 # npu_fused_infer_attention_score"; the .out overload adds workspace and out).

@@ -177,7 +177,10 @@ NPU_ADD_RMS_NORM_DYNAMIC_QUANT = _api("torch_npu.npu_add_rms_norm_dynamic_quant"
 NPU_ADD_RMS_NORM_QUANT = _api("torch_npu.npu_add_rms_norm_quant", 5, "epsilon", kind="op", optional=True)
 NPU_ROTARY_EMBEDDING = _api("torch_npu._npu_rotary_embedding", 6, kind="atb", optional=True,
                             why="vLLM's rotary contract (positions + cos_sin_cache), in place")
-NPU_RESHAPE_AND_CACHE = _api("torch_npu._npu_reshape_and_cache", 5, kind="atb", optional=True)
+NPU_RESHAPE_AND_CACHE = _api("torch_npu._npu_reshape_and_cache", 5, kind="atb", optional=True,
+                             why="the KV write on 310P (vLLM Ascend's Ascend310PDeviceAdaptor)")
+NPU_SCATTER_PA_KV_CACHE = _api("torch_npu.npu_scatter_pa_kv_cache", 5, "cache_mode", kind="op", optional=True,
+                               why="the KV write on A2/A3/A5 (vLLM Ascend's BaseDeviceAdaptor), cache_mode='Norm'")
 _FIA_KEYWORDS = ("atten_mask", "actual_seq_lengths", "actual_seq_lengths_kv", "block_table", "num_heads",
                  "scale", "input_layout", "num_key_value_heads", "sparse_mode", "block_size")
 NPU_FIA_OUT = _api("torch_npu.npu_fused_infer_attention_score.out", 3, *_FIA_KEYWORDS, "workspace", "out",

@@ -169,6 +169,7 @@ class NpuDevice:
         if router is None:  # the process-wide kernels of the torch_npu in use
             router = kernels.register_npu_kernels(self._npu, self._device_type)
             kernels.prepare(self.torch_device)
+        router.soc = self.profile.name  # the KV write's kernel follows the SoC (hw.kernels.SCATTER_SOCS)
         self.router = router
         self._plan: Any = None
         # Captured graphs not yet reset; weak, so a graph the caller drops frees its streams.

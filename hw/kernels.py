@@ -99,6 +99,9 @@ class KernelBinding:
     adapter: Adapter
     accepts: Accepts
     note: str = ""
+    # The SoC generations (hw.soc: A2, A3, 310P, A5) this kernel serves the op on, as vLLM
+    # Ascend chooses per device; empty: all. On another generation the binding is skipped.
+    socs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -305,6 +308,40 @@ def _reshape_and_cache_accepts(
         _same_dtype("_npu_reshape_and_cache", key, key_cache),
         None if key_cache.is_contiguous() and value_cache.is_contiguous() else "_npu_reshape_and_cache needs contiguous caches",
     )
+
+
+# The KV write's kernel per SoC generation, as vLLM Ascend picks it
+# (vllm_ascend/device/device_op.py@182b75ea: BaseDeviceAdaptor.reshape_and_cache calls
+# npu_scatter_pa_kv_cache with cache_mode="Norm"; only Ascend310PDeviceAdaptor overrides it
+# with the ATB _npu_reshape_and_cache; A5DeviceAdaptor inherits the base).
+SCATTER_SOCS = ("A2", "A3", "A5")
+RESHAPE_AND_CACHE_SOCS = ("310P",)
+SLOT_DTYPES = (torch.int32, torch.int64)  # npu_scatter_pa_kv_cache's slot_mapping (op docs :7019)
+
+
+def _scatter_pa_kv_cache(
+    router: "KernelRouter", key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor
+) -> None:
+    # vLLM Ascend passes contiguous key / value / slot_mapping (``.contiguous()``: no copy when
+    # they already are) and the ND cache layout (cache_mode "Norm"; the schema's default is PA_NZ).
+    tokens = slot_mapping.numel()
+    slots = slot_mapping.reshape(-1)
+    slots = slots if slots.dtype in SLOT_DTYPES else slots.to(torch.int32)
+    router.npu.call(
+        api.NPU_SCATTER_PA_KV_CACHE,
+        key.reshape(tokens, *key_cache.shape[2:]).contiguous(),
+        value.reshape(tokens, *value_cache.shape[2:]).contiguous(),
+        key_cache,
+        value_cache,
+        slots.contiguous(),
+        cache_mode="Norm",
+    )
+
+
+def _scatter_pa_kv_cache_accepts(
+    key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor
+) -> Optional[str]:
+    return _same_dtype("npu_scatter_pa_kv_cache", key, value, key_cache, value_cache)
 
 
 # --------------------------------------------------------------------------- attention
@@ -524,8 +561,10 @@ KERNEL_ROUTES: dict[str, KernelRoute] = {
         KernelRoute("split_qkv_rmsnorm_rope", (), _split_qkv_rmsnorm_rope_composed, "composition"),
         KernelRoute("muls_add", (), _reference(reference.muls_add), "reference"),
         KernelRoute("reshape_and_cache",
-                    (KernelBinding(api.NPU_RESHAPE_AND_CACHE, _reshape_and_cache, _reshape_and_cache_accepts,
-                                   "ATB kernel: needs the NNAL package; slots < 0 are padding"),),
+                    (KernelBinding(api.NPU_SCATTER_PA_KV_CACHE, _scatter_pa_kv_cache, _scatter_pa_kv_cache_accepts,
+                                   "A2/A3/A5: ND cache (cache_mode Norm)", socs=SCATTER_SOCS),
+                     KernelBinding(api.NPU_RESHAPE_AND_CACHE, _reshape_and_cache, _reshape_and_cache_accepts,
+                                   "310P; ATB kernel: needs the NNAL package", socs=RESHAPE_AND_CACHE_SOCS)),
                     _reference(reference.reshape_and_cache), "reference"),
         KernelRoute("paged_attention",
                     (KernelBinding(api.NPU_FIA_OUT, _paged_attention, _paged_attention_accepts,
@@ -560,6 +599,9 @@ class KernelRouter:
         # Kernels issued now land in a task group (captured or being updated): set by NpuDevice.
         self.in_task_group = False
         self.registered_for: Optional[str] = None  # the device type the router is registered on
+        # The SoC generation of the NPU (set by NpuDevice; one NPU kind per process): picks the
+        # bindings that carry ``socs`` (the KV write). None: every binding, in table order.
+        self.soc: Optional[str] = None
         # Opens the task group / task update NpuDevice deferred until the first kernel.
         self._enter: Optional[Callable[[], None]] = None
 
@@ -578,7 +620,7 @@ class KernelRouter:
         (KernelContractError), never a fallback (docs/decisions.md "Kernel contracts")."""
         check_op = _contract_check()
         if check_op is not None:
-            check_op(op, args, in_graph=self.in_task_group or self.capturing())
+            check_op(op, args, in_graph=self.in_task_group or self.capturing(), soc=self.soc)
 
     def graph_captured(self) -> None:
         self.live_graphs += 1
@@ -595,6 +637,8 @@ class KernelRouter:
         return self.npu.has(api.IS_CURRENT_STREAM_CAPTURING) and bool(self.npu.call(api.IS_CURRENT_STREAM_CAPTURING))
 
     def _unusable(self, binding: KernelBinding, args: tuple[Any, ...]) -> Optional[str]:
+        if binding.socs and self.soc is not None and self.soc not in binding.socs:
+            return f"{binding.api.path} is not the kernel for this op on {self.soc} (vLLM Ascend uses it on {'/'.join(binding.socs)})"
         if binding.api in self._broken:
             return self._broken[binding.api]
         if not self.npu.has(binding.api):
@@ -658,7 +702,7 @@ def _contract_check() -> Optional[Callable[..., None]]:
     return check_op
 
 
-def _interim_check_op(op: str, args: tuple[Any, ...], *, in_graph: bool) -> None:
+def _interim_check_op(op: str, args: tuple[Any, ...], *, in_graph: bool, soc: Optional[str] = None) -> None:
     # The two FIA rules hw/'s graph path depends on, until the contract table lands.
     if op != "paged_attention":
         return

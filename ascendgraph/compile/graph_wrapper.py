@@ -294,6 +294,8 @@ class GraphWrapper:
         except BaseException:
             self._discard_failed(graph, descriptor)
             raise
+        if self.runtime_mode is GraphMode.FULL and state.graph_params is not None:
+            state.graph_params.captured(descriptor)  # its workspaces are the graph's now: weak refs
         self.entries[descriptor] = entry
         state.graphs_captured += 1
         log.debug("captured %s graph %s for %s", self.runtime_mode.name, self.options.label, descriptor)

@@ -71,15 +71,18 @@ class AttentionCall:
     workspace: Optional[Tensor] = None  # `prepared()`: the kernel's scratch, made before the task group
     softmax_lse: Optional[Tensor] = None  # `prepared()`: the kernel's second output, likewise
 
-    def prepared(self) -> "AttentionCall":
-        """This call with its workspace queried and its softmax_lse allocated: what torch_npu's
+    def prepared(self, workspace: Optional[Tensor] = None) -> "AttentionCall":
+        """This call with its workspace and its softmax_lse allocated: what torch_npu's
         graph handler does in ``prepare_capture``, *before* graph_task_group_begin (and vLLM
         Ascend's ``full_graph_attention``: workspace, then ``softmax_lse = torch.empty(1, ...)``),
-        so only the kernel task sits inside the group. ``out`` is the caller's already."""
-        workspace = ops.attention_workspace(
-            self.query, self.key_cache, self.value_cache, self.block_table,
-            list(self.actual_seq_lengths), list(self.seq_lens), self.scale,
-        )
+        so only the kernel task sits inside the group. ``out`` is the caller's already.
+        ``workspace``: one made earlier for the same capture size (vLLM Ascend shares one per
+        size across layers); None queries it."""
+        if workspace is None:
+            workspace = ops.attention_workspace(
+                self.query, self.key_cache, self.value_cache, self.block_table,
+                list(self.actual_seq_lengths), list(self.seq_lens), self.scale,
+            )
         lse = torch.empty(1, dtype=self.query.dtype, device=self.query.device)
         return replace(self, workspace=workspace, softmax_lse=lse)
 

@@ -13,6 +13,16 @@ FULL graph freezes. So during a FULL capture every attention call goes through
 Only the kernel task sits inside the group (a device refuses allocations, workspace
 queries, event nodes and host syncs there); a launch that fails still closes its group.
 
+Workspaces, as vLLM Ascend keeps them (vllm_ascend/attention/attention_v1.py@182b75ea
+``full_graph_fia``: ``graph_params.workspaces.get(num_tokens)``, ``cache_graph_workspace``;
+vllm_ascend/compilation/acl_graph.py ``weak_ref_workspaces``): ONE workspace per capture
+size, queried by the first layer captured at that size and handed to every layer (a layer
+whose attention shapes differ queries its own and the larger is kept, vLLM Ascend's
+mixed-layer rule). It is allocated inside the capture, so it belongs to the graph's pool;
+while the capture runs `GraphParams` holds it strongly, and once the capture ended
+(`captured`) only through the device's weak reference: the graph keeps the memory, and
+nothing else holds a workspace per layer per size.
+
 After each replay of that graph is *launched*, the engine calls `update(...)`, which on a
 separate update stream, layer by layer: ``task_update_begin(handle)``, re-issues the
 kernel with the batch's real (padded) lengths, ``task_update_end``, records the event — and
@@ -111,6 +121,10 @@ class GraphParams:
         self._sizes: Optional[tuple[int, ...]] = None
         self._records: dict[BatchDescriptor, list[AttentionRecord]] = {}
         self._update_stream: Optional["Stream"] = None
+        # capture size -> (the attention shapes it was queried for, the workspace): strong
+        # while its capture runs, the device's weak reference once the capture ended.
+        self._workspaces: dict[int, tuple[tuple[object, ...], "torch.Tensor"]] = {}
+        self._made_in_capture: dict[int, "torch.Tensor"] = {}  # workspaces the running capture made
         self.updates = 0
 
     # -- sizes ---------------------------------------------------------------------
@@ -142,6 +156,26 @@ class GraphParams:
     def descriptors(self) -> list[BatchDescriptor]:
         return list(self._records)
 
+    def workspace(self, num_tokens: int) -> Optional["torch.Tensor"]:
+        """The one attention workspace of the FULL graphs of ``num_tokens`` (None: none captured)."""
+        entry = self._workspaces.get(num_tokens)
+        return None if entry is None else entry[1]
+
+    def _shared_workspace(self, num_tokens: int, call: "AttentionCall") -> "AttentionCall":
+        """``call`` prepared with the capture size's one workspace (queried on first use; a
+        layer of other attention shapes queries its own, and the larger one is kept and used)."""
+        shapes = (tuple(call.query.shape), tuple(call.key_cache.shape), call.query.dtype)
+        entry = self._workspaces.get(num_tokens)
+        if entry is not None and entry[0] == shapes:
+            return call.prepared(workspace=entry[1])
+        call = call.prepared()  # queries a workspace for this call's shapes
+        assert call.workspace is not None
+        if entry is not None and _nbytes(entry[1]) >= _nbytes(call.workspace):
+            return replace(call, workspace=entry[1])
+        self._workspaces[num_tokens] = (shapes, call.workspace)
+        self._made_in_capture[id(call.workspace)] = call.workspace
+        return call
+
     # -- capture side --------------------------------------------------------------
     def capture_attention(self, descriptor: BatchDescriptor, call: "AttentionCall") -> None:
         """Launch ``call`` inside a task group behind an external-event wait, and remember it."""
@@ -157,8 +191,9 @@ class GraphParams:
         device = self.device
         stream = device.current_stream()
         # Before the group, as torch_npu's handler contract (prepare_capture) and vLLM Ascend:
-        # the workspace query and the softmax_lse allocation; then the event wait and reset.
-        call = call.prepared()
+        # the size's workspace (queried once) and the softmax_lse allocation; then the event
+        # wait and reset.
+        call = self._shared_workspace(descriptor.num_tokens, call)
         event = device.new_external_event()
         event.wait(stream)
         event.reset(stream)
@@ -172,17 +207,37 @@ class GraphParams:
                 device.task_group_end(stream)
             raise
         handle = device.task_group_end(stream)
-        # The workspace and softmax_lse stay strongly referenced: the update re-issues the
-        # kernel with these very buffers (vLLM Ascend keeps its workspaces in GraphParams).
+        # The update re-issues the kernel with these very buffers. softmax_lse stays strongly
+        # referenced; the workspace is held by `_workspaces` until the capture ends (`captured`).
         stored = replace(call, query=device.weak_ref(call.query), out=device.weak_ref(call.out))
         self._records.setdefault(descriptor, []).append(AttentionRecord(stored, handle, event))
 
+    def captured(self, descriptor: BatchDescriptor) -> None:
+        """The capture of ``descriptor`` ended: the workspaces it made belong to the graph's
+        pool now, so from here on they are held through the device's weak reference only
+        (vLLM Ascend's ``weak_ref_workspaces`` after every capture)."""
+        made, self._made_in_capture = self._made_in_capture, {}
+        weak = {key: self.device.weak_ref(tensor) for key, tensor in made.items()}
+        for size, (shapes, workspace) in list(self._workspaces.items()):
+            if id(workspace) in weak:
+                self._workspaces[size] = (shapes, weak[id(workspace)])
+        for record in self._records.get(descriptor, ()):
+            workspace = record.call.workspace
+            if workspace is not None and id(workspace) in weak:
+                record.call = replace(record.call, workspace=weak[id(workspace)])
+
     def discard(self, descriptor: BatchDescriptor) -> None:
-        """Forget what a (failed) capture recorded."""
+        """Forget what a (failed) capture recorded, and the workspaces it made."""
         self._records.pop(descriptor, None)
+        made, self._made_in_capture = self._made_in_capture, {}
+        for size, (_, workspace) in list(self._workspaces.items()):
+            if id(workspace) in made:
+                del self._workspaces[size]
 
     def clear(self) -> None:
         self._records.clear()
+        self._workspaces.clear()
+        self._made_in_capture.clear()
 
     # -- update side ---------------------------------------------------------------
     def update(
@@ -263,3 +318,6 @@ class GraphParams:
         calls = sum(len(r) for r in self._records.values())
         return f"GraphParams(sizes={list(self.sizes)}, graphs={len(self._records)}, attention_calls={calls})"
 
+
+def _nbytes(tensor: "torch.Tensor") -> int:
+    return int(tensor.numel()) * int(tensor.element_size())

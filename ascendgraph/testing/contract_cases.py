@@ -27,21 +27,22 @@ BF16 = torch.bfloat16
 
 
 def _fia(device: torch.device, **changes: Any) -> Args:
-    # 2 requests (q 3 and 2 tokens, kv 3 and 18), 4 query heads over 2 kv heads of 16, block 16.
+    # 2 requests (q 3 and 2 tokens, kv 3 and 130), 4 query heads over 2 kv heads of 16, block 128
+    # (Q_S > 1: the op docs' :8219 asks for a multiple of 128).
     args: Args = dict(
         query=torch.zeros(5, 4, 16, dtype=BF16, device=device),
-        key=torch.zeros(8, 16, 32, dtype=BF16, device=device),
-        value=torch.zeros(8, 16, 32, dtype=BF16, device=device),
+        key=torch.zeros(8, 128, 32, dtype=BF16, device=device),
+        value=torch.zeros(8, 128, 32, dtype=BF16, device=device),
         atten_mask=torch.ones(2048, 2048, dtype=torch.bool, device=device).triu(1),
         actual_seq_lengths=[3, 5],
-        actual_seq_lengths_kv=[3, 18],
+        actual_seq_lengths_kv=[3, 130],
         block_table=torch.zeros(2, 4, dtype=torch.int32, device=device),
         num_heads=4,
         scale=0.25,
         input_layout="TND",
         num_key_value_heads=2,
         sparse_mode=3,
-        block_size=16,
+        block_size=128,
     )
     args.update(changes)
     return args
@@ -124,14 +125,22 @@ def _add_norm_dyn(device: torch.device, **changes: Any) -> Args:
     return args
 
 
+def _many_requests(device: torch.device, requests: int) -> Args:
+    # ``requests`` requests of one query token, but the first of two (so Q_S > 1); the cache is
+    # the base's (too small for them all: only the batch rule is asked about).
+    ends = [1 + i for i in range(1, requests + 1)]
+    return _fia(device, query=_t(device, ends[-1], 4, 16), actual_seq_lengths=ends, actual_seq_lengths_kv=[2] * requests,
+                block_table=_t(device, requests, 1, dtype=torch.int32))
+
+
 def _fia_v2(device: torch.device, **changes: Any) -> Args:
     # _fia's call in npu_fused_infer_attention_score_v2's names, with a learnable sink per query head.
     args: Args = dict(
-        query=_t(device, 5, 4, 16), key=_t(device, 8, 16, 32), value=_t(device, 8, 16, 32),
+        query=_t(device, 5, 4, 16), key=_t(device, 8, 128, 32), value=_t(device, 8, 128, 32),
         atten_mask=torch.ones(2048, 2048, dtype=torch.bool, device=device).triu(1),
-        actual_seq_qlen=[3, 5], actual_seq_kvlen=[3, 18],
+        actual_seq_qlen=[3, 5], actual_seq_kvlen=[3, 130],
         block_table=_t(device, 2, 4, dtype=torch.int32), num_query_heads=4, num_key_value_heads=2,
-        softmax_scale=0.25, input_layout="TND", sparse_mode=3, block_size=16, learnable_sink=_t(device, 4),
+        softmax_scale=0.25, input_layout="TND", sparse_mode=3, block_size=128, learnable_sink=_t(device, 4),
     )
     args.update(changes)
     return args
@@ -176,11 +185,11 @@ _CASES = (
     _case(F, "query_dtype", lambda d: _fia(d, query=_t(d, 5, 4, 16, dtype=torch.float32)),
           lambda d: _fia(d, query=_t(d, 5, 4, 16, dtype=torch.float16)), "float32 refused, float16 accepted"),
     _case(F, "query_contiguous", lambda d: _fia(d, query=_t(d, 4, 5, 16).transpose(0, 1)), _fia),
-    _case(F, "kv_contiguous", lambda d: _fia(d, key=_t(d, 8, 32, 16).transpose(1, 2)), _fia),
-    _case(F, "paged_kv_dtype", lambda d: _fia(d, key=_t(d, 8, 16, 32, dtype=torch.float32),
-                                               value=_t(d, 8, 16, 32, dtype=torch.float32)),
-          lambda d: _fia(d, key=_t(d, 8, 16, 32, dtype=torch.int8), value=_t(d, 8, 16, 32, dtype=torch.int8))),
-    _case(F, "paged_kv_same_shape", lambda d: _fia(d, value=_t(d, 8, 16, 16)), _fia),
+    _case(F, "kv_contiguous", lambda d: _fia(d, key=_t(d, 8, 32, 128).transpose(1, 2)), _fia),
+    _case(F, "paged_kv_dtype", lambda d: _fia(d, key=_t(d, 8, 128, 32, dtype=torch.float32),
+                                               value=_t(d, 8, 128, 32, dtype=torch.float32)),
+          lambda d: _fia(d, key=_t(d, 8, 128, 32, dtype=torch.int8), value=_t(d, 8, 128, 32, dtype=torch.int8))),
+    _case(F, "paged_kv_same_shape", lambda d: _fia(d, value=_t(d, 8, 128, 16)), _fia),
     _case(F, "tnd_query_rank", lambda d: _fia(d, query=_t(d, 5, 64)), _fia),
     _case(F, "tnd_actual_seq_lengths", lambda d: _fia(d, actual_seq_lengths=[3, 2]),
           lambda d: _fia(d, actual_seq_lengths=[5, 5], actual_seq_lengths_kv=[5, 0]), "equal ends (an empty request) are cumulative"),
@@ -193,10 +202,14 @@ _CASES = (
           "one row more than requests is refused"),
     _case(F, "block_table_columns", lambda d: _fia(d, block_table=_t(d, 2, 1, dtype=torch.int32)),
           lambda d: _fia(d, block_table=_t(d, 2, 2, dtype=torch.int32)), "exactly the blocks of the longest request"),
-    _case(F, "enough_cache_blocks", lambda d: _fia(d, key=_t(d, 2, 16, 32), value=_t(d, 2, 16, 32)),
-          lambda d: _fia(d, key=_t(d, 3, 16, 32), value=_t(d, 3, 16, 32)), "exactly the blocks needed"),
-    _case(F, "paged_block_size", lambda d: _fia(d, block_size=8), lambda d: _fia(d, block_size=512),
-          "8 refused, 512 accepted"),
+    _case(F, "enough_cache_blocks", lambda d: _fia(d, key=_t(d, 2, 128, 32), value=_t(d, 2, 128, 32)),
+          lambda d: _fia(d, key=_t(d, 3, 128, 32), value=_t(d, 3, 128, 32)), "exactly the blocks needed"),
+    _case(F, "paged_block_size", lambda d: _fia(d, block_size=64), lambda d: _fia(d, block_size=512),
+          "Q_S > 1 (:8219): 64 refused, 512 accepted"),
+    _case(F, "q_s_gt_1_batch_limit", lambda d: _many_requests(d, 65537), lambda d: _many_requests(d, 65536),
+          "65536 requests (one of two query tokens) accepted, 65537 refused"),
+    _case(F, "q_s_gt_1_heads_limit", lambda d: _fia(d, num_heads=260, num_key_value_heads=4),
+          lambda d: _fia(d, num_heads=256, num_key_value_heads=4), "256 query heads accepted, 260 refused"),
     _case(F, "head_dim_16_aligned", lambda d: _fia(d, query=_t(d, 5, 4, 8)), _fia),
     _case(F, "gqa_ratio", lambda d: _fia(d, num_heads=130, num_key_value_heads=2),
           lambda d: _fia(d, num_heads=128, num_key_value_heads=2), "64 query heads per kv head accepted, 65 refused"),
@@ -247,9 +260,22 @@ _CASES = (
           lambda d: _add_norm_quant(d, zero_points1=_t(d, 32, dtype=torch.int8)),
           lambda d: _add_norm_quant(d, zero_points1=_t(d, 32, dtype=torch.bfloat16))),
     _case(kc.ADD_RMS_NORM_QUANT, "axis_minus_one", lambda d: _add_norm_quant(d, axis=0), _add_norm_quant),
+    _case(kc.ADD_RMS_NORM_QUANT, "x_shapes", lambda d: _add_norm_quant(d, x2=_t(d, 1, 3, 32)),
+          lambda d: _add_norm_quant(d, x1=_t(d, 32), x2=_t(d, 32)), "a 1-D x accepted (the docs take 1-8 dims)"),
+    _case(kc.ADD_RMS_NORM_QUANT, "gamma_shape", lambda d: _add_norm_quant(d, gamma=_t(d, 1, 32)),
+          lambda d: _add_norm_quant(d, gamma=_t(d, 3, 32), scales1=_t(d, 3, 32, dtype=torch.float32),
+                                    zero_points1=_t(d, 3, 32, dtype=torch.int32)),
+          "gamma over both dims of x1 accepted; more dims than x1 refused"),
+    _case(kc.ADD_RMS_NORM_QUANT, "beta_like_gamma", lambda d: _add_norm_quant(d, beta=_t(d, 16)),
+          lambda d: _add_norm_quant(d, beta=_t(d, 32))),
     _case(kc.ADD_RMS_NORM_DYNAMIC_QUANT, "x_dtype_half",
           lambda d: _add_norm_dyn(d, x1=_t(d, 32), x2=_t(d, 32)), _add_norm_dyn, "1-D refused, 2-D accepted"),
     _case(kc.ADD_RMS_NORM_DYNAMIC_QUANT, "gamma_vector", lambda d: _add_norm_dyn(d, gamma=_t(d, 1, 32)), _add_norm_dyn),
+    _case(kc.ADD_RMS_NORM_DYNAMIC_QUANT, "x_shapes", lambda d: _add_norm_dyn(d, x2=_t(d, 1, 3, 32)), _add_norm_dyn),
+    _case(kc.ADD_RMS_NORM_DYNAMIC_QUANT, "smooth_scales_and_beta_like_gamma",
+          lambda d: _add_norm_dyn(d, smooth_scale1=_t(d, 32, dtype=torch.float32)),
+          lambda d: _add_norm_dyn(d, smooth_scale1=_t(d, 32), smooth_scale2=_t(d, 32), beta=_t(d, 32)),
+          "gamma's dtype accepted, float32 refused"),
     _case(kc.ADD_RMS_NORM_DYNAMIC_QUANT, "output_mask", lambda d: _add_norm_dyn(d, output_mask=[False, False]),
           lambda d: _add_norm_dyn(d, output_mask=[True, False]), "vLLM Ascend's [True, False] accepted"),
     # vLLM Ascend's A2 graph kernels (npu_fused_infer_attention_score_v2, the ATB paged attention, the KV write).
@@ -263,7 +289,8 @@ _CASES = (
           "one row more than requests is refused"),
     _case(kc.FIA_V2, "v2_block_table_columns", lambda d: _fia_v2(d, block_table=_t(d, 2, 1, dtype=torch.int32)),
           lambda d: _fia_v2(d, block_table=_t(d, 2, 2, dtype=torch.int32)), "exactly the blocks of the longest request"),
-    _case(kc.FIA_V2, "v2_paged_block_size", lambda d: _fia_v2(d, block_size=8), lambda d: _fia_v2(d, block_size=512)),
+    _case(kc.FIA_V2, "v2_paged_block_size", lambda d: _fia_v2(d, block_size=64), lambda d: _fia_v2(d, block_size=512),
+          "Q_S > 1 (:8776): 64 refused, 512 accepted"),
     _case(kc.FIA_V2, "v2_gqa_ratio", lambda d: _fia_v2(d, num_query_heads=130, num_key_value_heads=2,
                                                        learnable_sink=_t(d, 130)),
           lambda d: _fia_v2(d, num_query_heads=128, num_key_value_heads=2, learnable_sink=_t(d, 128))),
@@ -271,7 +298,7 @@ _CASES = (
           "TND takes 0, 3 or 4"),
     _case(kc.FIA_V2, "v2_causal_mask_2048", lambda d: _fia_v2(d, atten_mask=None),
           lambda d: _fia_v2(d, atten_mask=torch.ones(1, 2048, 2048, dtype=torch.bool, device=d))),
-    _case(kc.FIA_V2, "v2_kv_covers_query", lambda d: _fia_v2(d, actual_seq_kvlen=[2, 18]),
+    _case(kc.FIA_V2, "v2_kv_covers_query", lambda d: _fia_v2(d, actual_seq_kvlen=[2, 130]),
           lambda d: _fia_v2(d, actual_seq_kvlen=[3, 0]), "kv_len == q_len and 0 accepted (the docs say <)"),
     _case(kc.FIA_V2, "v2_learnable_sink", lambda d: _fia_v2(d, learnable_sink=_t(d, 4, dtype=torch.float16)),
           lambda d: _fia_v2(d, key=_t(d, 8, 16, 256), value=_t(d, 8, 16, 256), query=_t(d, 5, 4, 128)),

@@ -45,7 +45,11 @@ class Layer:
 
 class SizeGraph:
     """What ACLGraphWrapper keeps per captured size: the graph, its static input and output,
-    and per layer the task-group handle, ExternalEvent and workspace."""
+    per layer the task-group handle and ExternalEvent, and ONE workspace for all layers,
+    queried inside the capture before the first task group and weak-referenced once the
+    capture ended (vllm_ascend/attention/attention_v1.py@182b75ea full_graph_fia:
+    ``graph_params.workspaces.get(num_tokens)``; compilation/acl_graph.py
+    ``weak_ref_workspaces``): the graph's private pool keeps its memory."""
 
     def __init__(self, size: int, layers: list[Layer], pool: Any) -> None:
         self.size = size
@@ -54,13 +58,15 @@ class SizeGraph:
         self.outputs = [torch.empty_like(self.query) for _ in layers]
         self.lse = torch.empty(1, dtype=self.query.dtype, device=self.query.device)
         ends, lens = list(range(1, size + 1)), [1] * size  # capture-time lengths (a dummy batch)
-        self.workspaces = [torch_npu._npu_fused_infer_attention_score_get_max_workspace(
-            self.query, layer.key, layer.value, **layer.kwargs(self.table, ends, lens)) for layer in layers]
         self.handles: list[Any] = []
         self.events: list[Any] = []
         self.graph = torch.npu.NPUGraph()
+        workspace = None
         with torch.npu.graph(self.graph, pool=pool):
-            for layer, output, workspace in zip(layers, self.outputs, self.workspaces):
+            for layer, output in zip(layers, self.outputs):
+                if workspace is None:  # the first layer of this size queries it, the others reuse it
+                    workspace = torch_npu._npu_fused_infer_attention_score_get_max_workspace(
+                        self.query, layer.key, layer.value, **layer.kwargs(self.table, ends, lens))
                 stream = torch_npu.npu.current_stream()
                 event = torch.npu.ExternalEvent()
                 event.wait(stream)
@@ -71,18 +77,19 @@ class SizeGraph:
                     workspace=workspace, out=[output, self.lse])
                 self.handles.append(torch.npu.graph_task_group_end(stream))
                 self.events.append(event)
+        self.workspace = torch_npu._C._weak_ref_tensor(workspace)  # the graph's pool holds the memory
+        del workspace
 
     def replay_with(self, layers: list[Layer], update_stream: Any, lens: list[int]) -> None:
         """Replay, then update every layer's attention with this batch's lengths (vLLM's order)."""
         self.graph.replay()
         ends = list(range(1, self.size + 1))
         with torch.npu.stream(update_stream):
-            for layer, handle, event, output, workspace in zip(layers, self.handles, self.events, self.outputs,
-                                                               self.workspaces):
+            for layer, handle, event, output in zip(layers, self.handles, self.events, self.outputs):
                 torch.npu.graph_task_update_begin(update_stream, handle)
                 torch_npu.npu_fused_infer_attention_score.out(
                     self.query, layer.key, layer.value, **layer.kwargs(self.table, ends, lens),
-                    workspace=workspace, out=[output, self.lse])
+                    workspace=self.workspace, out=[output, self.lse])
                 torch.npu.graph_task_update_end(update_stream)
                 event.record(update_stream)
 

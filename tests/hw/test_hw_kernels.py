@@ -61,7 +61,9 @@ def test_the_kernel_table_reads_as_data() -> None:
     table = {op: [b.api.path for b in r.bindings] or [r.fallback_kind] for op, r in KERNEL_ROUTES.items()}
     assert table["rms_norm"] == ["torch_npu.npu_rms_norm"]
     assert table["paged_attention"] == ["torch_npu.npu_fused_infer_attention_score.out"]
-    assert table["reshape_and_cache"] == ["torch_npu._npu_reshape_and_cache"]
+    assert table["reshape_and_cache"] == ["torch_npu.npu_scatter_pa_kv_cache", "torch_npu._npu_reshape_and_cache"]
+    socs = [b.socs for b in KERNEL_ROUTES["reshape_and_cache"].bindings]
+    assert socs == [("A2", "A3", "A5"), ("310P",)]  # vLLM Ascend: the ATB kernel on 310P only
     assert table["muls_add"] == ["reference"] and table["split_qkv_rmsnorm_rope"] == ["composition"]
 
 
@@ -153,7 +155,7 @@ ATTENTION_CASES = [([1, 2, 3], [5, 9, 1]), ([4, 5, 6], [4, 12, 7]), ([3, 6], [10
 
 
 def _attention_args(ends: list[int], lens: list[int], dtype: torch.dtype, padding: int = 2) -> tuple[Any, ...]:
-    heads, kvh, d, nb, bs = 4, 2, 16, 16, 16  # legal for the fused attention: D and block size 16-aligned
+    heads, kvh, d, nb, bs = 4, 2, 16, 16, 128  # legal for the fused attention: D 16-aligned, block 128 (Q_S > 1)
     tokens = ends[-1] + padding
     q = randn(tokens, heads, d, dtype=dtype)
     kc, vc = randn(nb, bs, kvh, d, dtype=dtype, seed=1), randn(nb, bs, kvh, d, dtype=dtype, seed=2)

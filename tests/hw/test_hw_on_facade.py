@@ -194,8 +194,8 @@ def test_the_causal_mask_is_built_on_the_host_and_copied() -> None:
 
 
 def test_a_slot_mapping_converted_inside_the_graph_is_read_at_replay_not_frozen_at_capture(npu: Any) -> None:
-    # hw converts int64 slots to int32 inside ascendgraph::reshape_and_cache; the conversion is
-    # part of the graph (found on the facade: the simulator used to run it at capture).
+    # The KV write reads the slots at replay, not their capture-time values (found on the facade:
+    # the simulator used to run hw's int64 -> int32 conversion, the 310P path, at capture).
     k, v = randn(2, 2, 16), randn(2, 2, 16, seed=1)
     key_cache, value_cache = torch.zeros(4, 128, 2, 16, dtype=BF16), torch.zeros(4, 128, 2, 16, dtype=BF16)
     slots = torch.tensor([-1, -1])
@@ -286,3 +286,63 @@ def test_every_kernel_fallback_is_in_the_report_and_none_is_captured(npu: Any, c
     finally:
         npu.router._broken.pop(api.NPU_RMS_NORM, None)
         npu.router.fallbacks.clear()
+
+
+def test_full_graphs_share_one_workspace_per_capture_size_held_weakly_after_capture(npu: Any) -> None:
+    # vLLM Ascend keeps ONE FIA workspace per capture size, shared by every layer
+    # (attention_v1.py@182b75ea full_graph_fia: graph_params.workspaces.get(num_tokens)) and
+    # weak-references it once the capture ended (compilation/acl_graph.py weak_ref_workspaces):
+    # the graph's pool keeps the memory. Before: one strongly held workspace per layer per size.
+    from ascendgraph.config import GraphConfig
+    from ascendgraph.runtime.engine import Engine, EngineOptions
+    from sim.facade.weak_refs import WeakRefTensor
+
+    config = GraphConfig.from_vllm_args(
+        compilation_config={"cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": [1, 2, 4]},
+        model="tiny", num_layers=3, max_num_seqs=4, max_num_batched_tokens=8,
+    )
+    engine = Engine(config, EngineOptions(device=npu, requests=4, progress=False))
+    try:
+        engine.capture()
+        params = engine.graph_params
+        sizes = sorted({descriptor.num_tokens for descriptor in params.descriptors})
+        assert sizes == [1, 2, 4]
+        per_size: dict[int, set[int]] = {}
+        for descriptor in params.descriptors:
+            records = params.records(descriptor)
+            assert len(records) == 3  # one attention call per layer
+            per_size[descriptor.num_tokens] = {record.call.workspace.data_ptr() for record in records}
+        assert all(len(pointers) == 1 for pointers in per_size.values()), per_size  # before: 3 per size
+        assert len(set().union(*per_size.values())) == len(sizes)
+        for descriptor in params.descriptors:
+            for record in params.records(descriptor):  # the graph's pool holds the memory
+                assert isinstance(record.call.workspace, WeakRefTensor) and record.call.workspace.alive
+        engine.serve()  # every update re-issues attention with the weakly held workspace
+        report = engine.report()
+        assert report.error is None and report.requests_failed == 0
+        assert report.batches_by_mode.get("FULL", 0) > 0
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("soc, kernel", [("A2", "npu_scatter_pa_kv_cache"), ("A3", "npu_scatter_pa_kv_cache"),
+                                         ("310P", "_npu_reshape_and_cache")])
+def test_the_kv_write_is_npu_scatter_pa_kv_cache_on_a2_and_a3_and_the_atb_kernel_on_310p(
+    npu: Any, soc: str, kernel: str
+) -> None:
+    # vLLM Ascend's BaseDeviceAdaptor.reshape_and_cache (device_op.py@182b75ea) writes the KV
+    # cache with npu_scatter_pa_kv_cache(cache_mode="Norm"); only the 310P adaptor uses the ATB
+    # _npu_reshape_and_cache. hw used the ATB kernel everywhere.
+    from hw.device import NpuDevice
+
+    device = NpuDevice(soc=soc)
+    k, v = randn(3, 2, 16), randn(3, 2, 16, seed=1)
+    key_cache, value_cache = torch.zeros(4, 128, 2, 16, dtype=BF16), torch.zeros(4, 128, 2, 16, dtype=BF16)
+    slots = torch.tensor([5, 130, 7])
+    calls = facade_calls(lambda: ops.reshape_and_cache(k, v, key_cache, value_cache, slots))
+    assert [str(c[0]).split(".")[1] for c in calls] == [kernel]
+    if kernel == "npu_scatter_pa_kv_cache":
+        assert calls[0][2]["cache_mode"] == "Norm"
+    torch.testing.assert_close(key_cache.view(-1, 2, 16)[slots], k, rtol=0, atol=0)
+    torch.testing.assert_close(value_cache.view(-1, 2, 16)[slots], v, rtol=0, atol=0)
+    assert "reshape_and_cache" not in device.router.fallbacks

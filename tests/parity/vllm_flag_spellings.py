@@ -35,7 +35,7 @@ SAMPLES: dict[str, str] = {
     "pipeline_parallel_size": "2",
     "prefill_context_parallel_size": "2",
     "decode_context_parallel_size": "2",
-    "block_size": "64",
+    "block_size": "256",
     "max_loras": "2",
     "performance_mode": "throughput",
     "optimization_level": "3",

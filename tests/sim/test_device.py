@@ -472,7 +472,7 @@ def test_weak_ref_aliases_the_tensor():
 def test_bf16_attention_in_a_graph_matches_eager():
     device = SimDevice()
     q = torch.randn(4, 4, 16).bfloat16()
-    cache = torch.randn(8, 16, 2, 16).bfloat16()
+    cache = torch.randn(8, 128, 2, 16).bfloat16()  # two query tokens a request: Q_S > 1 takes 128 (op docs :8219)
     table = torch.arange(8, dtype=torch.int32).view(2, 4)
     out = torch.empty(4, 4, 16, dtype=torch.bfloat16)
     ops.paged_attention(q, cache, cache, table, [2, 4], [5, 9], 1 / math.sqrt(16), out)  # warm-up

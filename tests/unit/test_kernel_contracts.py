@@ -61,7 +61,7 @@ def test_overloads_share_the_base_rules() -> None:
     assert kc.violations("no_such_kernel", args) == []
 
 
-def _attention_args(tokens: int, ends: list[int], kv: list[int], rows: int, dtype=torch.bfloat16, block_size=16):
+def _attention_args(tokens: int, ends: list[int], kv: list[int], rows: int, dtype=torch.bfloat16, block_size=128):
     query = torch.zeros(tokens, 4, 16, dtype=dtype)
     cache = torch.zeros(8, block_size, 2, 16, dtype=dtype)
     table = torch.zeros(rows, 4, dtype=torch.int32)
@@ -73,7 +73,7 @@ def test_paged_attention_maps_like_hw_eager_slices_graph_does_not() -> None:
     eager = kernel_calls("paged_attention", args, in_graph=False)
     assert [c.kernel for c in eager] == [kc.PAGED_ATTENTION_OP, kc.FIA]
     assert eager[1].arguments["query"].shape[0] == 5  # hw passes only the real tokens eagerly
-    assert eager[1].arguments["key"].shape == (8, 16, 32) and eager[1].arguments["block_size"] == 16
+    assert eager[1].arguments["key"].shape == (8, 128, 32) and eager[1].arguments["block_size"] == 128
     check_op("paged_attention", args, in_graph=False)
     with pytest.raises(KernelContractError, match="tnd_tokens_equal_last_end"):
         check_op("paged_attention", args, in_graph=True)
@@ -122,7 +122,8 @@ def test_every_checked_op_maps_to_a_contracted_kernel() -> None:
         check_op(op, args, in_graph=True)
 
 
-@pytest.mark.parametrize("block_size, legal", [(16, True), (128, True), (512, True), (4, False), (130, False), (1024, False)])
+@pytest.mark.parametrize("block_size, legal", [(128, True), (256, True), (512, True), (16, False), (64, False),
+                                               (4, False), (130, False), (1024, False)])
 def test_block_size_is_validated_against_the_attention_contract(block_size, legal):
     from ascendgraph.config import GraphConfig
     from ascendgraph.errors import ConfigError
@@ -163,14 +164,14 @@ def test_the_pre_check_issues_no_tensor_op_and_passes_what_hw_sends() -> None:
     bf16 = torch.bfloat16
     x, w = torch.randn(3, 32).to(bf16), torch.randn(32)  # a float32 weight: hw casts it
     key = torch.randn(2, 4, 16).to(bf16)
-    caches = [torch.zeros(4, 16, 4, 16, dtype=bf16) for _ in range(2)]
+    caches = [torch.zeros(4, 128, 4, 16, dtype=bf16) for _ in range(2)]
     q = torch.randn(5, 4, 16).to(bf16)
     table = torch.zeros(2, 4, dtype=torch.int64)  # hw casts it to int32
     calls = {
         "rms_norm": (x, w, 1e-6),
         "add_rms_norm_dynamic_quant": (x, x, w, 1e-6),
         "quantize": (x, torch.ones(1), None),
-        "reshape_and_cache": (key, key, caches[0], caches[1], torch.tensor([[3, -1]])),
+        "reshape_and_cache": (key, key, caches[0], caches[1], torch.tensor([[3, -1]], dtype=torch.int32)),
         "paged_attention": (q, caches[0], caches[1], table, [3, 5], [3, 18], 0.25, torch.empty_like(q)),
     }
     with Issued() as issued:
@@ -205,3 +206,43 @@ def test_converted_arguments_are_metadata_twins_and_the_rules_still_fire_on_them
     (norm,) = kernel_calls("rms_norm", (x, same, 1e-6), in_graph=True)
     gamma = norm.arguments["gamma"]  # nothing to convert: described as it is
     assert (tuple(gamma.shape), gamma.dtype, gamma.is_contiguous()) == ((32,), torch.bfloat16, True)
+
+
+def test_the_block_size_rule_follows_the_query_length_branch_of_the_op_docs() -> None:
+    # torch-npu 2.13.0 _op_plugin_docs.py:8219 (Q_S > 1: 128..512 in steps of 128) and :8280
+    # (Q_S == 1: 16-aligned, <= 512). A decode batch (every request one query token) takes 16;
+    # one request of two query tokens makes the batch Q_S > 1 and 16 is refused (issue 24).
+    decode = _attention_args(2, [1, 2], [3, 18], rows=2, block_size=16)
+    check_op("paged_attention", decode, in_graph=False)
+    with pytest.raises(KernelContractError, match="paged_block_size") as info:
+        check_op("paged_attention", _attention_args(3, [1, 3], [3, 18], rows=2, block_size=16), in_graph=False)
+    assert ":8219" in str(info.value) and "Q_S=2 > 1" in str(info.value)
+    check_op("paged_attention", _attention_args(3, [1, 3], [3, 18], rows=2, block_size=256), in_graph=False)
+
+
+@pytest.mark.parametrize("num_speculative_tokens, legal", [(0, True), (15, True), (16, False)])
+def test_decode_requests_of_more_than_16_query_tokens_are_refused_on_the_configuration(num_speculative_tokens, legal):
+    # vLLM Ascend's AscendAttentionMetadataBuilder asserts 1 + num_speculative_tokens <= 16
+    # (attention_v1.py@182b75ea:252-260, the TND layout's limit of the fused attention).
+    from ascendgraph.config import GraphConfig
+    from ascendgraph.errors import ConfigError
+
+    assert "tnd_decode_query_len" in kc.CONFIG_RULES
+    if legal:
+        assert GraphConfig.from_vllm_args(num_speculative_tokens=num_speculative_tokens).num_speculative_tokens == \
+            num_speculative_tokens
+    else:
+        with pytest.raises(ConfigError, match="tnd_decode_query_len") as info:
+            GraphConfig.from_vllm_args(num_speculative_tokens=num_speculative_tokens)
+        assert info.value.key == "num_speculative_tokens" and "attention_v1.py@182b75ea" in str(info.value)
+
+
+def test_rules_quote_canns_own_texts_where_vllm_ascend_quotes_them() -> None:
+    # vLLM Ascend PR #10769 quotes CANN's FIA tiling texts for the KV lengths and the block-table
+    # shape, issue #6076 the TND query-length one (issue 24): a card's message maps to its rule.
+    sources = {rule.name: rule.source for rule in kc.rules_for(kc.FIA)}
+    assert "PR #10769" in sources["paged_kv_lengths_per_request"] and "actualSeqLengthsKv" in sources[
+        "paged_kv_lengths_per_request"]
+    for name in ("block_table_rows", "block_table_columns"):
+        assert "PR #10769" in sources[name] and "CheckBlockTableShape" in sources[name]
+    assert "CheckFAISeqlenDataInTND" in sources["tnd_tokens_equal_last_end"]

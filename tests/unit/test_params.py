@@ -99,14 +99,14 @@ def test_capture_and_update_need_the_sizes_first(sim_device):
 class _Setup:
     """One FULL graph around one attention launch: 4 tokens, up to 4 requests, 2 heads.
 
-    Legal for the fused attention (bfloat16, head_dim 16, block size 16, one block-table
-    row per request)."""
+    Legal for the fused attention (bfloat16, head_dim 16, block size 128 — a mixed batch has a
+    request of several query tokens, Q_S > 1, op docs :8219 — one block-table row per request)."""
 
     def __init__(self, device) -> None:
         generator = torch.Generator().manual_seed(0)
         self.device = device
-        self.key_cache = torch.randn(4, 16, 1, 16, generator=generator).bfloat16()
-        self.value_cache = torch.randn(4, 16, 1, 16, generator=generator).bfloat16()
+        self.key_cache = torch.randn(4, 128, 1, 16, generator=generator).bfloat16()
+        self.value_cache = torch.randn(4, 128, 1, 16, generator=generator).bfloat16()
         self.block_table = torch.tensor([[0, 1], [2, 3], [1, 0], [3, 2]], dtype=torch.int32)
         self.query = torch.randn(4, 2, 16, generator=generator).bfloat16()
         self.descriptor = BatchDescriptor(4, 4, True)

@@ -217,7 +217,7 @@ def test_step5_xlite_unsupported_architecture():
 
 
 def test_step5_xlite_block_size_warns():
-    r = run(block_size=64, additional_config={"xlite_graph_config": {"enabled": True}})
+    r = run(block_size=256, additional_config={"xlite_graph_config": {"enabled": True}})
     assert any("block_size" in w for w in r.warnings)
 
 

@@ -111,12 +111,12 @@ def test_unregistered_architectures_are_rejected_verbatim(architecture):
 
 
 def test_validation_is_silent_when_xlite_is_off():
-    config = GraphConfig.from_vllm_args(num_speculative_tokens=3, pipeline_parallel_size=2, block_size=16)
+    config = GraphConfig.from_vllm_args(num_speculative_tokens=3, pipeline_parallel_size=2, block_size=256)
     assert validate_xlite(config) == []
 
 
 def test_speculative_k1_is_allowed_and_block_size_warns():
-    config = GraphConfig.from_vllm_args(num_speculative_tokens=1, block_size=64,
+    config = GraphConfig.from_vllm_args(num_speculative_tokens=1, block_size=256,
                                         additional_config={"xlite_graph_config": {"enabled": True}})
     warnings = validate_xlite(config)
     assert len(warnings) == 1 and "block_size" in warnings[0] and "128" in warnings[0]
