@@ -11,6 +11,13 @@ A task group names a run of records. A task `Update` collects the ops re-issued 
 task_update_begin and task_update_end (they do not run) and, if they match the group op
 for op, the group's program entries take their arguments.
 
+Memory. A capture allocates from its pool (`sim.pool_memory`): on a real device the
+tensors handed to the captured code are user aliases of pool blocks, and at capture end
+`Capture.bind_program` rebinds every recorded argument and output that lies on one to the
+block's program alias, so the graph does not keep its blocks allocated: once the captured
+code drops its tensors, the next capture into the pool may be handed the same bytes, and
+replaying either graph writes them, as on a card.
+
 Kernels. A segment's ``tasks`` are one per recorded op (aliases, host-side checks and
 allocations are never recorded: they launch no kernel, see `sim.recorder`; an allocation
 still takes its bytes from the graph pool); its ``kernels`` are what the
@@ -38,6 +45,7 @@ from ascendgraph.errors import (
 )
 from sim import kernels
 from sim.cost import CostModel, TaskInfo, super_kernel_task
+from sim.pool_memory import GraphMemory
 from sim.recorder import (
     ALIAS,
     ALLOC,
@@ -240,7 +248,11 @@ class Capture:
         self.open_group: Optional[tuple["SimStream", int]] = None
         self.super_kernel_scopes: list[str] = []  # names of the super_kernel_scope()s opened
         self.fresh_bytes = 0
-        self.pool_blocks: list[Any] = []  # the storages behind fresh_bytes (held by the graph: sim.graph)
+        self.pool_blocks: list[Any] = []  # storages made outside the pool arena (held by the graph: sim.graph)
+        self.memory = GraphMemory(graph.name)  # the pool blocks this capture is handed
+        self.on_arena = device.torch_device.type != "meta"
+        if self.on_arena:
+            pool.arena.sweep()  # blocks freed since the last capture into the pool are handed out again
         self.fallback_ops = 0
         self.recorder = CaptureRecorder(self)
         self.guard = HostSyncGuard(self.host_sync_error)
@@ -311,12 +323,42 @@ class Capture:
     def _allocate(self, meta: Tensor) -> Tensor:
         nbytes = meta.untyped_storage().nbytes() if meta.numel() else 0
         self.device._capture_malloc(self, nbytes)
-        real = torch.empty_strided(meta.size(), meta.stride(), dtype=meta.dtype, device=self.device.torch_device)
+        if self.on_arena and nbytes:
+            real = self.pool.arena.allocate(meta, self.memory, next(self.device._stamps))
+        else:
+            real = torch.empty_strided(meta.size(), meta.stride(), dtype=meta.dtype, device=self.device.torch_device)
+            self.pool_blocks.append(real.untyped_storage())
         if self.poison and (real.is_floating_point() or real.is_complex()):
             real.fill_(math.nan)
-        self.fresh_bytes += real.untyped_storage().nbytes()
-        self.pool_blocks.append(real.untyped_storage())
+        self.fresh_bytes += nbytes
         return real
+
+    def bind_program(self) -> None:
+        """Point every recorded tensor that lies on a pool block at the block's program alias
+        (module docstring): the records stop holding the captured code's tensors."""
+        if not self.on_arena or not self.memory.ranges:
+            return
+        arena = self.pool.arena
+        bound: dict[int, Tensor] = {}
+
+        def rebind(value: Any) -> Any:
+            if isinstance(value, Tensor):
+                key = id(value)
+                if key not in bound:
+                    alias = arena.program_tensor(value) if type(value) is Tensor else None
+                    bound[key] = value if alias is None else alias
+                return bound[key]
+            if isinstance(value, tuple):
+                return tuple(rebind(v) for v in value)
+            if isinstance(value, list):
+                return [rebind(v) for v in value]
+            return value
+
+        for record in self.records:
+            if isinstance(record, OpRecord):
+                record.args = rebind(record.args)
+                record.kwargs = {key: rebind(value) for key, value in record.kwargs.items()}
+                record.dests = [rebind(dest) for dest in record.dests]
 
     def _allocate_only(self, info: OpInfo, args: tuple, kwargs: dict) -> Any:
         """An allocation: fresh pool memory (counted, poisoned), no task recorded."""
@@ -496,6 +538,23 @@ def _task(cost: CostModel, record: OpRecord) -> TaskInfo:
     return cost.graph_task(record.func, record.args, record.kwargs, outputs)
 
 
+MOVED_ADDRESS = (
+    "simulator: replay of {graph}: a tensor the graph was captured with ({what}) is no longer at its captured address "
+    "(0x{captured:x}, now 0x{now:x}; its storage was replaced, e.g. by resize_ or set_). A card replays the captured "
+    "address and reads or writes stale memory there, silently. Keep a graph's inputs and outputs at their captured "
+    "addresses: copy new values into them (copy_) instead of rebinding or resizing them"
+)
+
+
+def _static_tensors(record: OpRecord) -> list[tuple[Tensor, int]]:
+    """The tensors one record reads or writes, with their addresses now."""
+    return [
+        (tensor, tensor.data_ptr())
+        for tensor in _tensors_in((record.args, record.kwargs, record.dests))
+        if type(tensor) is Tensor and tensor.device.type != "meta"
+    ]
+
+
 class Program:
     """What a replay runs: segments, plus where each recorded op landed (for task updates)."""
 
@@ -519,6 +578,27 @@ class Program:
             seg.retime()
         self.num_tasks = sum(len(seg.entries) for seg in self.segments)
         self.total_time_us = sum(seg.time_us for seg in self.segments)
+        # The captured addresses, per record (a task update replaces one record's), checked at every replay.
+        self.record_addresses = {
+            index: _static_tensors(record) for index, record in enumerate(records) if isinstance(record, OpRecord)
+        }
+        self.addresses = self._unique_addresses()
+
+    def _unique_addresses(self) -> list[tuple[Tensor, int]]:
+        seen: dict[int, tuple[Tensor, int]] = {}
+        for pairs in self.record_addresses.values():
+            for pair in pairs:
+                seen.setdefault(id(pair[0]), pair)
+        return list(seen.values())
+
+    def check_addresses(self, graph: str) -> None:
+        """Refuse a replay when a captured tensor moved (a card would use the captured address)."""
+        for tensor, address in self.addresses:
+            if tensor.data_ptr() != address:
+                what = f"shape {tuple(tensor.shape)}, {str(tensor.dtype).replace('torch.', '')}"
+                raise CaptureConstraintError(
+                    MOVED_ADDRESS.format(graph=graph, what=what, captured=address, now=tensor.data_ptr())
+                )
 
     def mark_groups(self, groups: Sequence[TaskGroup]) -> None:
         """Note in which segment each task group starts (a replay checks it is up to date there)."""
@@ -537,6 +617,8 @@ class Program:
         segment.tasks[entry_index] = _task(self.cost, record)
         segment.retime(self.cost)
         self.total_time_us = sum(seg.time_us for seg in self.segments)
+        self.record_addresses[record_index] = _static_tensors(record)
+        self.addresses = self._unique_addresses()
 
     @property
     def num_kernels(self) -> int:
