@@ -11,12 +11,9 @@ A task group names a run of records. A task `Update` collects the ops re-issued 
 task_update_begin and task_update_end (they do not run) and, if they match the group op
 for op, the group's program entries take their arguments.
 
-Memory. A capture allocates from its pool (`sim.pool_memory`): on a real device the
-tensors handed to the captured code are user aliases of pool blocks, and at capture end
-`Capture.bind_program` rebinds every recorded argument and output that lies on one to the
-block's program alias, so the graph does not keep its blocks allocated: once the captured
-code drops its tensors, the next capture into the pool may be handed the same bytes, and
-replaying either graph writes them, as on a card.
+Memory. Capture outputs are blocks of the capture's pool (`sim.pool_memory`); at capture
+end `Capture.bind_program` points the records at the blocks' program aliases, so a later
+capture into the pool may reuse a block once the captured code drops its tensors.
 
 Kernels. A segment's ``tasks`` are one per recorded op (aliases, host-side checks and
 allocations are never recorded: they launch no kernel, see `sim.recorder`; an allocation
@@ -46,6 +43,7 @@ from ascendgraph.errors import (
 from sim import kernels
 from sim.cost import CostModel, TaskInfo, super_kernel_task
 from sim.pool_memory import GraphMemory
+from sim.static_addresses import StaticAddresses, tensors_in as _tensors_in
 from sim.recorder import (
     ALIAS,
     ALLOC,
@@ -170,20 +168,6 @@ def _pack_returns(func: Any, values: list) -> Any:
     if count == 1:
         return values[0]
     return tuple(values)
-
-
-def _tensors_in(values: Any) -> list[Tensor]:
-    found: list[Tensor] = []
-    stack = [values]
-    while stack:
-        value = stack.pop()
-        if isinstance(value, Tensor):
-            found.append(value)
-        elif isinstance(value, (list, tuple)):
-            stack.extend(value)
-        elif isinstance(value, dict):
-            stack.extend(value.values())
-    return found
 
 
 def materialize(
@@ -538,23 +522,6 @@ def _task(cost: CostModel, record: OpRecord) -> TaskInfo:
     return cost.graph_task(record.func, record.args, record.kwargs, outputs)
 
 
-MOVED_ADDRESS = (
-    "simulator: replay of {graph}: a tensor the graph was captured with ({what}) is no longer at its captured address "
-    "(0x{captured:x}, now 0x{now:x}; its storage was replaced, e.g. by resize_ or set_). A card replays the captured "
-    "address and reads or writes stale memory there, silently. Keep a graph's inputs and outputs at their captured "
-    "addresses: copy new values into them (copy_) instead of rebinding or resizing them"
-)
-
-
-def _static_tensors(record: OpRecord) -> list[tuple[Tensor, int]]:
-    """The tensors one record reads or writes, with their addresses now."""
-    return [
-        (tensor, tensor.data_ptr())
-        for tensor in _tensors_in((record.args, record.kwargs, record.dests))
-        if type(tensor) is Tensor and tensor.device.type != "meta"
-    ]
-
-
 class Program:
     """What a replay runs: segments, plus where each recorded op landed (for task updates)."""
 
@@ -578,27 +545,10 @@ class Program:
             seg.retime()
         self.num_tasks = sum(len(seg.entries) for seg in self.segments)
         self.total_time_us = sum(seg.time_us for seg in self.segments)
-        # The captured addresses, per record (a task update replaces one record's), checked at every replay.
-        self.record_addresses = {
-            index: _static_tensors(record) for index, record in enumerate(records) if isinstance(record, OpRecord)
-        }
-        self.addresses = self._unique_addresses()
-
-    def _unique_addresses(self) -> list[tuple[Tensor, int]]:
-        seen: dict[int, tuple[Tensor, int]] = {}
-        for pairs in self.record_addresses.values():
-            for pair in pairs:
-                seen.setdefault(id(pair[0]), pair)
-        return list(seen.values())
-
-    def check_addresses(self, graph: str) -> None:
-        """Refuse a replay when a captured tensor moved (a card would use the captured address)."""
-        for tensor, address in self.addresses:
-            if tensor.data_ptr() != address:
-                what = f"shape {tuple(tensor.shape)}, {str(tensor.dtype).replace('torch.', '')}"
-                raise CaptureConstraintError(
-                    MOVED_ADDRESS.format(graph=graph, what=what, captured=address, now=tensor.data_ptr())
-                )
+        # The captured addresses (a task update replaces one record's), checked at every replay.
+        self.addresses = StaticAddresses(
+            {index: (r.args, r.kwargs, r.dests) for index, r in enumerate(records) if isinstance(r, OpRecord)}
+        )
 
     def mark_groups(self, groups: Sequence[TaskGroup]) -> None:
         """Note in which segment each task group starts (a replay checks it is up to date there)."""
@@ -617,8 +567,7 @@ class Program:
         segment.tasks[entry_index] = _task(self.cost, record)
         segment.retime(self.cost)
         self.total_time_us = sum(seg.time_us for seg in self.segments)
-        self.record_addresses[record_index] = _static_tensors(record)
-        self.addresses = self._unique_addresses()
+        self.addresses.update(record_index, (record.args, record.kwargs, record.dests))
 
     @property
     def num_kernels(self) -> int:

@@ -250,6 +250,7 @@ class CaptureMixin:
         self._ledger.release(hold.charge)
         pool = hold.pool
         pool.footprints.pop(hold.token, None)
+        pool.trim()
         if not pool.shared and not pool.footprints:
             self._pools.pop(pool.handle.pool_id, None)
         self._graphs_alive -= 1

@@ -45,6 +45,14 @@ class SimPool:
             self._arena = PoolArena()
         return self._arena
 
+    def trim(self) -> None:
+        """No graph is alive in the pool: give its host memory back once no tensor holds a block
+        (an alias still alive keeps its own segment's memory, never the pool's bookkeeping)."""
+        if self._arena is not None and not self.footprints:
+            self._arena.sweep()
+            if not self._arena.live:
+                self._arena = None
+
     @property
     def arena_bytes(self) -> int:
         """Host memory the pool reserves (0 before its first real allocation)."""

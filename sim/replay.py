@@ -151,7 +151,7 @@ class ReplayMixin:
         term = self._fault("replay", stream_id=stream.stream_id)
         program = graph.program
         assert program is not None
-        program.check_addresses(graph.name)
+        program.addresses.check(graph.name)
         graph.replays += 1
         self._replays += 1
         self._host_us += self.cost.graph_launch_us(program.num_kernels)

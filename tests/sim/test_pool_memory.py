@@ -189,3 +189,20 @@ def test_an_arena_sweep_frees_only_blocks_whose_tensors_are_gone():
     del view
     assert arena.sweep() == 4 * N
     assert arena.allocation_of(kept) is not None
+
+
+def test_a_pool_whose_graphs_are_all_reset_gives_its_memory_back():
+    device = SimDevice()
+    pool = device.graph_pool_handle()
+    x = torch.ones(N)
+    first, out = capture(device, lambda: x * 2, pool=pool)
+    del out
+    second, out2 = capture(device, lambda: x * 3, pool=pool)
+    first.reset()
+    assert device._pools[pool.pool_id].arena_bytes > 0  # second still lives
+    second.reset()
+    assert device._pools[pool.pool_id].arena_bytes > 0  # out2 still holds its block
+    del out2
+    third = capture(device, lambda: x * 4, pool=pool)[0]  # its output is dropped at once
+    third.reset()
+    assert device._pools[pool.pool_id].arena_bytes == 0
