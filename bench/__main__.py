@@ -191,7 +191,9 @@ def section_capture(quick: bool, root: str = ROOT) -> dict[str, Any]:
         cpu = row.get("capture_cpu_seconds", 0.0) + row.get("compile_cpu_seconds", 0.0)
         print(f"   {name} compile cache: {row['graphs']} graphs, capture {row['capture_seconds']:.2f} s + compile "
               f"{row['compile_seconds']:.2f} s = {total:.2f} s wall ({total / max(row['graphs'], 1) * 1e3:.1f} ms per "
-              f"graph), {cpu:.2f} s CPU; pool {row['pool_bytes'] / MIB:.1f} MiB; compile cache "
+              f"graph), {cpu:.2f} s CPU; pool {row['pool_bytes'] / MIB:.1f} MiB"
+              + (f" (host {row['pool_host_bytes'] / MIB:.1f} MiB)" if row.get("pool_host_bytes") is not None else "")
+              + "; compile cache "
               f"{row.get('compile_cache', '?')} (load {row['process']['load_average']})")
     return {"cold": cold, "warm": warm}
 

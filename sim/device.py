@@ -410,6 +410,8 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
                 "hccl_expansion": self._ledger.expansion,
                 "user_streams": len(self._streams) - 1,
                 "pools": len(self._pools),
+                # host memory behind the graph pools (sim.pool_memory): shared blocks, about the largest graph
+                "pool_host_bytes": sum(pool.arena_bytes for pool in list(self._pools.values())),
                 "capture_fallback_ops": self._fallback_ops,
                 "kernel_records": len(self.kernel_records),
                 "device_lost": self._lost_at is not None,
