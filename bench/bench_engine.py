@@ -78,6 +78,7 @@ def bench_capture(seed: int, config: Optional[GraphConfig] = None) -> dict[str, 
             "capture_cpu_seconds": capture_cpu,
             "seconds_per_graph": engine.capture_seconds / max(engine.capture_state.graphs_captured, 1),
             "pool_bytes": stats.pool_bytes,
+            "pool_host_bytes": stats.extra.get("pool_host_bytes"),  # the simulator's host memory behind the pools
             "streams_in_use": stats.streams_in_use,
             "compile_cache": getattr(engine.pass_manager, "cache_status", "none"),  # hit | miss | off (ascendgraph.compile.cache)
         }

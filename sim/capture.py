@@ -11,6 +11,10 @@ A task group names a run of records. A task `Update` collects the ops re-issued 
 task_update_begin and task_update_end (they do not run) and, if they match the group op
 for op, the group's program entries take their arguments.
 
+Memory. Capture outputs are blocks of the capture's pool (`sim.pool_memory`); at capture
+end `Capture.bind_program` points the records at the blocks' program aliases, so a later
+capture into the pool may reuse a block once the captured code drops its tensors.
+
 Kernels. A segment's ``tasks`` are one per recorded op (aliases, host-side checks and
 allocations are never recorded: they launch no kernel, see `sim.recorder`; an allocation
 still takes its bytes from the graph pool); its ``kernels`` are what the
@@ -38,6 +42,8 @@ from ascendgraph.errors import (
 )
 from sim import kernels
 from sim.cost import CostModel, TaskInfo, super_kernel_task
+from sim.pool_memory import GraphMemory
+from sim.static_addresses import StaticAddresses, tensors_in as _tensors_in
 from sim.recorder import (
     ALIAS,
     ALLOC,
@@ -164,20 +170,6 @@ def _pack_returns(func: Any, values: list) -> Any:
     return tuple(values)
 
 
-def _tensors_in(values: Any) -> list[Tensor]:
-    found: list[Tensor] = []
-    stack = [values]
-    while stack:
-        value = stack.pop()
-        if isinstance(value, Tensor):
-            found.append(value)
-        elif isinstance(value, (list, tuple)):
-            stack.extend(value)
-        elif isinstance(value, dict):
-            stack.extend(value.values())
-    return found
-
-
 def materialize(
     info: OpInfo, args: tuple, kwargs: dict, allocate: Callable[[Tensor], Tensor]
 ) -> Optional[tuple[Any, list]]:
@@ -240,7 +232,11 @@ class Capture:
         self.open_group: Optional[tuple["SimStream", int]] = None
         self.super_kernel_scopes: list[str] = []  # names of the super_kernel_scope()s opened
         self.fresh_bytes = 0
-        self.pool_blocks: list[Any] = []  # the storages behind fresh_bytes (held by the graph: sim.graph)
+        self.pool_blocks: list[Any] = []  # storages made outside the pool arena (held by the graph: sim.graph)
+        self.memory = GraphMemory(graph.name)  # the pool blocks this capture is handed
+        self.on_arena = device.torch_device.type != "meta"
+        if self.on_arena:
+            pool.arena.sweep()  # blocks freed since the last capture into the pool are handed out again
         self.fallback_ops = 0
         self.recorder = CaptureRecorder(self)
         self.guard = HostSyncGuard(self.host_sync_error)
@@ -311,12 +307,42 @@ class Capture:
     def _allocate(self, meta: Tensor) -> Tensor:
         nbytes = meta.untyped_storage().nbytes() if meta.numel() else 0
         self.device._capture_malloc(self, nbytes)
-        real = torch.empty_strided(meta.size(), meta.stride(), dtype=meta.dtype, device=self.device.torch_device)
+        if self.on_arena and nbytes:
+            real = self.pool.arena.allocate(meta, self.memory, next(self.device._stamps))
+        else:
+            real = torch.empty_strided(meta.size(), meta.stride(), dtype=meta.dtype, device=self.device.torch_device)
+            self.pool_blocks.append(real.untyped_storage())
         if self.poison and (real.is_floating_point() or real.is_complex()):
             real.fill_(math.nan)
-        self.fresh_bytes += real.untyped_storage().nbytes()
-        self.pool_blocks.append(real.untyped_storage())
+        self.fresh_bytes += nbytes
         return real
+
+    def bind_program(self) -> None:
+        """Point every recorded tensor that lies on a pool block at the block's program alias
+        (module docstring): the records stop holding the captured code's tensors."""
+        if not self.on_arena or not self.memory.ranges:
+            return
+        arena = self.pool.arena
+        bound: dict[int, Tensor] = {}
+
+        def rebind(value: Any) -> Any:
+            if isinstance(value, Tensor):
+                key = id(value)
+                if key not in bound:
+                    alias = arena.program_tensor(value) if type(value) is Tensor else None
+                    bound[key] = value if alias is None else alias
+                return bound[key]
+            if isinstance(value, tuple):
+                return tuple(rebind(v) for v in value)
+            if isinstance(value, list):
+                return [rebind(v) for v in value]
+            return value
+
+        for record in self.records:
+            if isinstance(record, OpRecord):
+                record.args = rebind(record.args)
+                record.kwargs = {key: rebind(value) for key, value in record.kwargs.items()}
+                record.dests = [rebind(dest) for dest in record.dests]
 
     def _allocate_only(self, info: OpInfo, args: tuple, kwargs: dict) -> Any:
         """An allocation: fresh pool memory (counted, poisoned), no task recorded."""
@@ -519,6 +545,10 @@ class Program:
             seg.retime()
         self.num_tasks = sum(len(seg.entries) for seg in self.segments)
         self.total_time_us = sum(seg.time_us for seg in self.segments)
+        # The captured addresses (a task update replaces one record's), checked at every replay.
+        self.addresses = StaticAddresses(
+            {index: (r.args, r.kwargs, r.dests) for index, r in enumerate(records) if isinstance(r, OpRecord)}
+        )
 
     def mark_groups(self, groups: Sequence[TaskGroup]) -> None:
         """Note in which segment each task group starts (a replay checks it is up to date there)."""
@@ -537,6 +567,7 @@ class Program:
         segment.tasks[entry_index] = _task(self.cost, record)
         segment.retime(self.cost)
         self.total_time_us = sum(seg.time_us for seg in self.segments)
+        self.addresses.update(record_index, (record.args, record.kwargs, record.dests))
 
     @property
     def num_kernels(self) -> int:

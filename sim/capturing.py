@@ -193,6 +193,7 @@ class CaptureMixin:
             )
         try:
             self._fault("capture_end", stream_id=self._ledger.in_use)
+            capture.bind_program()
             program = Program(capture.records, self.cost)
             program.mark_groups(capture.groups)
         except BaseException:
@@ -209,6 +210,7 @@ class CaptureMixin:
         graph._pool_handle = pool.handle
         graph.program = program
         graph._pool_blocks = tuple(capture.pool_blocks)
+        graph._memory = capture.memory
         graph.pool_bytes = capture.fresh_bytes
         graph.super_kernel_scopes = tuple(capture.super_kernel_scopes)
         graph.capture = None
@@ -234,6 +236,7 @@ class CaptureMixin:
             return
         capture.stop()
         self._ledger.release(capture.charge)
+        capture.memory.release()
         graph.capture = None
         graph.state = IDLE
         graph.generation += 1
@@ -247,6 +250,7 @@ class CaptureMixin:
         self._ledger.release(hold.charge)
         pool = hold.pool
         pool.footprints.pop(hold.token, None)
+        pool.trim()
         if not pool.shared and not pool.footprints:
             self._pools.pop(pool.handle.pool_id, None)
         self._graphs_alive -= 1
@@ -268,6 +272,9 @@ class CaptureMixin:
             graph._finalizer = None
             graph.program = None
             graph._pool_blocks = ()
+            if graph._memory is not None:
+                graph._memory.release()
+                graph._memory = None
             graph.pool_bytes = 0
             graph.state = IDLE
             graph.generation += 1

@@ -53,6 +53,7 @@ from sim.cost import CostModel
 from sim import kernels
 from sim.faults import Action, FaultPlan, Term, fault_error
 from sim.graph import ReplayRun
+from sim.pool_memory import PoolAllocation, PoolWeakTensor
 from sim.pools import SimPool, SimPoolHandle
 from sim.profiles import DEFAULT_PROFILE, SimProfile, get_profile
 from sim.recorder import OpInfo, classify
@@ -332,11 +333,32 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
             raise GraphHang(GRAPH_HANG_REPLAY.format(graph=head.graph.name, event=head.waiting_on))
 
     def weak_ref(self, tensor: torch.Tensor) -> torch.Tensor:
-        """An alias of ``tensor`` (``detach()``): it shares the storage and, unlike
-        torch_npu's ``_weak_ref_tensor``, keeps it alive. Plain torch has no non-owning CPU
-        alias that fails safely: one built over a raw address would read freed memory
-        (or crash the test process) instead of failing a test."""
+        """torch_npu's ``_weak_ref_tensor`` on the simulator. A tensor on a graph-pool block
+        (a capture output) gets a `sim.pool_memory.PoolWeakTensor`: it does not keep the block
+        allocated, and an op on it raises once its graph was reset or another graph of the pool
+        wrote the block. Any other tensor gets an alias (``detach()``) that, unlike torch_npu's,
+        keeps its storage alive: plain torch has no non-owning CPU alias of ordinary memory that
+        fails safely (one over a raw address would read freed memory or crash the process)."""
+        allocation = self.pool_allocation(tensor)
+        if allocation is not None:
+            return PoolWeakTensor(tensor, allocation)
+        if isinstance(tensor, PoolWeakTensor):
+            return tensor
         return tensor.detach()
+
+    def pool_allocation(self, tensor: torch.Tensor) -> Optional[PoolAllocation]:
+        """The live graph-pool block ``tensor`` lies on (handed to a capture), or None."""
+        if type(tensor) is not torch.Tensor or tensor.device.type == "meta":
+            return None
+        pools = list(self._pools.values())
+        if self._capture is not None:
+            pools.append(self._capture.pool)
+        for pool in pools:
+            if pool._arena is not None:
+                allocation = pool._arena.allocation_of(tensor)
+                if allocation is not None:
+                    return allocation
+        return None
 
     # ------------------------------------------------------------------ clock, profiling, stats
     def xlite_runtime(self, model: Any, spec: Any) -> Any:
@@ -388,6 +410,8 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
                 "hccl_expansion": self._ledger.expansion,
                 "user_streams": len(self._streams) - 1,
                 "pools": len(self._pools),
+                # host memory behind the graph pools (sim.pool_memory): shared blocks, about the largest graph
+                "pool_host_bytes": sum(pool.arena_bytes for pool in list(self._pools.values())),
                 "capture_fallback_ops": self._fallback_ops,
                 "kernel_records": len(self.kernel_records),
                 "device_lost": self._lost_at is not None,

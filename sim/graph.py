@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from sim.budget import StreamCharge
     from sim.capture import Capture, Program
     from sim.device import SimDevice
+    from sim.pool_memory import GraphMemory
     from sim.pools import SimPool, SimPoolHandle
     from sim.streams import SimExternalEvent
 
@@ -107,11 +108,14 @@ class SimGraph:
         self._hold: Optional[GraphHold] = None
         self._finalizer: Optional[weakref.finalize] = None
         self._pool_handle: Optional["SimPoolHandle"] = None
-        # The storages allocated while this graph was captured. As torch_npu's private graph pool
-        # keeps a capture's blocks for the graph until it is reset (a block freed by Python goes
-        # back to the pool, not to the device), the graph holds them: a torch_npu weak reference
-        # made inside the capture (vLLM Ascend's attention `softmax_lse`, graph outputs) stays
-        # readable while the graph lives.
+        # The pool blocks this graph's capture was handed (`sim.pool_memory`). A block freed by
+        # Python goes back to the pool, not to the device (torch_npu's private graph pool), and a
+        # later capture into the same pool may be handed it; until then, and while the graph
+        # lives, a weak reference into it (vLLM Ascend's attention `softmax_lse`, graph outputs)
+        # reads the graph's data. Reset releases them.
+        self._memory: Optional["GraphMemory"] = None
+        # Storages of capture outputs made outside the pool (ops without a meta kernel, meta
+        # devices): the graph holds them until reset.
         self._pool_blocks: tuple[Any, ...] = ()
 
     # -- the state machine

@@ -151,10 +151,13 @@ class ReplayMixin:
         term = self._fault("replay", stream_id=stream.stream_id)
         program = graph.program
         assert program is not None
+        program.addresses.check(graph.name)
         graph.replays += 1
         self._replays += 1
         self._host_us += self.cost.graph_launch_us(program.num_kernels)
         run = ReplayRun(graph, program, next(self._stamps))
+        if graph._memory is not None:  # its pool blocks hold its data again (sim.pool_memory)
+            graph._memory.wrote(run.stamp)
         if term is not None and term.action is Action.PERTURB:
             run.perturb = term.value
         if term is not None and term.action is Action.HANG:

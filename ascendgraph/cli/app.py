@@ -430,8 +430,9 @@ def _bad_input(message: str, error_type: str, wants_json: bool) -> int:
 # interrupted, carries on without numpy instead of raising: a Ctrl-C in the first second or
 # two of `ascendgraph run` was silently lost and the run went on. So torch is imported first,
 # with Ctrl-C held back until the import is complete, then raised as the KeyboardInterrupt
-# the handlers below turn into exit 130.
-COMMANDS_USING_TORCH = ("run", "plan", "scenario", "profile")
+# the handlers below turn into exit 130. `plan` imports torch the same way, and only when it
+# measures (`import_torch_whole`): a measurement the plan cache holds needs no torch.
+COMMANDS_USING_TORCH = ("run", "scenario", "profile")
 
 
 @contextmanager
@@ -465,6 +466,11 @@ def _check_working_directory() -> None:
                           "cd to an existing folder and run the command again", key="cwd") from None
     except OSError:
         pass
+
+
+def import_torch_whole() -> None:
+    """Import torch as the commands of COMMANDS_USING_TORCH do (Ctrl-C held back until it is done)."""
+    _import_torch_whole()
 
 
 def _import_torch_whole() -> None:

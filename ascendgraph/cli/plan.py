@@ -8,7 +8,7 @@ import argparse
 import logging
 from typing import Optional
 
-from ascendgraph.cli.app import CliUsageError, Command, emit_json, emit_result
+from ascendgraph.cli.app import CliUsageError, Command, emit_json, emit_result, import_torch_whole
 from ascendgraph.cli.args import (
     add_config_arguments, config_from_args, env_from_args, hccl_mode_from_args, positive_int, seed_int,
 )
@@ -85,6 +85,8 @@ def plan_command(args: argparse.Namespace) -> int:
         sample=args.sample_sizes,
         sim_profile=args.sim_profile,
         env=env_from_args(args),
+        # torch only when measuring: a plan whose measurement is cached never imports it
+        before_measure=import_torch_whole,
     )
     if args.plot is not None:
         if result.even is None:

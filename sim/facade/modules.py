@@ -42,7 +42,7 @@ VERSION = "2.13.0"
 def _weak_ref_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """torch_npu's non-owning alias: it does not keep the storage alive, and a read after the
     storage was freed raises (`sim.facade.weak_refs`)."""
-    return weak_ref_tensor(tensor)
+    return weak_ref_tensor(tensor, runtime().device)
 
 
 def _get_cann_version(module: str = "CANN") -> str:

@@ -24,11 +24,11 @@ from typing import Any, Callable
 import torch
 from torch.utils._pytree import tree_map
 
+from sim.pool_memory import DeadWeakReference, PoolWeakTensor
+
 __all__ = ["WeakRefTensor", "DeadWeakReference", "weak_ref_tensor"]
 
 
-class DeadWeakReference(RuntimeError):
-    """A read or write through a weak reference whose storage was freed."""
 
 
 DEAD_WEAK_REFERENCE = (
@@ -89,10 +89,17 @@ class WeakRefTensor(torch.Tensor):
         return func(*args, **kwargs)
 
 
-def weak_ref_tensor(tensor: torch.Tensor) -> torch.Tensor:
-    """torch_npu's ``_weak_ref_tensor``: a non-owning alias of ``tensor``."""
+def weak_ref_tensor(tensor: torch.Tensor, device: Any = None) -> torch.Tensor:
+    """torch_npu's ``_weak_ref_tensor``: a non-owning alias of ``tensor``. A tensor on a block of
+    ``device``'s graph pools (a capture allocation) gets the pool's weak reference
+    (`sim.pool_memory.PoolWeakTensor`: it reads the block while the block holds its graph's data)."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"_weak_ref_tensor expects a tensor, got {type(tensor).__name__}")
+    if isinstance(tensor, PoolWeakTensor):
+        return PoolWeakTensor(tensor, tensor._allocation)
     if isinstance(tensor, WeakRefTensor):
         tensor = tensor.resolve("_weak_ref_tensor")
+    allocation = device.pool_allocation(tensor) if device is not None else None
+    if allocation is not None:
+        return PoolWeakTensor(tensor, allocation)
     return WeakRefTensor(tensor)

@@ -193,8 +193,12 @@ def format_plan(result: PlanResult) -> str:
                 + ("" if selection.fits else "  (does not fit the streams)")
             )
         lines.append(
-            f"  capture time = warm-ups + captures on the simulator's virtual clock; host compile "
-            f"{measurement.compile_seconds:.1f} s (measured here); measurement took {measurement.wall_seconds:.1f} s"
+            "  capture time = warm-ups + captures on the simulator's virtual clock; host compile "
+            + (f"{measurement.compile_seconds:.1f} s, measurement {measurement.wall_seconds:.1f} s (when measured; "
+               "read from the plan cache now: same model, sizes, profile, source and torch)"
+               if measurement.cached else
+               f"{measurement.compile_seconds:.1f} s (measured here); measurement took "
+               f"{measurement.wall_seconds:.1f} s")
         )
     if result.plot:
         lines.append(f"plot: {result.plot}")

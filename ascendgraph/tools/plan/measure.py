@@ -108,6 +108,7 @@ class Measurement:
     compile_seconds: float  # host wall clock of the Dynamo compile (the same work as on a real host)
     wall_seconds: float  # host wall clock of the whole measurement
     resolution: Resolution
+    cached: bool = False  # read from the plan cache (`ascendgraph.tools.plan.measure_cache`), not measured now
 
     def predict(self, sizes: Sequence[int]) -> Prediction:
         """Graphs, pool bytes and capture time of capturing ``sizes`` (see the module docstring)."""
@@ -148,6 +149,7 @@ class Measurement:
             "capture_seconds": self.capture_seconds,
             "compile_seconds": self.compile_seconds,
             "wall_seconds": self.wall_seconds,
+            "cached": self.cached,
             "keys": [k.as_dict() for k in self.keys],
         }
 

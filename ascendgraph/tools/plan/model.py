@@ -4,13 +4,14 @@ and their predicted cost (`make_plan` -> `PlanResult`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ascendgraph.config import GraphConfig
 from ascendgraph.errors import ConfigError
 from ascendgraph.modes import GraphMode
 from ascendgraph.resolve import Resolution, resolve
 from ascendgraph.sizes import DEFAULT_MAX_STREAMS, StreamPlan, pad_sorted, sample_sizes, select_sizes
+from ascendgraph.tools.plan.measure_cache import cached
 from ascendgraph.tools.plan.workload import (
     DEFAULT_REQUESTS,
     Workload,
@@ -183,10 +184,12 @@ def make_plan(
     sample: int = DEFAULT_SAMPLE_SIZES,
     sim_profile: Optional[str] = None,
     env: Optional[Mapping[str, str]] = None,
+    before_measure: Optional[Callable[[], None]] = None,
 ) -> PlanResult:
     """The whole plan as a value (the CLI renders it). ``workload`` None: generated from
     ``requests`` / ``seed``. ``env``: the environment to resolve with (default: this process's;
-    a pasted ``VAR=value vllm serve ...`` line adds its assignments)."""
+    a pasted ``VAR=value vllm serve ...`` line adds its assignments). ``before_measure`` runs
+    before a measurement that the plan cache does not hold (the CLI imports torch there)."""
     if measure not in MEASURE_METHODS:
         raise ConfigError(f"measure must be one of {', '.join(MEASURE_METHODS)}, got {measure!r}", key="measure")
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
@@ -239,8 +242,14 @@ def make_plan(
     )
     if measure != "off":
         try:
-            measurement = measure_capture(resolution, method=measure, sample=sample, profile=sim_profile,
-                                          hccl_op_expansion_mode=hccl_op_expansion_mode, seed=seed, env=env)
+            measurement = cached(
+                resolution,
+                lambda: _measure_now(before_measure, resolution, method=measure, sample=sample,
+                                     profile=sim_profile, hccl_op_expansion_mode=hccl_op_expansion_mode,
+                                     seed=seed, env=env),
+                method=measure, sample=sample, profile=sim_profile, hccl_op_expansion_mode=hccl_op_expansion_mode,
+                seed=seed, env=env,
+            )
         except ConfigError:
             raise  # bad input (e.g. an unknown --sim-profile): exit 2
         except Exception as exc:  # an OOM or a capture error is a finding of the plan: exit 1
@@ -252,6 +261,12 @@ def make_plan(
             result.even = _with_prediction(result.even, measurement)
             result.aware = _with_prediction(result.aware, measurement)
     return result
+
+
+def _measure_now(before: Optional[Callable[[], None]], resolution: Resolution, **options: Any) -> Measurement:
+    if before is not None:
+        before()
+    return measure_capture(resolution, **options)
 
 
 def _with_prediction(selection: Selection, measurement: Measurement) -> Selection:

@@ -1,0 +1,208 @@
+"""Graph-pool memory on the simulator (`sim.pool_memory`): a later capture into a pool reuses the
+blocks an earlier one freed, and the checks that reuse makes necessary fire — a weak reference
+read after another graph wrote its block, after its graph was reset, and a replay whose captured
+tensors moved."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ascendgraph.errors import CaptureConstraintError
+from sim import SimDevice
+from sim.pool_memory import DeadWeakReference, PoolArena, PoolBlockReused, PoolWeakTensor, PoolSegment
+
+N = 4096  # elements per test tensor: 16 KiB in float32
+
+
+def capture(device, fn, **options):
+    graph = device.new_graph()
+    with device.graph(graph, **options):
+        out = fn()
+    return graph, out
+
+
+def block_range(tensor: torch.Tensor) -> tuple[int, int]:
+    start = tensor.untyped_storage().data_ptr()
+    return start, start + tensor.untyped_storage().nbytes()
+
+
+def overlaps(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
+
+
+def test_a_later_capture_reuses_the_blocks_an_earlier_one_freed():
+    device = SimDevice()
+    pool = device.graph_pool_handle()
+    x = torch.ones(N)
+    first, out = capture(device, lambda: x * 2, pool=pool)
+    first_output = block_range(out)
+    weak = device.weak_ref(out)
+    del out  # as vLLM does: only a weak reference to the output is kept
+    second, out2 = capture(device, lambda: x * 3, pool=pool)
+    assert overlaps(block_range(out2), first_output)
+    arena = device._pools[pool.pool_id].arena
+    assert arena.reserved_bytes == arena.segments[0].nbytes  # one segment served both graphs
+    first.replay()
+    assert torch.equal(weak, torch.full((N,), 2.0))
+    second.replay()
+    assert torch.equal(out2, torch.full((N,), 3.0))
+
+
+def test_a_block_still_held_is_not_handed_out_again():
+    device = SimDevice()
+    pool = device.graph_pool_handle()
+    x = torch.ones(N)
+    _, out = capture(device, lambda: x * 2, pool=pool)
+    _, out2 = capture(device, lambda: x * 3, pool=pool)
+    assert not overlaps(block_range(out), block_range(out2))
+    assert torch.isnan(out).all()  # held, so never poisoned again by the second capture
+
+
+def test_reading_a_graph_output_after_another_graph_reused_its_block_is_detected():
+    device = SimDevice()
+    pool = device.graph_pool_handle()
+    x = torch.ones(N)
+    first, out = capture(device, lambda: x * 2, pool=pool)
+    weak = device.weak_ref(out)
+    assert isinstance(weak, PoolWeakTensor)
+    del out
+    second, out2 = capture(device, lambda: x * 3, pool=pool)
+    first.replay()
+    assert weak.sum().item() == 2 * N  # right after its own replay the output is first's
+    second.replay()  # writes 3s over the same bytes
+    with pytest.raises(PoolBlockReused, match="simulator: .* wrote it .* after graph#1 last did"):
+        weak.sum()
+    first.replay()  # the owner wrote it again: readable
+    assert weak.sum().item() == 2 * N
+
+
+def test_a_capture_poisoning_a_reused_block_makes_the_old_reference_stale():
+    device = SimDevice()
+    pool = device.graph_pool_handle()
+    x = torch.ones(N)
+    first, out = capture(device, lambda: x * 2, pool=pool)
+    first.replay()
+    weak = device.weak_ref(out)
+    del out
+    capture(device, lambda: x * 3, pool=pool)  # handed the block, fills it with NaN
+    with pytest.raises(PoolBlockReused):
+        weak.clone()
+
+
+def test_a_graph_of_another_part_of_the_pool_leaves_the_reference_readable():
+    device = SimDevice()
+    pool = device.graph_pool_handle()
+    x = torch.ones(N)
+    first, out = capture(device, lambda: x * 2, pool=pool)
+    weak = device.weak_ref(out)
+    del out
+    held = []
+    second, _ = capture(device, lambda: held.append(x * 3) or held[0], pool=pool)  # takes first's block
+    third, _ = capture(device, lambda: x * 5, pool=pool)  # second holds it: a fresh block
+    first.replay()
+    third.replay()
+    assert weak.sum().item() == 2 * N
+
+
+def test_a_weak_reference_into_a_reset_graph_is_dead():
+    device = SimDevice()
+    x = torch.ones(N)
+    graph, out = capture(device, lambda: x * 2)
+    graph.replay()
+    weak = device.weak_ref(out)
+    del out
+    assert weak.sum().item() == 2 * N
+    graph.reset()
+    with pytest.raises(DeadWeakReference, match="simulator: .* which was reset"):
+        weak.sum()
+
+
+def test_a_weak_reference_keeps_the_graph_data_after_the_strong_tensor_goes():
+    # vLLM Ascend's full_graph_fia keeps only a weak reference to its capture-allocated
+    # softmax_lse and writes into it at every update: the block is its graph's until reset.
+    device = SimDevice()
+    x = torch.ones(N)
+    graph, out = capture(device, lambda: x * 2)
+    weak = device.weak_ref(out)
+    del out
+    graph.replay()
+    weak.mul_(0.5)  # a write through the weak reference lands in the graph's block
+    assert weak.sum().item() == N
+
+
+def test_a_replay_whose_captured_input_moved_is_refused():
+    device = SimDevice()
+    static_input = torch.ones(N)
+    graph, _ = capture(device, lambda: static_input * 2)
+    graph.replay()
+    static_input.resize_(4 * N)  # a new, larger storage: the graph's address is stale
+    with pytest.raises(CaptureConstraintError, match="simulator: replay of graph#1: .* no longer at its captured"):
+        graph.replay()
+
+
+def test_a_replay_whose_input_was_refilled_in_place_runs():
+    device = SimDevice()
+    static_input = torch.ones(N)
+    graph, out = capture(device, lambda: static_input * 2)
+    static_input.copy_(torch.full((N,), 4.0))
+    graph.replay()
+    assert torch.equal(out, torch.full((N,), 8.0))
+
+
+def test_the_pool_of_graphs_captured_largest_first_costs_the_largest_graph():
+    device = SimDevice()
+    pool = device.graph_pool_handle()
+    total = 0
+    for size in (256 * N, 128 * N, 64 * N, 32 * N):  # the first graph: two 4 MiB blocks
+        x = torch.ones(size)
+        _, out = capture(device, lambda: (x * 2) + 1, pool=pool)
+        device.weak_ref(out)
+        total += 2 * 4 * size
+        del out
+    arena = device._pools[pool.pool_id].arena
+    assert arena.reserved_bytes == 2 * 4 * 256 * N  # the first graph's two blocks, reused by every later one
+    assert arena.reserved_bytes < total / 1.8
+
+
+def test_segment_free_ranges_coalesce():
+    segment = PoolSegment(4096)
+    a, b, c = segment.take(1024), segment.take(1024), segment.take(1024)
+    assert (a, b, c) == (0, 1024, 2048)
+    segment.give_back(a, 1024)
+    segment.give_back(c, 1024)
+    assert segment.free == [[0, 1024], [2048, 4096]]
+    segment.give_back(b, 1024)
+    assert segment.free == [[0, 4096]]
+
+
+def test_an_arena_sweep_frees_only_blocks_whose_tensors_are_gone():
+    from sim.pool_memory import GraphMemory
+
+    arena = PoolArena()
+    owner = GraphMemory("g")
+    kept = arena.allocate(torch.empty(N, device="meta"), owner, 1)
+    dropped = arena.allocate(torch.empty(N, device="meta"), owner, 2)
+    view = dropped[:10]
+    del dropped
+    assert arena.sweep() == 0  # a view still holds the block
+    del view
+    assert arena.sweep() == 4 * N
+    assert arena.allocation_of(kept) is not None
+
+
+def test_a_pool_whose_graphs_are_all_reset_gives_its_memory_back():
+    device = SimDevice()
+    pool = device.graph_pool_handle()
+    x = torch.ones(N)
+    first, out = capture(device, lambda: x * 2, pool=pool)
+    del out
+    second, out2 = capture(device, lambda: x * 3, pool=pool)
+    first.reset()
+    assert device._pools[pool.pool_id].arena_bytes > 0  # second still lives
+    second.reset()
+    assert device._pools[pool.pool_id].arena_bytes > 0  # out2 still holds its block
+    del out2
+    third = capture(device, lambda: x * 4, pool=pool)[0]  # its output is dropped at once
+    third.reset()
+    assert device._pools[pool.pool_id].arena_bytes == 0
