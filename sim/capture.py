@@ -38,6 +38,7 @@ from ascendgraph.errors import (
 )
 from sim import kernels
 from sim.cost import CostModel, TaskInfo, super_kernel_task
+from sim.matmul import widened_call
 from sim.recorder import (
     ALIAS,
     ALLOC,
@@ -452,8 +453,17 @@ class Segment:
         self.time_us = sum(kernel.duration_us for kernel in self.kernels)
 
 
+_OUT_VARIANTS: dict[Any, Optional[Any]] = {}  # func -> out_variant(func) (a pure function of the op)
+
+
 def out_variant(func: Any) -> Optional[Any]:
     """The ``.out`` overload of a single-output aten op with the same arguments, or None."""
+    if func not in _OUT_VARIANTS:
+        _OUT_VARIANTS[func] = _find_out_variant(func)
+    return _OUT_VARIANTS[func]
+
+
+def _find_out_variant(func: Any) -> Optional[Any]:
     schema = func._schema
     if not schema.name.startswith("aten::") or len(schema.returns) != 1 or schema.is_mutable:
         return None
@@ -472,16 +482,24 @@ def out_variant(func: Any) -> Optional[Any]:
     return candidate
 
 
+def _call(func: Any, args: tuple, kwargs: dict) -> Callable[..., Any]:
+    """What a replay calls for ``func``: its C++ handle, or the widened half-precision matmul
+    (`sim.matmul`: the same arithmetic as the simulator's eager path)."""
+    widened = widened_call(func, args, kwargs)
+    return widened if widened is not None else func._op
+
+
 def _entry(func: Any, args: tuple, kwargs: dict, dests: Sequence[Any]) -> tuple:
     if not any(d is not None for d in dests):
-        return (func._op, args, kwargs or None, NO_COPY, None)
+        return (_call(func, args, kwargs), args, kwargs or None, NO_COPY, None)
     if len(dests) == 1 and isinstance(dests[0], Tensor):
         variant = out_variant(func)
         if variant is not None:
             # Write straight into the captured output: no temporary, no copy.
-            return (variant._op, args, {**kwargs, "out": dests[0]}, NO_COPY, None)
-        return (func._op, args, kwargs or None, COPY_ONE, dests[0])
-    return (func._op, args, kwargs or None, COPY_MANY, tuple(dests))
+            out_kwargs = {**kwargs, "out": dests[0]}
+            return (_call(variant, args, out_kwargs), args, out_kwargs, NO_COPY, None)
+        return (_call(func, args, kwargs), args, kwargs or None, COPY_ONE, dests[0])
+    return (_call(func, args, kwargs), args, kwargs or None, COPY_MANY, tuple(dests))
 
 
 def _task(cost: CostModel, record: OpRecord) -> TaskInfo:
