@@ -284,6 +284,8 @@ def _signature(value: Any) -> Any:
     if cls in _NUMBERS:
         return (cls, value)
     if cls is list or cls is tuple:
+        if all(type(v) is int for v in value):  # sizes, attention's host lists: one pass, no recursion
+            return (cls, int, tuple(value))
         return (cls, signature_of(value))
     if _is_tensor_type(cls):
         return (value.shape, value.stride(), value.storage_offset(), value.dtype)
