@@ -11,7 +11,9 @@ batches of 1, 8 and 64 tokens, and reports the median host CPU time of
 
 * floor: the same aten overloads the graph recorded, called directly in a loop (the C++
   overload handles, no dispatch mode, no Python wrapper, no copy into captured outputs) —
-  what the kernels cost on their own (docs/decisions.md "Performance figures"),
+  what the kernels cost on their own (docs/decisions.md "Performance figures"); a
+  half-precision matmul is called as a replay computes it, widened (`sim.matmul`), while
+  eager runs torch's own bfloat16 kernel,
 
 their ratios to eager (goals: replay <= 0.5 / 0.7 / 0.9 at batch 1 / 8 / 64), replay's
 fraction of the way from eager to the floor, the number of recorded tasks, and the capture
@@ -92,13 +94,18 @@ def build(batch: int, seed: int = 0) -> tuple[Callable[[], torch.Tensor], dict[s
 
 
 def floor_calls(graph: object) -> list[tuple[Callable[..., object], tuple, dict]]:
-    """The recorded ops of a captured SimGraph as (C++ overload handle, args, kwargs)."""
+    """The recorded ops of a captured SimGraph as (C++ overload handle, args, kwargs); a
+    half-precision matmul as the widened call a replay makes of it (`sim.matmul`), so the
+    floor computes what the replay computes."""
+    from sim.matmul import widened_call
+
     program = getattr(graph, "program")
     calls = []
     for record in program.records:
         func = getattr(record, "func", None)
         if func is not None:  # OpRecord (ControlRecords carry no kernel)
-            calls.append((func._op, record.args, dict(record.kwargs)))
+            kwargs = dict(record.kwargs)
+            calls.append((widened_call(func, record.args, kwargs) or func._op, record.args, kwargs))
     return calls
 
 

@@ -33,7 +33,8 @@ from ascendgraph.errors import (
     CaptureConstraintError,
     ConfigError,
 )
-from sim.capture import Capture, Program
+from sim.capture import Capture
+from sim.program import Program
 from sim.graph import CAPTURED, CAPTURING, IDLE, GraphHold, SimGraph
 from sim.pools import SimPool, SimPoolHandle
 from sim.streams import SimStream

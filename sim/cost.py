@@ -37,6 +37,7 @@ from typing import Any, Callable, NamedTuple, Optional, Sequence
 import torch
 
 from ascendgraph.ops import argument_tensors
+from sim.recorder import NoSignature, call_signature, signature_of
 
 __all__ = [
     "CostParams",
@@ -104,6 +105,8 @@ def _block_dim(outputs: list[torch.Tensor], params: CostParams) -> int:
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
+
+TASK_MEMO_LIMIT = 20_000  # memoised TaskInfos per CostModel (cleared when full)
 
 _MATMULS = {"mm": 0, "bmm": 0, "matmul": 0, "linear": 0, "_int_mm": 0, "addmm": 1, "baddbmm": 1, "addbmm": 1}
 
@@ -213,9 +216,31 @@ class CostModel:
         self.task_adjust = task_adjust
         # task_signature -> static kernel id (SimDevice.install_static_kernels fills it).
         self.static_kernels: dict[tuple, str] = {}
+        # describe_task memoised on the call's signature (`sim.recorder.call_signature`) and the
+        # outputs': a TaskInfo reads only sizes, dtypes and host values (attention's lists), so
+        # one computed for a signature is the one a fresh call computes. Per object, keyed on
+        # the params it was computed with.
+        self._tasks: dict[tuple, TaskInfo] = {}
+        self._tasks_params = self.params
 
     def task(self, func: Any, args: Sequence[Any], kwargs: dict[str, Any], outputs: Sequence[Any]) -> TaskInfo:
-        return describe_task(func, args, kwargs, outputs, self.params)
+        call = call_signature(func, args, kwargs)
+        if call is None:
+            return describe_task(func, args, kwargs, outputs, self.params)
+        if self._tasks_params is not self.params:
+            self._tasks.clear()
+            self._tasks_params = self.params
+        try:
+            key = (call, tuple(kwargs), signature_of(outputs))  # kwargs' order: input_shapes' order
+            info = self._tasks.get(key)
+        except (NoSignature, TypeError):  # an output without a signature, a symbolic size
+            return describe_task(func, args, kwargs, outputs, self.params)
+        if info is None:
+            info = describe_task(func, args, kwargs, outputs, self.params)
+            if len(self._tasks) >= TASK_MEMO_LIMIT:
+                self._tasks.clear()
+            self._tasks[key] = info
+        return info
 
     def graph_task(self, func: Any, args: Sequence[Any], kwargs: dict[str, Any], outputs: Sequence[Any]) -> TaskInfo:
         info = self.task(func, args, kwargs, outputs)

@@ -29,7 +29,8 @@ from ascendgraph.errors import (
 
 if TYPE_CHECKING:  # pragma: no cover
     from sim.budget import StreamCharge
-    from sim.capture import Capture, Program
+    from sim.capture import Capture
+    from sim.program import Program
     from sim.device import SimDevice
     from sim.pool_memory import GraphMemory
     from sim.pools import SimPool, SimPoolHandle

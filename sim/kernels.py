@@ -311,7 +311,21 @@ def _describe(signature: tuple[Any, ...]) -> str:
     return f"shape {tuple(shape)} {str(dtype).replace('torch.', '')}"
 
 
+_OP_NAMES: dict[Any, Optional[str]] = {}  # func -> its checked kernel's name (a pure function of the op)
+
+
 def _op_name(func: Any) -> Optional[str]:
+    try:
+        return _OP_NAMES[func]
+    except KeyError:
+        pass
+    except TypeError:  # unhashable
+        return _checked_name(func)
+    name = _OP_NAMES[func] = _checked_name(func)
+    return name
+
+
+def _checked_name(func: Any) -> Optional[str]:
     schema = getattr(func, "_schema", None)
     if schema is None or not schema.name.startswith(f"{ops.NAMESPACE}::"):
         return None

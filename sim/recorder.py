@@ -57,6 +57,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ascendgraph import ops as ag_ops
+from sim.matmul import WIDENED_MATMULS, widened_matmul, widens
 from ascendgraph.errors import (
     CaptureConstraintError,
     DYNAMIC_SHAPE_DURING_CAPTURE,
@@ -84,6 +85,9 @@ __all__ = [
     "classify",
     "to_meta",
     "meta_outputs",
+    "call_signature",
+    "signature_of",
+    "NoSignature",
     "NO_META",
     "CaptureRecorder",
     "HostSyncGuard",
@@ -252,31 +256,73 @@ _meta_cache: dict[tuple, Any] = {}
 _HOST_TYPES = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
 
 
-class _NoSignature(Exception):
-    pass
+class NoSignature(Exception):
+    """An argument whose signature a memo cannot take (an opaque object)."""
+
+
+_TENSOR_TYPES: dict[type, bool] = {}  # type -> is a torch.Tensor (subclass): one isinstance per type
+# Host values whose equality does not tell their types apart (1 == 1.0 == True, yet an int, a
+# float and a bool scalar promote differently): their signature carries the type.
+_NUMBERS = frozenset({int, float, bool})
+_PLAIN_HOST = frozenset(_HOST_TYPES) - _NUMBERS
+
+
+def _is_tensor_type(cls: type) -> bool:
+    known = _TENSOR_TYPES.get(cls)
+    if known is None:
+        known = _TENSOR_TYPES[cls] = issubclass(cls, torch.Tensor)
+    return known
 
 
 def _signature(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return (0, tuple(value.shape), value.stride(), value.storage_offset(), value.dtype)
+    """What a meta kernel (or the cost model) can see of one argument, hashable: a tensor's
+    sizes, strides, storage offset and dtype; a host value itself (numbers with their type);
+    lists and tuples item by item. Anything else raises NoSignature."""
+    cls = type(value)
+    if cls in _PLAIN_HOST:
+        return value
+    if cls in _NUMBERS:
+        return (cls, value)
+    if cls is list or cls is tuple:
+        if all(type(v) is int for v in value):  # sizes, attention's host lists: one pass, no recursion
+            return (cls, int, tuple(value))
+        return (cls, signature_of(value))
+    if _is_tensor_type(cls):
+        return (value.shape, value.stride(), value.storage_offset(), value.dtype)
     if isinstance(value, (list, tuple)):
-        return (1, type(value), tuple(_signature(v) for v in value))
+        return (cls, signature_of(value))
     if isinstance(value, _HOST_TYPES):
-        return (2, type(value), value)
-    raise _NoSignature
+        return (cls, value)
+    raise NoSignature
+
+
+def signature_of(values: Sequence[Any]) -> tuple:
+    """The signatures of a sequence of arguments (see `_signature`); raises NoSignature."""
+    return tuple([_signature(v) for v in values])
+
+
+def call_signature(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Optional[tuple]:
+    """A hashable key of one call: the op and its arguments' signatures, or None when an
+    argument has none (opaque objects). Memoised per-op decisions key on it; a key holding a
+    symbolic size is unhashable (TypeError on lookup: treat it as no key)."""
+    try:
+        return (func, signature_of(args), signature_of(sorted(kwargs.items())) if kwargs else ())
+    except (NoSignature, TypeError):
+        return None
 
 
 def meta_outputs(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     """``func``'s outputs on the meta device for these arguments (NO_META without a meta
     kernel); memoised on the arguments' signature. Call with torch-function handling and
     the simulator's modes off."""
-    try:
-        key: Optional[tuple] = (func, _signature(tuple(args)), _signature(tuple(sorted(kwargs.items()))))
-        cached = _meta_cache.get(key, _MISS)  # type: ignore[arg-type]
+    key = call_signature(func, args, kwargs)
+    if key is not None:
+        try:
+            cached = _meta_cache.get(key, _MISS)
+        except TypeError:  # a symbolic size
+            key, cached = None, _MISS
         if cached is not _MISS:
             return cached
-    except (_NoSignature, TypeError):
-        key = None
     try:
         result = func(*to_meta(args), **{k: to_meta(v) for k, v in kwargs.items()})
     except (NotImplementedError, RuntimeError, TypeError):
@@ -376,7 +422,10 @@ class EagerTracker(_Mode):
         self.device = device
 
     def handle(self, func: Any, args: Any, kwargs: dict) -> Any:
-        out = func(*args, **kwargs)
+        if func in WIDENED_MATMULS and widens(func, args, kwargs):
+            out = widened_matmul(func, args, kwargs)  # half precision: float32 accumulation (sim.matmul)
+        else:
+            out = func(*args, **kwargs)
         if self.device._op_info(func).launches_kernel:
             self.device._charge_eager(func, args, kwargs, out)
         return out

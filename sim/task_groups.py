@@ -13,7 +13,8 @@ from ascendgraph.errors import (
     CaptureConstraintError,
     StaleGraphParams,
 )
-from sim.capture import Segment, TaskGroup, Update
+from sim.capture import TaskGroup, Update
+from sim.program import Segment
 from sim.faults import Action
 from sim.graph import CAPTURED, ReplayRun
 from sim.streams import SimStream

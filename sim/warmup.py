@@ -90,6 +90,27 @@ def _tensors(value: Any) -> Iterator[Tensor]:
             yield from _tensors(item)
 
 
+_NO_TENSOR, _ON_CPU, _ELSEWHERE = range(3)
+
+
+def _placement(args: tuple, kwargs: dict) -> int:
+    """Whether a call has tensor arguments, and whether they are all on the CPU (one flat
+    pass over the arguments: this runs for every kernel of every warm-up)."""
+    found = _NO_TENSOR
+    stack: list[Any] = [args]
+    if kwargs:
+        stack.append(tuple(kwargs.values()))
+    while stack:
+        for item in stack.pop():
+            if isinstance(item, Tensor):
+                if not item.is_cpu:
+                    return _ELSEWHERE
+                found = _ON_CPU
+            elif isinstance(item, (list, tuple)):
+                stack.append(item)
+    return found
+
+
 class WarmupMode(_Mode):
     """Warm-up dispatch: kernels marked and shaped, not computed (see the module table).
 
@@ -157,11 +178,11 @@ class WarmupMode(_Mode):
             return out
         if kind != OP:
             return self._run(func, args, kwargs)
-        tensors = list(_tensors((args, tuple(kwargs.values()))))
-        if not tensors:  # a factory (zeros, full, arange): a constant code may read, cheap to make
+        placement = _placement(args, kwargs)
+        if placement is not _ON_CPU:
+            # NO_TENSOR: a factory (zeros, full, arange): a constant code may read, cheap to make.
+            # ELSEWHERE: meta tensors (the planner): nothing to save.
             return self._run(func, args, kwargs)
-        if any(t.device.type != "cpu" for t in tensors):
-            return self._run(func, args, kwargs)  # meta tensors (the planner): nothing to save
         if kernels.on_eager_launch(func, args, kwargs):
             self.marked += 1
         if info.mutating and self._writes_outside(info, args, kwargs):

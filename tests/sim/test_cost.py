@@ -67,3 +67,34 @@ def test_the_task_adjust_hook_rescales_graph_tasks_only():
     eager = model.task(aten.relu.default, (x,), {}, [x])
     graph = model.graph_task(aten.relu.default, (x,), {}, [x])
     assert graph.duration_us == pytest.approx(eager.duration_us / 2)
+
+
+def test_task_infos_are_memoised_on_the_call_signature_and_equal_a_fresh_description():
+    model = CostModel()
+    a, b = torch.randn(8, 16), torch.randn(16, 4)
+    out = torch.empty(8, 4)
+    first = model.task(torch.ops.aten.mm.default, (a, b), {}, [out])
+    assert first == describe_task(torch.ops.aten.mm.default, (a, b), {}, [out], model.params)
+    # other data, same signature: the memoised TaskInfo
+    assert model.task(torch.ops.aten.mm.default, (torch.ones(8, 16), torch.zeros(16, 4)), {}, [out]) is first
+    # anything the description reads changes the key: sizes, dtypes, outputs
+    bigger = model.task(torch.ops.aten.mm.default, (torch.randn(9, 16), b), {}, [torch.empty(9, 4)])
+    assert bigger.flops > first.flops
+    halves = model.task(torch.ops.aten.mm.default, (a.half(), b.half()), {}, [out.half()])
+    assert halves.input_dtypes == ("float16", "float16")
+    # the attention's host lists are part of the key (its cost reads them)
+    q, cache = torch.randn(4, 2, 8), torch.randn(3, 16, 1, 8)
+    table = torch.zeros(2, 3, dtype=torch.int32)
+    short = model.task(torch.ops.ascendgraph.paged_attention.default, (q, cache, cache, table, [2, 4], [2, 2]), {}, [])
+    long = model.task(torch.ops.ascendgraph.paged_attention.default, (q, cache, cache, table, [2, 4], [20, 30]), {}, [])
+    assert long.bytes > short.bytes and long == describe_task(
+        torch.ops.ascendgraph.paged_attention.default, (q, cache, cache, table, [2, 4], [20, 30]), {}, [], model.params
+    )
+    # kwargs in another order: the inputs' order of the description follows them
+    x, y = torch.randn(2, 3), torch.randn(2, 5)
+    one = model.task(torch.ops.aten.cat.default, (), {"tensors": [x], "dim": 0}, [x])
+    two = model.task(torch.ops.aten.cat.default, (), {"dim": 0, "tensors": [y]}, [y])
+    assert one.input_shapes == ((2, 3),) and two.input_shapes == ((2, 5),)
+    # new params: nothing memoised under the old ones is handed back
+    model.params = CostParams(task_overhead_us=model.params.task_overhead_us + 100)
+    assert model.task(torch.ops.aten.mm.default, (a, b), {}, [out]).duration_us > first.duration_us

@@ -184,3 +184,25 @@ def test_ops_without_a_meta_kernel_and_unsignable_arguments():
     recorder.meta_outputs(counting, (torch.randn(2), Opaque()), {})
     recorder.meta_outputs(counting, (torch.randn(2), Opaque()), {})
     assert len(calls) == 2 and len(recorder._meta_cache) == before  # never memoised
+
+
+def test_a_signature_tells_apart_what_a_kernel_can_see():
+    from sim import recorder
+
+    x = torch.randn(2, 3)
+    key = recorder.call_signature(torch.ops.aten.add.Tensor, (x, 1), {})
+    # 1, 1.0 and True are equal in Python but promote differently: their types are in the key
+    assert key != recorder.call_signature(torch.ops.aten.add.Tensor, (x, 1.0), {})
+    assert key != recorder.call_signature(torch.ops.aten.add.Tensor, (x, True), {})
+    assert key == recorder.call_signature(torch.ops.aten.add.Tensor, (torch.zeros(2, 3), 1), {})
+    assert key != recorder.call_signature(torch.ops.aten.add.Tensor, (x.t().contiguous().t(), 1), {}), "strides"
+    assert key != recorder.call_signature(torch.ops.aten.add.Tensor, (x[:, 1:], 1), {}), "sizes and offset"
+    assert key != recorder.call_signature(torch.ops.aten.add.Tensor, (x.double(), 1), {}), "dtype"
+    lists = recorder.call_signature(torch.ops.aten.sum.dim_IntList, (x, [1]), {})
+    assert lists != recorder.call_signature(torch.ops.aten.sum.dim_IntList, (x, (1,)), {}), "list vs tuple"
+    assert lists != recorder.call_signature(torch.ops.aten.sum.dim_IntList, (x, [0]), {})
+
+    class Opaque:
+        pass
+
+    assert recorder.call_signature(torch.ops.aten.add.Tensor, (x, Opaque()), {}) is None
