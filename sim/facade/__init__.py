@@ -88,7 +88,7 @@ def install(*, quiet: bool = False) -> None:
     from sim.facade import modules
 
     shadowed = real_torch_npu_location()
-    for name in ("torch_npu", "torch_npu.npu", "torch_npu._C", "torch_npu.version", "torch_npu.utils", "torch_npu.profiler", "torch.npu"):
+    for name in ("torch_npu", "torch_npu.npu", "torch_npu._C", "torch_npu._C._distributed_c10d", "torch_npu.version", "torch_npu.utils", "torch_npu.distributed", "torch_npu.profiler", "torch.npu"):
         if name in sys.modules:
             _saved[name] = sys.modules[name]
     import torch
