@@ -42,13 +42,11 @@ import harness
 
 harness.require()
 
-import contextlib  # noqa: E402
-import json  # noqa: E402
 import os  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
-from typing import Any, Iterator, Optional  # noqa: E402
+from typing import Any, Optional  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -128,50 +126,19 @@ def test_the_known_difference_a_uniform_batch_under_a_full_config() -> None:
 
 # --------------------------------------------------------------------------- the platform hook
 
-TINY_LLAMA = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256, "intermediate_size": 512,
-    "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 32, "num_hidden_layers": 2,
-    "vocab_size": 1000, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16",
-    "tie_word_embeddings": False,
-}
-MAX_MODEL_LEN = 4096
-# vLLM Ascend's general plugins (its setup.py entry points) but the model loader (see above).
-INSPECTION_PLUGINS = "ascend,ascend_model,ascend_kv_connector,ascend_service_profiling"
-
-
-@contextlib.contextmanager
-def environment(**values: Optional[str]) -> Iterator[None]:
-    saved = {key: os.environ.get(key) for key in values}
-    try:
-        for key, value in values.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+MAX_MODEL_LEN = harness.MAX_MODEL_LEN
+environment = harness.environment
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("tiny-llama")
-    (path / "config.json").write_text(json.dumps(TINY_LLAMA))
-    return path
+    return harness.tiny_model_dir(tmp_path_factory.mktemp("tiny-llama"))
 
 
 @pytest.fixture(scope="module")
 def model_configs(model_dir: Path) -> dict[bool, Any]:
     """ModelConfig of the tiny model, per enforce_eager (a ModelConfig field)."""
-    from vllm.config import ModelConfig
-
-    with environment(VLLM_PLUGINS=INSPECTION_PLUGINS, HF_HUB_OFFLINE="1"):
-        return {eager: ModelConfig(model=str(model_dir), skip_tokenizer_init=True, dtype="bfloat16",
-                                   max_model_len=MAX_MODEL_LEN, enforce_eager=eager) for eager in (False, True)}
+    return {eager: harness.model_config(model_dir, enforce_eager=eager) for eager in (False, True)}
 
 
 @dataclass(frozen=True)

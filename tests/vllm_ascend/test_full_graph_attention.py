@@ -51,7 +51,7 @@ class FullGraphRun:
         self.eager = harness.TwoLayers(self.config, SIZE, **options)
         for graph_layer, eager_layer in zip(self.model.layers, self.eager.layers):
             eager_layer.kv_cache = graph_layer.clone_cache()
-        self.mask = harness.split_fuse_mask()
+        self.builder = harness.metadata_builder(harness.builder_config(mode, **additional))
         acl_graph.set_graph_params([SIZE])
         self.wrapper = acl_graph.ACLGraphWrapper(self.model, self.config, CUDAGraphMode.FULL,
                                                  CUDAGraphOptions(gc_disable=True))
@@ -61,14 +61,14 @@ class FullGraphRun:
         # The capture batch: SIZE decode requests of KV length 1 (a dummy run's shape).
         step = harness.Step([1] * SIZE, [1] * SIZE, padded_to=SIZE, state="DecodeOnly")
         self.model.load_inputs(step, seed=999)
-        with harness.forward_context(self.config, self.model.metadata(step, self.mask), "FULL", SIZE,
+        with harness.forward_context(self.config, self.model.metadata(step, self.builder), "FULL", SIZE,
                                      sinks=self.sinks) as context:
             self.wrapper()
             assert context.capturing is True  # ACLGraphWrapper set it (acl_graph.py:183)
 
     def step(self, step: harness.Step, seed: int, *, update: bool = True) -> None:
         self.model.load_inputs(step, seed)
-        with harness.forward_context(self.config, self.model.metadata(step, self.mask), "FULL", SIZE,
+        with harness.forward_context(self.config, self.model.metadata(step, self.builder), "FULL", SIZE,
                                      sinks=self.sinks) as context:
             self.wrapper()
             if update:
@@ -80,7 +80,7 @@ class FullGraphRun:
         unpadded = harness.Step(step.q_lens, step.kv_lens, state=step.state)
         self.eager.load_inputs(unpadded, seed)
         self.eager.tokens = unpadded.num_actual_tokens  # eagerly the runner does not pad
-        with harness.forward_context(self.config, self.eager.metadata(unpadded, self.mask), "NONE", SIZE,
+        with harness.forward_context(self.config, self.eager.metadata(unpadded, self.builder), "NONE", SIZE,
                                      sinks=self.sinks):
             self.eager()
 
@@ -92,11 +92,12 @@ class FullGraphRun:
             assert torch.equal(graph_layer.kv_cache, eager_layer.kv_cache)
 
 
-STEPS = [  # (q_lens, kv_lens): a prefill chunk beside decodes, then decodes growing, then fewer requests
-    ([3, 1, 1], [3, 40, 130]),
-    ([1, 1, 1], [4, 41, 131]),
-    ([2, 1], [6, 42]),
-    ([1, 1, 1, 1], [7, 43, 5, 200]),
+STEPS = [  # (q_lens, kv_lens), decodes first as the runner orders them: a prefill chunk after
+    # decodes, then decodes growing, then fewer requests
+    ([1, 1, 3], [40, 130, 3]),
+    ([1, 1, 1], [41, 131, 4]),
+    ([1, 2], [42, 6]),
+    ([1, 1, 1, 1], [43, 5, 200, 7]),
 ]
 
 
@@ -176,3 +177,20 @@ def test_the_sinks_path_runs_eagerly_through_fia_v2_and_its_capture_reads_a_host
     assert all(out[: step.num_actual_tokens].float().abs().sum() > 0 for out in run.eager.outputs)
     with pytest.raises(CaptureConstraintError, match="Reading a tensor's value on the host"):
         run.capture()
+
+
+def test_the_layers_metadata_is_vllm_ascends_builders() -> None:
+    # AscendAttentionMetadataBuilder.build itself (attention_v1.py:308-412) on the runner's
+    # common metadata: it pins query_start_loc_cpu before the host-to-device copy (347; on the
+    # facade a pinned host copy, sim.facade.pinned), takes the split-fuse mask from its
+    # AttentionMaskBuilder, and the query ends / KV lengths the kernels then receive.
+    builder = harness.metadata_builder(harness.builder_config("FULL"))
+    model = harness.TwoLayers(harness.vllm_config("FULL"), SIZE)
+    step = harness.Step(*STEPS[0], padded_to=SIZE)
+    metadata = model.metadata(step, builder)[harness.LAYER_NAMES[0]]
+    assert metadata.query_start_loc.is_pinned() and metadata.query_start_loc.tolist() == [0, 1, 2, 5, 8]
+    assert metadata.actual_seq_lengths_q == [1, 2, 5, 8]  # the dummy request ends at the graph size
+    assert metadata.seq_lens_list == [40, 130, 3, 0]  # the runner's zero fill for the dummy
+    assert torch.equal(metadata.attn_mask, harness.split_fuse_mask())
+    assert metadata.slot_mapping.tolist() == step.slots()
+    assert metadata.block_tables.tolist() == [[0, 1], [2, 3], [4, 5], [0, 0]]
