@@ -16,6 +16,11 @@ replaces the two tensor methods: ``pin_memory()`` makes the same copy (same size
 and values) in ordinary host memory and remembers it as pinned; ``is_pinned()`` answers for
 such copies and their views while the copy lives. Factory arguments (``torch.empty(...,
 pin_memory=True)``) are not modelled: they still raise torch's error.
+
+Pinned copies are the facade's host memory (`is_host_memory`, the SimDevice's
+``host_memory``): a capture lets code read their values (host work: vLLM Ascend's sinks path
+binds a pinned host ``seq_lens`` as a kernel's integer-list argument), while a read of any
+other tensor is still refused as a host synchronisation.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typing import Any, Optional
 
 import torch
 
-__all__ = ["install_pinned_memory", "pinned_memory_installed", "pin_memory", "is_pinned"]
+__all__ = ["install_pinned_memory", "pinned_memory_installed", "pin_memory", "is_pinned", "is_host_memory"]
 
 
 class _PinnedHostMemory:
@@ -51,6 +56,13 @@ _ORIGINAL: dict[str, Any] = {}
 
 def is_pinned(self: torch.Tensor, device: Optional[Any] = None) -> bool:
     return _HOST.holds(self)
+
+
+def is_host_memory(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` lives in host memory on the facade: a pinned host copy or a view of
+    one. Every other tensor stands for NPU memory (the facade's tensors are CPU tensors), so
+    reading its value during a capture stays a host synchronisation."""
+    return _HOST.holds(tensor)
 
 
 def pin_memory(self: torch.Tensor, device: Optional[Any] = None) -> torch.Tensor:

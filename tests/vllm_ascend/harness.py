@@ -357,11 +357,15 @@ class Step:
         slot_buffer[: self.num_actual_tokens] = torch.tensor(self.slots(), dtype=slot_buffer.dtype)
         query_start_loc = torch.tensor([0, *ends], dtype=torch.int32)
         seq_lens = torch.tensor(lens, dtype=torch.int32)
+        # The runner's host copy of seq_lens is a pinned buffer (vLLM's GPUModelRunner
+        # optimistic_seq_lens_cpu, pin_memory=PIN_MEMORY, True on NPUPlatform: platform.py:
+        # 121-123), handed to the builder as _seq_lens_cpu / seq_lens_cpu (model_runner_v1.py:2927-2941).
+        seq_lens_cpu = seq_lens.pin_memory()
         q_lens = [b - a for a, b in zip([0, *ends], ends)]
         computed = torch.tensor([max(kv - q, 0) for kv, q in zip(lens, q_lens)], dtype=torch.int32)
         return AscendCommonAttentionMetadata(
             query_start_loc=query_start_loc, query_start_loc_cpu=query_start_loc.clone(), seq_lens=seq_lens,
-            _seq_lens_cpu=seq_lens.clone(), seq_lens_cpu_upper_bound=seq_lens.clone(), seq_lens_cpu=seq_lens.clone(),
+            _seq_lens_cpu=seq_lens_cpu, seq_lens_cpu_upper_bound=seq_lens_cpu, seq_lens_cpu=seq_lens_cpu,
             num_computed_tokens_cpu=computed, num_reqs=requests, num_actual_tokens=self.num_actual_tokens,
             max_query_len=max(self.q_lens), max_seq_len=max(lens), block_table_tensor=table,
             slot_mapping=slot_buffer[: self.num_tokens], causal=True,
