@@ -238,7 +238,7 @@ class Capture:
             pool.arena.sweep()  # blocks freed since the last capture into the pool are handed out again
         self.fallback_ops = 0
         self.recorder = CaptureRecorder(self)
-        self.guard = HostSyncGuard(self.host_sync_error)
+        self.guard = HostSyncGuard(self.host_sync_error, self.device.host_memory)
         self._active = False
 
     # -- mode stack
@@ -279,7 +279,12 @@ class Capture:
             return self._allocate_only(info, args, kwargs)
         if kind == RNG and (self.allow_rng or not draws_random(info, args, kwargs)):
             return self._record(info, args, kwargs)
+        if kind == HOST_SYNC and self._reads_host_memory_only(args, kwargs):
+            return func(*args, **kwargs)
         raise reject(kind, func, self.graph.name)
+
+    def _reads_host_memory_only(self, args: tuple, kwargs: dict) -> bool:
+        return reads_host_memory_only(self.device, args, kwargs)
 
     def _dispatch_in_group(self, info: OpInfo, args: tuple, kwargs: dict) -> Any:
         """Inside a task group: kernel tasks writing into existing tensors, and aliases."""
@@ -300,6 +305,8 @@ class Capture:
             self.records.append(OpRecord(func, args, dict(kwargs), made[1], self.device._current().stream_id))
             return made[0]
         if kind == HOST_SYNC:
+            if self._reads_host_memory_only(args, kwargs):
+                return info.func(*args, **kwargs)
             raise self.refuse_in_group("host synchronization", str(info.func))
         raise reject(kind, info.func, self.graph.name)
 
@@ -399,6 +406,17 @@ class Capture:
         return group
 
 
+def reads_host_memory_only(device: "SimDevice", args: tuple, kwargs: dict) -> bool:
+    """A value read whose tensors all live in host memory (`SimDevice.host_memory`): the host
+    reads its own memory and nothing waits for the device, so neither a capture nor a task
+    update is broken by it. Without a ``host_memory`` answer every tensor is device memory."""
+    host_memory = device.host_memory
+    if host_memory is None:
+        return False
+    tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, Tensor)]
+    return bool(tensors) and all(host_memory(t) for t in tensors)
+
+
 class Update:
     """A task update under way: re-issued ops are collected, not run."""
 
@@ -416,6 +434,8 @@ class Update:
         if info.kind == ALLOC:  # scratch memory of the update: not a re-issued task
             made = materialize(info, args, kwargs, self._allocate)
             return func(*args, **kwargs) if made is None else made[0]
+        if info.kind == HOST_SYNC and reads_host_memory_only(self.device, args, kwargs):
+            return func(*args, **kwargs)
         if info.kind not in (OP, RNG):
             raise reject(info.kind, func, self.group.graph.name)
         kernels.on_update(self.device.contracts, func, args, kwargs)

@@ -32,7 +32,7 @@ import logging
 import os
 import threading
 from contextlib import contextmanager
-from typing import Any, ContextManager, Iterator, Mapping, Optional, Union
+from typing import Any, Callable, ContextManager, Iterator, Mapping, Optional, Union
 
 import torch
 
@@ -120,6 +120,10 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
         self.allow_rng_in_capture = bool(options.get("allow_rng_in_capture", False))
         self.poison_capture_outputs = bool(options.get("poison_capture_outputs", True))
         self.allow_float32_attention = bool(options.get("allow_float32_attention", False))
+        # Which tensors live in host memory: None means every tensor stands for device memory
+        # (the simulator's convention). The torch_npu facade answers with its pinned host copies
+        # (sim.facade.pinned): reading those during a capture is host work, not a device sync.
+        self.host_memory: Optional[Callable[[torch.Tensor], bool]] = None
         self.contracts = kernels.ContractPolicy.from_options(
             allow_float32_attention=self.allow_float32_attention,
             lazy_kernel_init=bool(options.get("lazy_kernel_init", True)),

@@ -467,12 +467,16 @@ def _moves_to_host(args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
 class HostSyncGuard(TorchFunctionMode):
     """Rejects Python-level host synchronisation while a capture is under way."""
 
-    def __init__(self, on_sync: Callable[[str], BaseException]) -> None:
+    def __init__(self, on_sync: Callable[[str], BaseException],
+                 host_memory: Optional[Callable[[torch.Tensor], bool]] = None) -> None:
         super().__init__()
         self.on_sync = on_sync
+        self.host_memory = host_memory  # tensors in host memory (SimDevice.host_memory): reading them waits for nothing
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         kwargs = kwargs or {}
+        if self.host_memory is not None and args and isinstance(args[0], torch.Tensor) and self.host_memory(args[0]):
+            return func(*args, **kwargs)
         if func in _SYNC_METHODS:
             raise self.on_sync(_SYNC_NAMES.get(func, getattr(func, "__name__", str(func))))
         if func is torch.Tensor.to and _moves_to_host(args, kwargs):

@@ -16,7 +16,10 @@ Activation:
 The ``npu`` device spelling is opt-in (``python -m sim.facade --npu-device -- CMD``, or
 ``ASCENDGRAPH_FACADE_NPU_DEVICE=1`` before the facade is installed): PrivateUse1 is renamed
 "npu" so ``torch.device("npu")`` / ``"npu:0"`` construct (vLLM's ``DeviceConfig`` with
-vLLM Ascend's ``NPUPlatform`` builds one), and ``Tensor.npu()`` returns the CPU tensor itself.
+vLLM Ascend's ``NPUPlatform`` builds one), ``Tensor.npu()`` returns the CPU tensor itself,
+and ``Tensor.pin_memory()`` copies into host memory the facade remembers as pinned
+(`sim.facade.pinned`: torch asks the accelerator's C++ hooks for a pinned allocator, which a
+Python backend cannot provide).
 Allocating a tensor *on* the npu device still fails (there is no PrivateUse1 allocator;
 vLLM Ascend's NPUModelRunner needs one). The rename cannot be undone within a process,
 so it stays off unless asked for: code that tests ``device.type == "npu"`` to mean "a real
@@ -24,7 +27,7 @@ NPU" does not change behaviour silently.
 
 The facade says once on stderr that it is active, and names an installed torch_npu it
 shadows. Modules: ``runtime`` (the SimDevice and the task-group guard), ``npu`` (the
-``torch_npu.npu`` module), ``kernels`` (the ``npu_facade`` ops), ``contracts`` (the
+``torch_npu.npu`` module), ``pinned`` (pinned host memory), ``kernels`` (the ``npu_facade`` ops), ``contracts`` (the
 kernel-contract seam), ``modules`` (the module objects), ``__main__`` (the launcher).
 """
 
@@ -88,7 +91,8 @@ def install(*, quiet: bool = False) -> None:
     from sim.facade import modules
 
     shadowed = real_torch_npu_location()
-    for name in ("torch_npu", "torch_npu.npu", "torch_npu._C", "torch_npu.version", "torch_npu.utils", "torch_npu.profiler", "torch.npu"):
+    for name in ("torch_npu", "torch_npu.npu", "torch_npu._C", "torch_npu._C._distributed_c10d", "torch_npu.version",
+                 "torch_npu.utils", "torch_npu.distributed", "torch_npu.profiler", "torch.npu"):
         if name in sys.modules:
             _saved[name] = sys.modules[name]
     import torch
@@ -142,13 +146,17 @@ def npu_device_spelling_enabled() -> bool:
 
 
 def enable_npu_device_spelling() -> None:
-    """Spell PrivateUse1 "npu" and give tensors ``.npu()`` (idempotent; cannot be undone)."""
+    """Spell PrivateUse1 "npu" and give tensors ``.npu()`` and the facade's ``pin_memory()`` /
+    ``is_pinned()`` (`sim.facade.pinned`) (idempotent; cannot be undone)."""
     import torch
 
     if not npu_device_spelling_enabled():
         torch.utils.rename_privateuse1_backend("npu")
     if getattr(torch.Tensor, "npu", None) is not _tensor_npu:
         torch.Tensor.npu = _tensor_npu  # type: ignore[attr-defined]
+    from sim.facade.pinned import install_pinned_memory
+
+    install_pinned_memory()  # torch now has an accelerator ("npu") whose pinned allocator it asks for
 
 
 def is_installed() -> bool:

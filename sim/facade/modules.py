@@ -32,7 +32,8 @@ from sim.facade.runtime import runtime
 from sim.facade.weak_refs import weak_ref_tensor
 
 __all__ = ["FACADE_MARK", "VERSION", "facade_modules", "torch_npu_module", "NotModelled", "NPU_DTYPE_CODES",
-           "PLACEHOLDERS", "NPU_MODULE_EXTRAS"]
+           "PLACEHOLDERS", "NPU_MODULE_EXTRAS", "TORCH_DISTRIBUTED_ALIASES",
+           "C_DISTRIBUTED_PLACEHOLDERS"]
 
 FACADE_MARK = "__ascendgraph_facade__"
 DEVICE_TYPE_ATTRIBUTE = "__ascendgraph_torch_device_type__"
@@ -133,7 +134,32 @@ NPU_MODULE_EXTRAS: dict[str, Any] = {
 }
 
 
+def is_hccl_available() -> bool:
+    """torch_npu's answer (torch-npu 2.13.0 torch_npu/distributed/distributed_c10d.py:320-321):
+    whether an "hccl" backend is registered with torch.distributed. The simulator registers
+    none (it has no collectives library), so on the facade this is False, as it would be for
+    a torch_npu whose HCCL backend failed to register."""
+    import torch.distributed as distributed
+
+    return "hccl" in distributed.Backend.backend_list
+
+
+# Names torch_npu puts on ``torch.distributed`` when it is imported (torch-npu 2.13.0
+# torch_npu/_init/patches/distributed_patches.py:44-47, _PUBLIC_API_ALIASES, applied by
+# apply_distributed_methods_patch). vLLM Ascend imports ``is_hccl_available`` from
+# torch.distributed at module level (model_loader/netloader/executor/netloader_pg.py:25),
+# which vLLM's model inspection subprocess reaches through the general plugins: without it a
+# ModelConfig cannot be built.
+TORCH_DISTRIBUTED_ALIASES: dict[str, Any] = {"is_hccl_available": is_hccl_available}
+
+# torch_npu's C-level distributed bindings that vLLM Ascend imports at module level (the same
+# netloader_pg.py:28 imports ProcessGroupHCCL); the simulator has no HCCL process group, so
+# they are placeholders whose call says so.
+C_DISTRIBUTED_PLACEHOLDERS: tuple[str, ...] = ("ProcessGroupHCCL",)
+
 _MODULES: Optional[dict[str, ModuleType]] = None
+_SAVED_DISTRIBUTED: dict[str, Any] = {}
+_ABSENT = object()
 
 
 def _spec(module: ModuleType, *, package: bool) -> None:
@@ -148,7 +174,7 @@ def _spec(module: ModuleType, *, package: bool) -> None:
 
 def _module(name: str, doc: str, **attributes: Any) -> ModuleType:
     module = ModuleType(name, doc)
-    _spec(module, package=name == "torch_npu")
+    _spec(module, package=name in ("torch_npu", "torch_npu._C"))
     setattr(module, FACADE_MARK, True)
     for key, value in attributes.items():
         setattr(module, key, value)
@@ -163,10 +189,17 @@ def facade_modules() -> dict[str, ModuleType]:
         for name, value in NPU_MODULE_EXTRAS.items():
             if not hasattr(npu, name):
                 setattr(npu, name, value)
+        c_distributed = _module("torch_npu._C._distributed_c10d",
+                                "torch_npu._C._distributed_c10d (sim.facade): HCCL process groups are not modelled",
+                                **{name: NotModelled(f"torch_npu._C._distributed_c10d.{name}")
+                                   for name in C_DISTRIBUTED_PLACEHOLDERS})
         c_module = _module("torch_npu._C", "torch_npu._C on the simulator (sim.facade)",
-                           _weak_ref_tensor=_weak_ref_tensor, _NPUTaskGroupHandle=TaskGroup)
+                           _weak_ref_tensor=_weak_ref_tensor, _NPUTaskGroupHandle=TaskGroup,
+                           _distributed_c10d=c_distributed)
         version = _module("torch_npu.version", "torch_npu.version (sim.facade)", __version__=VERSION)
         utils = _module("torch_npu.utils", "torch_npu.utils (sim.facade)", get_cann_version=_get_cann_version)
+        distributed = _module("torch_npu.distributed", "torch_npu.distributed (sim.facade): no collectives; "
+                              "is_hccl_available only", **TORCH_DISTRIBUTED_ALIASES)
         from sim.facade import profiler
 
         profiler_module = profiler.module()
@@ -177,12 +210,14 @@ def facade_modules() -> dict[str, ModuleType]:
             "torch_npu",
             "torch_npu on the ascendgraph simulator (sim.facade): graph API, streams, events, memory and the "
             "kernels graph code calls, backed by a SimDevice; tensors are CPU tensors.",
-            npu=npu, _C=c_module, version=version, utils=utils, profiler=profiler_module, __version__=VERSION, __path__=[],
+            npu=npu, _C=c_module, version=version, utils=utils, distributed=distributed, profiler=profiler_module,
+            __version__=VERSION, __path__=[],
             **{DEVICE_TYPE_ATTRIBUTE: "cpu"}, **NPU_DTYPE_CODES,
             **{name: NotModelled(f"torch_npu.{name}") for name in PLACEHOLDERS}, **kernels.exported_ops(),
         )
         _MODULES = {"torch_npu": top, "torch_npu.npu": npu, "torch_npu._C": c_module,
-                    "torch_npu.version": version, "torch_npu.utils": utils,
+                    "torch_npu._C._distributed_c10d": c_distributed,
+                    "torch_npu.version": version, "torch_npu.utils": utils, "torch_npu.distributed": distributed,
                     "torch_npu.profiler": profiler_module}
     return _MODULES
 
@@ -201,6 +236,11 @@ def put_in_place() -> None:
         sys.modules[name] = module
     torch.npu = npu  # type: ignore[attr-defined]
     sys.modules["torch.npu"] = npu
+    import torch.distributed as distributed
+
+    for name, value in TORCH_DISTRIBUTED_ALIASES.items():
+        _SAVED_DISTRIBUTED.setdefault(name, getattr(distributed, name, _ABSENT))
+        setattr(distributed, name, value)
 
 
 def take_away() -> None:
@@ -211,3 +251,12 @@ def take_away() -> None:
         delattr(torch, "npu")
     if sys.modules.get("torch.npu") is npu:
         del sys.modules["torch.npu"]
+    import torch.distributed as distributed
+
+    for name, value in _SAVED_DISTRIBUTED.items():
+        if value is _ABSENT:
+            if getattr(distributed, name, None) is TORCH_DISTRIBUTED_ALIASES[name]:
+                delattr(distributed, name)
+        else:
+            setattr(distributed, name, value)
+    _SAVED_DISTRIBUTED.clear()

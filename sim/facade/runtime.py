@@ -109,6 +109,9 @@ class FacadeRuntime:
         options = {**FACADE_DEVICE_DEFAULTS, **device_options}
         options.setdefault("profile", DEFAULT_PROFILE)
         self.device = SimDevice(**options)
+        from sim.facade.pinned import is_host_memory
+
+        self.device.host_memory = is_host_memory  # tensor.pin_memory() copies are host memory
         profile = self.device.profile
         generation = next((g for g in DEVICE_NAMES if profile.name == g or profile.name.startswith(g + "-")), None)
         self.device_name = DEVICE_NAMES[generation] if generation else str(profile.soc)

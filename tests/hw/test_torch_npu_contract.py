@@ -272,6 +272,20 @@ def test_every_name_the_facade_adds_to_torch_npu_npu_exists_in_the_wheel(wheel: 
     assert not missing, missing
 
 
+def test_the_names_the_facade_adds_to_torch_distributed_are_torch_npus(wheel: TorchNpuWheel) -> None:
+    """torch_npu aliases these onto torch.distributed when imported (_PUBLIC_API_ALIASES in
+    torch_npu/_init/patches/distributed_patches.py); the facade's C-level placeholders are
+    bindings of the wheel's extension."""
+    from sim.facade.modules import C_DISTRIBUTED_PLACEHOLDERS, TORCH_DISTRIBUTED_ALIASES
+
+    text = wheel.text("torch_npu/_init/patches/distributed_patches.py")
+    for name in TORCH_DISTRIBUTED_ALIASES:
+        assert wheel.resolve(f"torch_npu.distributed.{name}") is not None, name
+        assert f'"distributed.{name}"' in text, name
+    for name in C_DISTRIBUTED_PLACEHOLDERS:
+        assert wheel.c_binding_exists(name), name
+
+
 def test_a_placeholder_says_the_simulator_does_not_model_it() -> None:
     from sim.facade.modules import PLACEHOLDERS, facade_modules
 

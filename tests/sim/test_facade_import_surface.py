@@ -53,3 +53,74 @@ def test_torch_npu_npu_has_the_names_vllm_ascend_reads_at_set_up(name: str) -> N
         assert props.name == "Ascend910B3" and props.total_memory > 0
     if name == "memory_stats":
         assert set(npu.memory_stats()) >= {"allocated_bytes.all.current", "allocated_bytes.all.peak"}
+
+
+DISTRIBUTED_PROBE = """
+import torch.distributed as dist
+import torch_npu
+from torch.distributed import is_hccl_available
+from torch_npu._C._distributed_c10d import ProcessGroupHCCL
+print(is_hccl_available(), dist.is_hccl_available is torch_npu.distributed.is_hccl_available)
+try:
+    ProcessGroupHCCL(None, 0, 1)
+except NotImplementedError as exc:
+    print(exc)
+"""
+
+
+def test_importing_torch_npu_adds_is_hccl_available_to_torch_distributed_as_torch_npu_does() -> None:
+    # vLLM Ascend's netloader imports both at module level (vLLM's model inspection reaches it).
+    env = {k: v for k, v in os.environ.items() if k != "ASCENDGRAPH_FACADE_NPU_DEVICE"}
+    done = subprocess.run([sys.executable, "-m", "sim.facade", "--", sys.executable, "-c", DISTRIBUTED_PROBE],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    available, same = done.stdout.splitlines()[0].split()
+    assert (available, same) == ("False", "True")  # no HCCL backend is registered on the simulator
+    assert done.stdout.splitlines()[1].startswith(
+        "torch_npu._C._distributed_c10d.ProcessGroupHCCL is not modelled by the simulator")
+
+
+def test_uninstall_takes_is_hccl_available_away_again() -> None:
+    import torch.distributed as dist
+
+    from sim import facade
+
+    had = hasattr(dist, "is_hccl_available")
+    facade.install(quiet=True)
+    try:
+        assert dist.is_hccl_available() is False
+    finally:
+        facade.uninstall()
+    assert hasattr(dist, "is_hccl_available") == had
+
+
+PINNED_PROBE = """
+import torch, torch_npu
+x = torch.arange(6, dtype=torch.int32).reshape(2, 3)
+print(x.is_pinned())
+p = x.pin_memory()
+print(p.is_pinned(), p[1:].is_pinned(), p.pin_memory() is p, torch.equal(p, x), p.stride() == x.stride(),
+      p.data_ptr() != x.data_ptr(), x.is_pinned())
+q = p.to("cpu", non_blocking=True)
+print(torch.equal(q, x))
+del p
+print(torch.zeros(2).pin_memory().is_pinned())
+"""
+
+
+def test_pin_memory_under_the_npu_device_spelling_copies_into_memory_is_pinned_reports() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "ASCENDGRAPH_FACADE_NPU_DEVICE"}
+    command = [sys.executable, "-m", "sim.facade", "--npu-device", "--", sys.executable, "-c", PINNED_PROBE]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["False", "True True True True True True False", "True", "True"]
+
+
+def test_without_the_npu_device_spelling_pin_memory_is_torchs_own() -> None:
+    probe = ("import torch, torch_npu\ntry:\n    torch.zeros(2).pin_memory()\n"
+             "except RuntimeError as e:\n    print('refused')\n")
+    env = {k: v for k, v in os.environ.items() if k != "ASCENDGRAPH_FACADE_NPU_DEVICE"}
+    done = subprocess.run([sys.executable, "-m", "sim.facade", "--", sys.executable, "-c", probe],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["refused"]

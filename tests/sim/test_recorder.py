@@ -206,3 +206,32 @@ def test_a_signature_tells_apart_what_a_kernel_can_see():
         pass
 
     assert recorder.call_signature(torch.ops.aten.add.Tensor, (x, Opaque()), {}) is None
+
+
+def test_a_value_read_of_host_memory_is_allowed_in_capture_and_of_device_memory_refused(sim_device):
+    # SimDevice.host_memory says which tensors live in host memory (the torch_npu facade: its
+    # pinned host copies). Reading those during a capture is host work; any other tensor stands
+    # for device memory, and reading it would wait for the device: refused as before.
+    from ascendgraph.errors import CaptureConstraintError
+
+    host, device_tensor = torch.tensor([3, 5], dtype=torch.int32), torch.tensor([3, 5], dtype=torch.int32)
+    sim_device.host_memory = lambda tensor: tensor.untyped_storage().data_ptr() == host.untyped_storage().data_ptr()
+    x = torch.randn(4)
+    graph = sim_device.new_graph()
+    with sim_device.graph(graph):
+        assert host.tolist() == [3, 5] and int(host[1]) == 5  # host reads: no task, no refusal
+        y = x * 2
+    assert graph.recorded_ops() == ["aten.mul.Tensor"]
+    with pytest.raises(CaptureConstraintError, match=r"Tensor.tolist\(\) synchronizes with the host"):
+        with sim_device.graph(sim_device.new_graph()):
+            device_tensor.tolist()
+    with pytest.raises(CaptureConstraintError, match="Reading a tensor's value on the host"):
+        with sim_device.graph(sim_device.new_graph()):
+            torch.ops.aten._local_scalar_dense(device_tensor[0])
+    sim_device.host_memory = None  # the simulator's default: every tensor is device memory
+    with pytest.raises(CaptureConstraintError, match=r"Tensor.tolist\(\) synchronizes with the host"):
+        with sim_device.graph(sim_device.new_graph()):
+            host.tolist()
+    graph.replay()
+    sim_device.synchronize()
+    assert torch.equal(y, x * 2)

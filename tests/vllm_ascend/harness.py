@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -70,6 +72,61 @@ HEADS, KV_HEADS, HEAD_DIM, BLOCKS, BLOCK_SIZE = 8, 2, 128, 16, 128
 LAYER_NAMES = ("model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn")
 
 
+# A tiny llama-like model for a real ModelConfig, offline (no download): the config.json a
+# test writes. vLLM inspects the model class in a subprocess that loads vLLM Ascend's general
+# plugins; its model-loader plugin imports uvicorn (model_loader/rfork/seed_server.py:24),
+# which the environment does not install, so the subprocess is told to load the other three
+# (VLLM_PLUGINS): the loader plays no part in what the inspection reports.
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256, "intermediate_size": 512,
+    "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 32, "num_hidden_layers": 2,
+    "vocab_size": 1000, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16",
+    "tie_word_embeddings": False,
+}
+MAX_MODEL_LEN = 4096
+INSPECTION_PLUGINS = "ascend,ascend_model,ascend_kv_connector,ascend_service_profiling"
+
+
+@contextlib.contextmanager
+def environment(**values: Optional[str]) -> Iterator[None]:
+    """Set (a value) or unset (None) environment variables for the block."""
+    saved = {key: os.environ.get(key) for key in values}
+    try:
+        for key, value in values.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+_MODEL_CONFIGS: dict[tuple[str, bool], Any] = {}
+
+
+def tiny_model_dir(directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(TINY_LLAMA))
+    return directory
+
+
+def model_config(directory: Path, *, enforce_eager: bool = False) -> Any:
+    """vLLM's ModelConfig of the tiny model in ``directory`` (built once per process and setting)."""
+    key = (str(directory), enforce_eager)
+    if key not in _MODEL_CONFIGS:
+        from vllm.config import ModelConfig
+
+        with environment(VLLM_PLUGINS=INSPECTION_PLUGINS, HF_HUB_OFFLINE="1"):
+            _MODEL_CONFIGS[key] = ModelConfig(model=str(directory), skip_tokenizer_init=True, dtype="bfloat16",
+                                              max_model_len=MAX_MODEL_LEN, enforce_eager=enforce_eager)
+    return _MODEL_CONFIGS[key]
+
+
 def vllm_config(mode: str = "FULL", **additional: Any) -> Any:
     """A VllmConfig as vLLM Ascend's worker sees it (NPUPlatform.check_and_update_config runs
     in its constructor) with the graph mode given; no model (no download)."""
@@ -79,6 +136,39 @@ def vllm_config(mode: str = "FULL", **additional: Any) -> Any:
     config = VllmConfig(compilation_config=CompilationConfig(cudagraph_mode=mode), additional_config=additional)
     init_ascend_config(config)  # the worker's set-up reads additional_config (pa_shape_list ...) from here
     return config
+
+
+_TINY_DIR: list[Path] = []
+
+
+def builder_config(mode: str = "FULL", **additional: Any) -> Any:
+    """A VllmConfig with the tiny model's ModelConfig (so NPUPlatform.check_and_update_config
+    runs all of its graph logic), for vLLM Ascend's metadata builder, which reads the model
+    config (max_model_len, the mask's runner type)."""
+    from vllm.config import CompilationConfig, VllmConfig
+    from vllm_ascend.ascend_config import init_ascend_config
+
+    if not _TINY_DIR:
+        _TINY_DIR.append(tiny_model_dir(Path(tempfile.mkdtemp(prefix="vllm-ascend-tiny-llama-"))))
+    with environment(PYTORCH_NPU_ALLOC_CONF=os.environ.get("PYTORCH_NPU_ALLOC_CONF")):  # platform.py:1208-1227 sets it
+        config = VllmConfig(model_config=model_config(_TINY_DIR[0]),
+                            compilation_config=CompilationConfig(cudagraph_mode=mode), additional_config=additional)
+    init_ascend_config(config)
+    return config
+
+
+def metadata_builder(config: Any) -> Any:
+    """vLLM Ascend's AscendAttentionMetadataBuilder for the layers' KV-cache group (one full-
+    attention group: 2 KV heads of 128, bf16, blocks of 128). Its device is the CPU: the
+    facade's tensors are CPU tensors standing for device ones (there is no PrivateUse1
+    allocator), and its host-to-device copy of query_start_loc pins host memory first
+    (attention_v1.py:347; sim.facade.pinned)."""
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+    from vllm_ascend.attention.attention_v1 import AscendAttentionMetadataBuilder
+
+    spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=KV_HEADS, head_size=HEAD_DIM, dtype=torch.bfloat16)
+    return AscendAttentionMetadataBuilder(spec, list(LAYER_NAMES), config, torch.device("cpu"))
 
 
 def update_config(config: Any) -> Any:
@@ -196,16 +286,21 @@ PAD_SLOT_ID = -1  # vLLM's slot id for padding tokens (the KV write skips them)
 
 
 class Step:
-    """One scheduler step's batch, turned into AscendMetadata the way vLLM Ascend's model
-    runner and metadata builder do (re-stated, not copied):
+    """One scheduler step's batch. What the model runner does is re-stated (not copied): the
+    batch in its order (decodes first: the runner reorders to AscendAttentionMetadataBuilder.
+    reorder_batch_threshold, attention_v1.py:231), then AscendCommonAttentionMetadata as
+    NPUModelRunner builds it (worker/model_runner_v1.py:2933-2960):
 
     * query_start_loc of the real requests; in a FULL graph of ``num_tokens`` tokens a mixed
       batch gets ONE dummy request ending at ``num_tokens`` (NPUModelRunner.
-      _pad_query_start_loc_for_fia, worker/model_runner_v1.py:801-857), whose seq_len is the
-      runner's zero fill (model_runner_v1.py:1028, 2927);
-    * the builder's fields (AscendAttentionMetadataBuilder.build, attention/attention_v1.py:
-      308-412): actual_seq_lengths_q = query_start_loc[1:], seq_lens / seq_lens_list, the
-      block-table rows, slot_mapping[:num_actual_tokens], the int8 2048 x 2048 split-fuse mask.
+      _pad_query_start_loc_for_fia, model_runner_v1.py:801-857), a uniform one padded
+      requests of one token; their seq_lens are the runner's zero fill (model_runner_v1.py:
+      1028, 2927) and their block-table rows zeros (2903);
+    * num_reqs = the padded request count, num_actual_tokens the real tokens, the slot mapping
+      of the padded tokens (-1 past the real ones, 2902).
+
+    The AscendMetadata itself comes from vLLM Ascend's AscendAttentionMetadataBuilder.build
+    (attention_v1.py:308-412), called with that common metadata.
 
     Request r owns blocks 2r and 2r+1; its new tokens sit at the end of its KV length.
     """
@@ -227,10 +322,8 @@ class Step:
                 slots.append((2 * request + position // BLOCK_SIZE) * BLOCK_SIZE + position % BLOCK_SIZE)
         return slots
 
-    def metadata(self, slot_buffer: Any, mask: Any, table_buffer: Any = None) -> Any:
-        import torch
-        from vllm_ascend.attention.attention_v1 import AscendAttentionState, AscendMetadata
-
+    def padded_requests(self) -> tuple[list[int], list[int]]:
+        """(query ends, KV lengths) of the requests the kernels see, padding included."""
         ends, total = [], 0
         for q in self.q_lens:
             total += q
@@ -243,6 +336,14 @@ class Step:
             else:  # mixed: one dummy request ending at the graph size
                 ends.append(self.padded_to)
                 lens.append(0)
+        return ends, lens
+
+    def common_metadata(self, slot_buffer: Any, table_buffer: Any = None) -> Any:
+        import torch
+        from vllm_ascend.attention.attention_v1 import AscendAttentionState
+        from vllm_ascend.attention.utils import AscendCommonAttentionMetadata
+
+        ends, lens = self.padded_requests()
         requests = len(ends)
         # The runner's block table is a persistent buffer sliced per step (captured graphs
         # keep pointing at it: the paged-attention update re-uses the captured table).
@@ -254,16 +355,27 @@ class Step:
             table[request] = torch.tensor([2 * request, 2 * request + 1], dtype=torch.int32)
         slot_buffer.fill_(PAD_SLOT_ID)
         slot_buffer[: self.num_actual_tokens] = torch.tensor(self.slots(), dtype=slot_buffer.dtype)
+        query_start_loc = torch.tensor([0, *ends], dtype=torch.int32)
         seq_lens = torch.tensor(lens, dtype=torch.int32)
-        return AscendMetadata(
-            attn_mask=mask, attn_state=getattr(AscendAttentionState, self.state),
-            num_actual_tokens=self.num_actual_tokens,
-            num_decode_tokens=sum(q for q in self.q_lens if q == 1), num_decodes=sum(1 for q in self.q_lens if q == 1),
-            num_prefills=sum(1 for q in self.q_lens if q > 1), seq_lens=seq_lens, seq_lens_cpu=seq_lens,
-            seq_lens_list=lens, actual_seq_lengths_q=ends, query_start_loc=torch.tensor([0, *ends], dtype=torch.int32),
-            max_query_len=max(self.q_lens), block_tables=table, slot_mapping=slot_buffer[: self.num_actual_tokens],
-            causal=True, model_runner_type="generate",
+        # The runner's host copy of seq_lens is a pinned buffer (vLLM's GPUModelRunner
+        # optimistic_seq_lens_cpu, pin_memory=PIN_MEMORY, True on NPUPlatform: platform.py:
+        # 121-123), handed to the builder as _seq_lens_cpu / seq_lens_cpu (model_runner_v1.py:2927-2941).
+        seq_lens_cpu = seq_lens.pin_memory()
+        q_lens = [b - a for a, b in zip([0, *ends], ends)]
+        computed = torch.tensor([max(kv - q, 0) for kv, q in zip(lens, q_lens)], dtype=torch.int32)
+        return AscendCommonAttentionMetadata(
+            query_start_loc=query_start_loc, query_start_loc_cpu=query_start_loc.clone(), seq_lens=seq_lens,
+            _seq_lens_cpu=seq_lens_cpu, seq_lens_cpu_upper_bound=seq_lens_cpu, seq_lens_cpu=seq_lens_cpu,
+            num_computed_tokens_cpu=computed, num_reqs=requests, num_actual_tokens=self.num_actual_tokens,
+            max_query_len=max(self.q_lens), max_seq_len=max(lens), block_table_tensor=table,
+            slot_mapping=slot_buffer[: self.num_tokens], causal=True,
+            is_prefilling=torch.tensor([q > 1 for q in q_lens]), num_input_tokens=self.num_tokens,
+            actual_seq_lengths_q=ends, attn_state=getattr(AscendAttentionState, self.state), decode_token_per_req=1,
         )
+
+    def metadata(self, builder: Any, slot_buffer: Any, table_buffer: Any = None) -> Any:
+        """vLLM Ascend's AscendAttentionMetadataBuilder.build on this step's common metadata."""
+        return builder.build(0, self.common_metadata(slot_buffer, table_buffer))
 
 
 def split_fuse_mask() -> Any:
@@ -317,6 +429,6 @@ class TwoLayers:
         self.key[:n] = torch.randn(n, KV_HEADS, HEAD_DIM, generator=generator).to(torch.bfloat16)
         self.value[:n] = torch.randn(n, KV_HEADS, HEAD_DIM, generator=generator).to(torch.bfloat16)
 
-    def metadata(self, step: Step, mask: Any) -> dict[str, Any]:
-        shared = step.metadata(self.slot_buffer, mask, self.table_buffer)  # one KV-cache group: one metadata
+    def metadata(self, step: Step, builder: Any) -> dict[str, Any]:
+        shared = step.metadata(builder, self.slot_buffer, self.table_buffer)  # one KV-cache group: one metadata
         return {layer.name: shared for layer in self.layers}

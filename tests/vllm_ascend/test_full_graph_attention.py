@@ -51,7 +51,7 @@ class FullGraphRun:
         self.eager = harness.TwoLayers(self.config, SIZE, **options)
         for graph_layer, eager_layer in zip(self.model.layers, self.eager.layers):
             eager_layer.kv_cache = graph_layer.clone_cache()
-        self.mask = harness.split_fuse_mask()
+        self.builder = harness.metadata_builder(harness.builder_config(mode, **additional))
         acl_graph.set_graph_params([SIZE])
         self.wrapper = acl_graph.ACLGraphWrapper(self.model, self.config, CUDAGraphMode.FULL,
                                                  CUDAGraphOptions(gc_disable=True))
@@ -61,14 +61,14 @@ class FullGraphRun:
         # The capture batch: SIZE decode requests of KV length 1 (a dummy run's shape).
         step = harness.Step([1] * SIZE, [1] * SIZE, padded_to=SIZE, state="DecodeOnly")
         self.model.load_inputs(step, seed=999)
-        with harness.forward_context(self.config, self.model.metadata(step, self.mask), "FULL", SIZE,
+        with harness.forward_context(self.config, self.model.metadata(step, self.builder), "FULL", SIZE,
                                      sinks=self.sinks) as context:
             self.wrapper()
             assert context.capturing is True  # ACLGraphWrapper set it (acl_graph.py:183)
 
     def step(self, step: harness.Step, seed: int, *, update: bool = True) -> None:
         self.model.load_inputs(step, seed)
-        with harness.forward_context(self.config, self.model.metadata(step, self.mask), "FULL", SIZE,
+        with harness.forward_context(self.config, self.model.metadata(step, self.builder), "FULL", SIZE,
                                      sinks=self.sinks) as context:
             self.wrapper()
             if update:
@@ -80,7 +80,7 @@ class FullGraphRun:
         unpadded = harness.Step(step.q_lens, step.kv_lens, state=step.state)
         self.eager.load_inputs(unpadded, seed)
         self.eager.tokens = unpadded.num_actual_tokens  # eagerly the runner does not pad
-        with harness.forward_context(self.config, self.eager.metadata(unpadded, self.mask), "NONE", SIZE,
+        with harness.forward_context(self.config, self.eager.metadata(unpadded, self.builder), "NONE", SIZE,
                                      sinks=self.sinks):
             self.eager()
 
@@ -92,11 +92,12 @@ class FullGraphRun:
             assert torch.equal(graph_layer.kv_cache, eager_layer.kv_cache)
 
 
-STEPS = [  # (q_lens, kv_lens): a prefill chunk beside decodes, then decodes growing, then fewer requests
-    ([3, 1, 1], [3, 40, 130]),
-    ([1, 1, 1], [4, 41, 131]),
-    ([2, 1], [6, 42]),
-    ([1, 1, 1, 1], [7, 43, 5, 200]),
+STEPS = [  # (q_lens, kv_lens), decodes first as the runner orders them: a prefill chunk after
+    # decodes, then decodes growing, then fewer requests
+    ([1, 1, 3], [40, 130, 3]),
+    ([1, 1, 1], [41, 131, 4]),
+    ([1, 2], [42, 6]),
+    ([1, 1, 1, 1], [43, 5, 200, 7]),
 ]
 
 
@@ -158,21 +159,92 @@ def test_full_decode_only_through_the_paged_attention_branch_is_bitwise_eager() 
     assert graph_log.violations() == [] and eager_log.violations() == []
 
 
-def test_the_sinks_path_runs_eagerly_through_fia_v2_and_its_capture_reads_a_host_tensor() -> None:
+SINKS_STEPS = [  # as many requests as the capture batch (see the block-table finding below)
+    ([1] * 8, [9, 40, 130, 2, 77, 5, 200, 17]),
+    ([1] * 8, [10, 41, 131, 3, 78, 6, 201, 18]),
+    ([1] * 8, [11, 42, 132, 4, 79, 7, 202, 19]),
+]
+
+
+def test_the_sinks_path_captured_through_fia_v2_replays_bitwise_eager() -> None:
     # Layers with learnable sinks take npu_fused_infer_attention_score_v2 (attention_v1.py:1383
-    # eagerly; full_graph_fia_v2 at capture). Eagerly the call passes the contract table. At
-    # capture full_graph_fia_v2 passes attn_metadata.seq_lens, the host int32 tensor, as
-    # actual_seq_kvlen (attention_v1.py:1091, 1139-1155): torch reads its values to bind the
-    # SymInt[] argument. On a card that read is host-only; the facade's tensors are all CPU
-    # tensors standing for device ones, so it cannot tell and refuses the read as a host sync
-    # during capture (docs/vllm-ascend.md "What cannot run yet").
+    # eagerly; full_graph_fia_v2 at capture, then the sinks branch of update_graph_params,
+    # 609-705). At capture full_graph_fia_v2 passes attn_metadata.seq_lens as actual_seq_kvlen
+    # (attention_v1.py:1091, 1139-1155); torch reads its values to bind the SymInt[] argument.
+    # That tensor is the runner's pinned host buffer (harness.Step.common_metadata), so the
+    # read is host work, not a device sync: the facade lets it through (sim.facade.pinned).
     run = FullGraphRun(sinks=True)
     log = harness.KernelLog()
-    step = harness.Step(*STEPS[0])
     with log.recording():
-        run.eager_step(step, seed=0)
-    assert set(log.kernels()) >= {"npu_fused_infer_attention_score_v2", "npu_scatter_pa_kv_cache"}
-    assert log.violations() == []
-    assert all(out[: step.num_actual_tokens].float().abs().sum() > 0 for out in run.eager.outputs)
-    with pytest.raises(CaptureConstraintError, match="Reading a tensor's value on the host"):
         run.capture()
+        for index, (q_lens, kv_lens) in enumerate(SINKS_STEPS):
+            step = harness.Step(q_lens, kv_lens, padded_to=SIZE)
+            run.step(step, seed=index)
+            run.eager_step(step, seed=index)
+            run.assert_equal(step)
+    kernels = set(log.kernels())
+    assert {"npu_fused_infer_attention_score_v2", "npu_scatter_pa_kv_cache"} <= kernels
+    assert "npu_fused_infer_attention_score" not in kernels
+    assert log.violations() == []
+    assert all(out[:SIZE].float().abs().sum() > 0 for out in run.eager.outputs)
+
+
+def test_the_sinks_update_keeps_the_captured_block_table_so_fewer_requests_break_its_contract() -> None:
+    # A vLLM Ascend finding, kept as a reproducer (docs/vllm-ascend.md "Open findings"): the
+    # sinks branch of update_graph_params re-issues the v2 kernel with the block_tables it
+    # captured (attention_v1.py:664, 693) but the step's actual_seq_qlen (683-687), while the
+    # v1 branch takes the step's block table. The capture batch had 8 requests, this step 4
+    # (3 and the dummy): 8 rows for a batch of 4, which the op doc forbids ("first dim must
+    # equal B": torch-npu 2.13.0 _op_plugin_docs.py:8780), so the table refuses the update.
+    # The simulator computes a task update's outputs with the fake kernel, whose contract
+    # check refuses; it reports that as an update it cannot re-issue, and the kernel log's
+    # independent re-check names the rule.
+    run = FullGraphRun(sinks=True)
+    run.capture()
+    log = harness.KernelLog()
+    with log.recording(), pytest.raises(CaptureConstraintError, match="cannot be re-issued in a task update"):
+        run.step(harness.Step(*STEPS[0], padded_to=SIZE), seed=0)
+    # update_graph_params has no try/finally around graph_task_update_begin/_end: the refused
+    # kernel leaves the update open, as a failing kernel would on a card. Close it.
+    torch.npu.graph_task_update_end(run.update_stream)
+    assert log.violations() == ["npu_fused_infer_attention_score_v2: ['v2_block_table']"]
+    refused = [args for name, args in log.calls if name == "npu_fused_infer_attention_score_v2"
+               and len(args["actual_seq_qlen"]) == 4]  # this step's batch: 3 requests and the dummy
+    assert refused and all(tuple(args["block_table"].shape) == (SIZE, 2) for args in refused)  # the capture's rows
+
+
+def test_a_device_tensors_value_read_during_capture_is_still_refused() -> None:
+    # The same capture with seq_lens as a device tensor (not the pinned host buffer): the read
+    # would wait for the device, which a capture cannot do; the facade refuses it.
+    run = FullGraphRun(sinks=True)
+    original = harness.Step.common_metadata
+
+    def unpinned(self: harness.Step, *args: object, **kwargs: object) -> object:
+        common = original(self, *args, **kwargs)
+        device_lens = common.seq_lens.clone()  # a fresh, unpinned tensor: device memory on the facade
+        common._seq_lens_cpu = common.seq_lens_cpu = common.seq_lens_cpu_upper_bound = device_lens
+        return common
+
+    harness.Step.common_metadata = unpinned  # type: ignore[method-assign]
+    try:
+        with pytest.raises(CaptureConstraintError, match="Reading a tensor's value on the host|host synchronization"):
+            run.capture()
+    finally:
+        harness.Step.common_metadata = original  # type: ignore[method-assign]
+
+
+def test_the_layers_metadata_is_vllm_ascends_builders() -> None:
+    # AscendAttentionMetadataBuilder.build itself (attention_v1.py:308-412) on the runner's
+    # common metadata: it pins query_start_loc_cpu before the host-to-device copy (347; on the
+    # facade a pinned host copy, sim.facade.pinned), takes the split-fuse mask from its
+    # AttentionMaskBuilder, and the query ends / KV lengths the kernels then receive.
+    builder = harness.metadata_builder(harness.builder_config("FULL"))
+    model = harness.TwoLayers(harness.vllm_config("FULL"), SIZE)
+    step = harness.Step(*STEPS[0], padded_to=SIZE)
+    metadata = model.metadata(step, builder)[harness.LAYER_NAMES[0]]
+    assert metadata.query_start_loc.is_pinned() and metadata.query_start_loc.tolist() == [0, 1, 2, 5, 8]
+    assert metadata.actual_seq_lengths_q == [1, 2, 5, 8]  # the dummy request ends at the graph size
+    assert metadata.seq_lens_list == [40, 130, 3, 0]  # the runner's zero fill for the dummy
+    assert torch.equal(metadata.attn_mask, harness.split_fuse_mask())
+    assert metadata.slot_mapping.tolist() == step.slots()
+    assert metadata.block_tables.tolist() == [[0, 1], [2, 3], [4, 5], [0, 0]]

@@ -43,7 +43,7 @@ def fresh() -> None:
 class TwoSizes:
     def __init__(self) -> None:
         self.config = harness.vllm_config("FULL")
-        self.mask = harness.split_fuse_mask()
+        self.builder = harness.metadata_builder(harness.builder_config("FULL"))
         acl_graph.set_graph_params(list(SIZES))
         self.models = {size: harness.TwoLayers(self.config, size) for size in SIZES}
         self.wrappers = {size: acl_graph.ACLGraphWrapper(model, self.config, CUDAGraphMode.FULL,
@@ -54,14 +54,14 @@ class TwoSizes:
         step = harness.Step([1] * size, [1] * size, padded_to=size, state="DecodeOnly")
         model = self.models[size]
         model.load_inputs(step, seed=size)
-        with harness.forward_context(self.config, model.metadata(step, self.mask), "FULL", size):
+        with harness.forward_context(self.config, model.metadata(step, self.builder), "FULL", size):
             self.wrappers[size]()
 
     def replay(self, size: int, update_stream: object) -> None:
         step = harness.Step([1] * size, [5] * size, padded_to=size, state="DecodeOnly")
         model = self.models[size]
         model.load_inputs(step, seed=100 + size)
-        with harness.forward_context(self.config, model.metadata(step, self.mask), "FULL", size) as context:
+        with harness.forward_context(self.config, model.metadata(step, self.builder), "FULL", size) as context:
             self.wrappers[size]()
             acl_graph.update_full_graph_params(AscendAttentionBackend, update_stream, context, size,
                                                harness.update_config(self.config))
