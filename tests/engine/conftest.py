@@ -1,10 +1,9 @@
 """Engine tests: small models, few capture sizes, one torch thread per worker, engine runs
 shared per worker for tests that only read them (`shared_run`), and one compile cache per
-worker (`_worker_compile_cache`)."""
+worker (`worker_compile_cache`, tests/conftest.py)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -25,26 +24,11 @@ def _one_intra_op_thread():
     torch.set_num_threads(previous)
 
 
-@pytest.fixture(scope="session")
-def _worker_compile_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("worker-compile-cache")
-
-
 @pytest.fixture(autouse=True)
-def _worker_compile_cache(_isolated_ascendgraph_cache: None, _worker_compile_dir: Path) -> None:
-    """The compile cache's entries (``<cache>/compile``: traced graphs and pass results) are shared
-    by the engine tests of one worker; everything else in the cache directory (static-kernel
-    builds, ...) stays the test's own (the root conftest's per-test ASCENDGRAPH_CACHE_DIR).
-
-    Every engine test compiles one of a few small models; with a cache of its own each paid a
-    Dynamo trace (about 2 s of CPU of a 3.5 s run). The compile cache's contract is that a hit
-    only makes a run faster, never changes what it computes (ascendgraph/compile/cache.py), and
-    tests/unit/test_compile_cache.py checks that contract; no engine test reads or writes the
-    cache's entries itself (a test that does sets its own ASCENDGRAPH_CACHE_DIR, as
-    test_npugraph_ex_run.py does). xdist workers never share the directory (one per worker)."""
-    root = Path(os.environ["ASCENDGRAPH_CACHE_DIR"])
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "compile").symlink_to(_worker_compile_dir, target_is_directory=True)
+def _engine_tests_share_the_worker_compile_cache(worker_compile_cache: Path) -> None:
+    """Every engine test compiles one of a few small models: they share the worker's compile
+    cache (tests/conftest.py, `worker_compile_cache`); none reads or writes its entries itself
+    (test_npugraph_ex_run.py sets a cache directory of its own)."""
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,9 @@ import pytest
 from ascendgraph.api import run
 from ascendgraph.errors import ConfigError
 
+# Engine runs that never look at the compile cache: they share the worker's (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("worker_compile_cache")
+
 # One layer and three capture sizes (the default run captures 35): what these tests check is the
 # process around a run (environment, threads, a profile write), not the capture of many sizes.
 SMALL_RUN = {"num_layers": 1, "max_num_seqs": 4, "compilation_config": {"cudagraph_capture_sizes": [1, 2, 4]}}
