@@ -23,11 +23,9 @@ Sections (``--only NAME ...`` runs a subset; names in brackets):
 10. [suite] the default test suite (``make test``'s pytest command) — only with ``--suite``;
 11. [ci] ``.ci/run``, all its steps — only with ``--ci``.
 
-The suite and ``.ci/run`` take minutes to tens of minutes, so they are opt-in. ``--suite`` /
-``--ci`` measure them fresh in this run and their goal rows say "this run"; without, the rows
-read the figure ``python -m bench --record suite|ci`` last wrote to ``bench/recorded.json``
-(command, wall and CPU seconds, load average, date) and say "recorded <date>". ``--record``
-measures fresh too, keeps the figures, and prints those goal rows.
+The suite and ``.ci/run`` (minutes each) are opt-in: ``--suite`` / ``--ci`` measure them fresh
+("this run"); else their goal rows read what ``--record suite|ci`` (fresh too) last wrote to
+``bench/recorded.json`` ("recorded <date>").
 
 ``--before TREE`` measures the process sections (run, capture, plan, api, facade) in a source
 tree of the code before a change as well, each right before the same measurement here, and
@@ -345,9 +343,7 @@ def section_ci(enabled: bool) -> dict[str, Any]:
 
 def _section_recordable(name: str, enabled: bool, title: str) -> dict[str, Any]:
     """Measure the suite or .ci/run fresh in this run (opt-in; never from inside the suite)."""
-    reason = None if enabled else f"opt-in: --{name}"
-    if reason is None and os.environ.get(NESTED_ENV):
-        reason = "running inside the test suite"
+    reason = f"opt-in: --{name}" if not enabled else "running inside the test suite" if os.environ.get(NESTED_ENV) else None
     if reason is not None:
         print(f"\n{title}: {NOT_MEASURED} ({reason})")
         return {"skipped": True, "reason": reason, "seconds": None}
