@@ -21,11 +21,12 @@ Sections (``--only NAME ...`` runs a subset; names in brackets):
    a line on how they grow (`bench_scale`);
 8. [modes] replay vs eager per graph mode on tiny (host CPU time and simulated device time);
 9. [padding] workload-aware / even-sampling padding waste (`bench_plan`);
-10. [suite] the default test suite (``make test``'s pytest command) — only with ``--suite``.
+10. [suite] the default test suite (``make test``'s pytest command) — only with ``--suite``;
+11. [ci] ``.ci/run``, all its steps — only with ``--ci``.
 
-The suite and ``.ci/run`` take minutes to tens of minutes; unless measured in this run their
-goal rows read the figure ``python -m bench --record suite|ci`` last wrote to
-``bench/recorded.json`` (command, wall and CPU seconds, load average, date).
+The suite and ``.ci/run`` (minutes each) are opt-in: ``--suite`` / ``--ci`` measure them fresh
+("this run"); else their goal rows read what ``--record suite|ci`` (fresh too) last wrote to
+``bench/recorded.json`` ("recorded <date>").
 
 ``--before TREE`` measures the process sections (run, capture, plan, api, facade) in a source
 tree of the code before a change as well, each right before the same measurement here, and
@@ -56,7 +57,8 @@ BASELINE = os.path.join(ROOT, "bench", "results.json")
 SCHEMA_VERSION = 2
 NESTED_ENV = "ASCENDGRAPH_BENCH_NESTED"  # set in the suite's subprocess: never benchmark recursively
 QUICK_MODES = ("FULL_DECODE_ONLY",)
-SECTIONS = ("run", "sim", "capture", "plan", "api", "facade", "scale", "modes", "padding", "suite")
+SECTIONS = ("run", "sim", "capture", "plan", "api", "facade", "scale", "modes", "padding", "suite", "ci")
+OPT_IN_SECTIONS = ("suite", "ci")  # minutes each: measured only when asked (--suite / --ci / --only)
 PROCESS_SECTIONS = ("run", "capture", "plan", "api", "facade")  # measured in a --before tree too
 RECORDED = os.path.join(ROOT, "bench", "recorded.json")
 RECORD_COMMANDS: dict[str, tuple[str, ...]] = {
@@ -342,14 +344,21 @@ def section_padding(quick: bool, seed: int) -> dict[str, Any]:
 
 
 def section_suite(enabled: bool) -> dict[str, Any]:
-    reason = None if enabled else "opt-in: --suite"
-    if reason is None and os.environ.get(NESTED_ENV):
-        reason = "running inside the test suite"
+    return _section_recordable("suite", enabled, "10. test suite")
+
+
+def section_ci(enabled: bool) -> dict[str, Any]:
+    return _section_recordable("ci", enabled, "11. .ci/run")
+
+
+def _section_recordable(name: str, enabled: bool, title: str) -> dict[str, Any]:
+    """Measure the suite or .ci/run fresh in this run (opt-in; never from inside the suite)."""
+    reason = f"opt-in: --{name}" if not enabled else "running inside the test suite" if os.environ.get(NESTED_ENV) else None
     if reason is not None:
-        print(f"\n10. test suite: {NOT_MEASURED} ({reason})")
+        print(f"\n{title}: {NOT_MEASURED} ({reason})")
         return {"skipped": True, "reason": reason, "seconds": None}
-    row = measure_recordable("suite")
-    print(f"\n10. test suite ({row['command']}): {row['seconds']:.1f} s wall, {row['cpu_seconds']:.0f} s CPU, exit "
+    row = measure_recordable(name)
+    print(f"\n{title} ({row['command']}): {row['seconds']:.1f} s wall, {row['cpu_seconds']:.0f} s CPU, exit "
           f"{row['exit_code']}: {row['summary']} (load {row['load_average']})")
     return {"skipped": False, **row}
 
@@ -385,6 +394,9 @@ def record(names: Sequence[str], path: str = RECORDED) -> dict[str, Any]:
         print(f"recorded {name}: {row['command']}: {row['seconds']:.0f} s wall, {row['cpu_seconds']:.0f} s CPU, exit "
               f"{row['exit_code']} (load {row['load_average']})")
     write_json_atomic(path, document)
+    # the goal rows of what was just measured (the same figures, fresh: "this run")
+    fresh = {name: {"skipped": False, **document[name]} for name in names}
+    print_goals([row for row in goals(fresh, {}) if row["now"] != NOT_MEASURED])
     return document
 
 
@@ -450,7 +462,7 @@ def goals(sections: dict[str, Any], recorded: Optional[dict[str, Any]] = None) -
     else:
         add("facade", "failed" if facade else None, False if facade else None)
     for key, limit in (("suite", 150.0), ("ci", 12 * 60.0)):
-        measured = sections.get("suite") if key == "suite" else None
+        measured = sections.get(key)
         if measured and not measured.get("skipped"):
             row, source = measured, "this run"
         else:
@@ -500,7 +512,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smoke run: tiny inputs, one grid cell, same keys")
     parser.add_argument("--only", nargs="+", choices=SECTIONS, metavar="SECTION",
                         help=f"run only these sections ({', '.join(SECTIONS)})")
-    parser.add_argument("--suite", action="store_true", help="also time the default test suite (minutes)")
+    parser.add_argument("--suite", action="store_true", help="also time the default test suite, fresh (minutes)")
+    parser.add_argument("--ci", action="store_true", help="also time .ci/run, all steps, fresh (tens of minutes)")
     parser.add_argument("--grid", nargs="+", type=parse_cell, metavar="LxS",
                         help="scaling-grid cells to measure, e.g. 4x35 28x67 (default: layers 4 16 28 x sizes 35 67)")
     parser.add_argument("--repeats", type=int, default=None, metavar="N",
@@ -539,8 +552,9 @@ def _run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     quick = args.quick
     chosen = list(args.only) if args.only else list(SECTIONS)
-    if args.suite and "suite" not in chosen:
-        chosen.append("suite")
+    for name in OPT_IN_SECTIONS:
+        if getattr(args, name) and name not in chosen:
+            chosen.append(name)
     print(f"ascendgraph bench: torch {torch.__version__}, {args.threads} thread(s) here, {os.cpu_count()} CPUs, "
           f"load average {', '.join(f'{x:.1f}' for x in os.getloadavg())}" + (" (quick)" if quick else ""))
     runners: dict[str, Callable[[str], dict[str, Any]]] = {
@@ -553,7 +567,8 @@ def _run(args: argparse.Namespace) -> int:
         "scale": lambda root: section_scale(quick, args.grid),
         "modes": lambda root: section_modes(quick, args.seed),
         "padding": lambda root: section_padding(quick, args.seed),
-        "suite": lambda root: section_suite(args.suite),
+        "suite": lambda root: section_suite(args.suite or "suite" in (args.only or ())),
+        "ci": lambda root: section_ci(args.ci or "ci" in (args.only or ())),
     }
     sections: dict[str, Any] = {}
     before: dict[str, Any] = {}

@@ -11,6 +11,7 @@ so order never changes an outcome). Figures: docs/bench.md, "The default suite".
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -52,3 +53,28 @@ def _rank(item: pytest.Item) -> int:
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     items.sort(key=_rank)  # stable: collection order within a rank
+
+
+@pytest.fixture(scope="session")
+def _worker_compile_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("worker-compile-cache")
+
+
+@pytest.fixture
+def worker_compile_cache(_isolated_ascendgraph_cache: None, _worker_compile_dir: Path) -> Path:
+    """The compile cache's entries (``<cache>/compile``: traced graphs and pass results) shared by
+    the tests of one xdist worker that use this fixture; everything else in the test's cache
+    directory (static-kernel builds, ...) stays its own (the root conftest's per-test
+    ASCENDGRAPH_CACHE_DIR). Returns the shared directory.
+
+    For tests that run engines and never look at the compile cache themselves: with a cache of
+    its own every such test paid a Dynamo trace (about 2 s of the 3.5 s of CPU of a small run;
+    1.4 s with the trace cached). A cache hit only makes a run faster and never changes what it
+    computes (ascendgraph/compile/cache.py); tests/unit/test_compile_cache.py and
+    test_traced_cache.py check that contract with caches of their own. Tests that read, write,
+    break or count cache entries must not use this fixture. One directory per worker: xdist
+    workers never share it."""
+    root = Path(os.environ["ASCENDGRAPH_CACHE_DIR"])
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "compile").symlink_to(_worker_compile_dir, target_is_directory=True)
+    return _worker_compile_dir

@@ -1,8 +1,10 @@
-"""Engine tests: small models, few capture sizes, one torch thread per worker, and engine runs
-shared per worker for tests that only read them (`shared_run`)."""
+"""Engine tests: small models, few capture sizes, one torch thread per worker, engine runs
+shared per worker for tests that only read them (`shared_run`), and one compile cache per
+worker (`worker_compile_cache`, tests/conftest.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
@@ -20,6 +22,13 @@ def _one_intra_op_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture(autouse=True)
+def _engine_tests_share_the_worker_compile_cache(worker_compile_cache: Path) -> None:
+    """Every engine test compiles one of a few small models: they share the worker's compile
+    cache (tests/conftest.py, `worker_compile_cache`); none reads or writes its entries itself
+    (test_npugraph_ex_run.py sets a cache directory of its own)."""
 
 
 @pytest.fixture(scope="session")

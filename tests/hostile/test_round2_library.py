@@ -13,11 +13,18 @@ import pytest
 from ascendgraph.api import run
 from ascendgraph.errors import ConfigError
 
+# Engine runs that never look at the compile cache: they share the worker's (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("worker_compile_cache")
+
+# One layer and three capture sizes (the default run captures 35): what these tests check is the
+# process around a run (environment, threads, a profile write), not the capture of many sizes.
+SMALL_RUN = {"num_layers": 1, "max_num_seqs": 4, "compilation_config": {"cudagraph_capture_sizes": [1, 2, 4]}}
+
 
 def test_run_leaves_the_environment_and_threads_as_it_found_them():
     environment = dict(os.environ)
     threads = set(threading.enumerate())
-    report = run({"num_layers": 1}, requests=2)
+    report = run(SMALL_RUN, requests=2)
     assert report.exit_code == 0
     assert dict(os.environ) == environment  # TORCHINDUCTOR_CACHE_DIR and friends removed again
     assert {t for t in threading.enumerate() if t.is_alive()} - threads == set()  # no tqdm monitor left
@@ -56,7 +63,8 @@ def test_a_profile_that_cannot_be_written_keeps_the_report_and_fails_the_run(err
         raise OSError(error, os.strerror(error))
 
     monkeypatch.setattr(profiler, "write_profile", full)
-    report = run({"num_layers": 1}, requests=2, profile_dir=str(tmp_path / "prof"))
+    # three capture sizes, not the default 35: the write failure is what is under test
+    report = run(SMALL_RUN, requests=2, profile_dir=str(tmp_path / "prof"))
     assert report.exit_code == 1 and report.requests_completed == 2
     assert report.error["type"] == "ProfileNotWritten" and os.strerror(error) in report.error["message"]
     assert report.to_json()["profile"]["error"] == report.error["message"]

@@ -9,6 +9,9 @@ import pytest
 import ascendgraph
 from ascendgraph import ConfigError, GraphConfig, GraphMode
 
+# Engine runs that never look at the compile cache: they share the worker's (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("worker_compile_cache")
+
 
 @pytest.mark.parametrize("call", [
     lambda: ascendgraph.explain(compilation_config={"cudagraph_mode": "FULL"}, attention_backend="mla"),

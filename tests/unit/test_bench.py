@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from bench import bench_proc
-from bench.__main__ import (BASELINE, GOALS, NESTED_ENV, NOT_MEASURED, RESULT_KEYS, goals, read_recorded, section_suite,
-                            write_json_atomic)
+import bench.__main__ as bench_module
+from bench.__main__ import (BASELINE, GOALS, NESTED_ENV, NOT_MEASURED, RESULT_KEYS, goals, read_recorded, record,
+                            section_ci, section_suite, write_json_atomic)
 from bench.__main__ import main as bench_main
 from bench.bench_scale import growth_note
 
@@ -70,6 +71,43 @@ def test_the_suite_is_opt_in_and_never_benchmarked_from_inside_itself(monkeypatc
     monkeypatch.setenv(NESTED_ENV, "1")
     result = section_suite(True)
     assert result["skipped"] is True and result["reason"] == "running inside the test suite"
+
+
+def test_ci_is_opt_in_and_never_run_from_inside_the_suite(monkeypatch, capsys):
+    result = section_ci(False)
+    assert result["skipped"] is True and result["reason"] == "opt-in: --ci"
+    assert "11. .ci/run: " + NOT_MEASURED in capsys.readouterr().out
+    monkeypatch.setenv(NESTED_ENV, "1")
+    assert section_ci(True)["reason"] == "running inside the test suite"
+
+
+def _fresh_row(name: str, seconds: float) -> dict:
+    return {"command": name, "seconds": seconds, "cpu_seconds": 2 * seconds, "exit_code": 0, "summary": "ok",
+            "load_average": "0.1", "cpus": 2, "recorded": "2026-12-03T00:00:00+00:00"}
+
+
+def test_suite_and_ci_measured_in_this_run_are_the_goal_rows_not_the_record(monkeypatch, capsys):
+    monkeypatch.delenv(NESTED_ENV, raising=False)
+    monkeypatch.setattr(bench_module, "measure_recordable", lambda name: _fresh_row(name, 100.0))
+    sections = {"suite": section_suite(True), "ci": section_ci(True)}
+    recorded = {"suite": {"seconds": 358.0, "exit_code": 0, "recorded": "2026-11-30"},
+                "ci": {"seconds": 900.0, "exit_code": 0, "recorded": "2026-11-30"}}
+    rows = {row["figure"]: row for row in goals(sections, recorded)}
+    for figure in ("default suite, make test", ".ci/run, all steps"):
+        assert rows[figure]["met"] is True and "this run" in rows[figure]["now"] and "CPU 200 s" in rows[figure]["now"]
+    assert "11. .ci/run (ci): 100.0 s wall" in capsys.readouterr().out
+
+
+def test_record_measures_fresh_keeps_the_figures_and_prints_their_goal_rows(tmp_path, monkeypatch, capsys):
+    path = tmp_path / "recorded.json"
+    path.write_text(json.dumps({"ci": {"seconds": 643, "exit_code": 0}}))
+    monkeypatch.setattr(bench_module, "measure_recordable", lambda name: _fresh_row(name, 120.0))
+    document = record(["suite"], str(path))
+    assert read_recorded(str(path)) == document
+    assert document["suite"]["seconds"] == 120.0 and document["ci"] == {"seconds": 643, "exit_code": 0}
+    out = capsys.readouterr().out
+    assert "recorded suite: suite: 120 s wall" in out
+    assert "default suite, make test" in out and "this run" in out and ".ci/run" not in out.split("figure vs goal")[1]
 
 
 def test_goals_compare_each_figure_with_its_goal():

@@ -16,6 +16,9 @@ from ascendgraph.cli.profile import DEFAULT_PROFILE_DIR
 from ascendgraph.explanation import count_noun
 from ascendgraph.tools.diagnose.incidents import shorten
 
+# Engine runs that never look at the compile cache: they share the worker's (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("worker_compile_cache")
+
 REPO = Path(__file__).resolve().parents[2]
 
 

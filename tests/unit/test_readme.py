@@ -17,6 +17,9 @@ import pytest
 
 from ascendgraph.cli.app import main
 
+# Engine runs that never look at the compile cache: they share the worker's (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("worker_compile_cache")
+
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 # Shell commands in the README that are not `ascendgraph ...`, and where they are exercised.
@@ -61,7 +64,15 @@ def test_the_readme_shows_the_tour_commands():
         assert command in joined
 
 
-@pytest.mark.parametrize("line", ASCENDGRAPH_COMMANDS)
+# The default `ascendgraph run` (4 layers, 35 sizes, 210 graphs: the main job, `make run`) is the
+# costliest line by far; it runs under -m slow (.ci/run step 1b), the others by default.
+SLOW_COMMANDS = {"ascendgraph run"}
+README_COMMAND_ROWS = [
+    pytest.param(line, marks=[pytest.mark.slow] if line in SLOW_COMMANDS else []) for line in ASCENDGRAPH_COMMANDS
+]
+
+
+@pytest.mark.parametrize("line", README_COMMAND_ROWS)
 def test_every_readme_command_runs_and_exits_as_documented(line, tmp_path, capsys):
     argv = shlex.split(line, comments=True)[1:]
     # Keep files the README writes to /tmp inside this test's own directory.
