@@ -47,8 +47,8 @@ def piecewise():
     model, backend, compiled = _compiled(GraphMode.FULL_AND_PIECEWISE, True)
     diffs = []
     for tokens in (8, 1, 5, 16):
-        got = _forward(compiled, model, tokens, model.make_kv_caches(4, 16))
-        want = _forward(model, model, tokens, model.make_kv_caches(4, 16))
+        got = _forward(compiled, model, tokens, model.make_kv_caches(2, 128))
+        want = _forward(model, model, tokens, model.make_kv_caches(2, 128))
         diffs.append((got - want).abs().max().item())
     return backend, diffs
 
@@ -83,8 +83,8 @@ def test_one_compilation_serves_every_size_and_matches_eager(piecewise):
 def test_mla_and_moe_models_compile_once_too(preset):
     model, backend, compiled = _compiled(GraphMode.FULL_AND_PIECEWISE, True, preset, layers=1)
     for tokens in (8, 1, 5):
-        got = _forward(compiled, model, tokens, model.make_kv_caches(4, 16))
-        want = _forward(model, model, tokens, model.make_kv_caches(4, 16))
+        got = _forward(compiled, model, tokens, model.make_kv_caches(2, 128))
+        want = _forward(model, model, tokens, model.make_kv_caches(2, 128))
         torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
     assert len(backend.artifacts) == 1
 
@@ -115,7 +115,7 @@ def test_piecewise_modes_split_into_two_l_plus_one_pieces_with_l_plus_one_wrappe
 )
 def test_wrappers_follow_the_mode(mode, split, pieces, full):
     model, backend, compiled = _compiled(mode, split, layers=1)
-    _forward(compiled, model, 4, model.make_kv_caches(4, 16))
+    _forward(compiled, model, 4, model.make_kv_caches(2, 128))
     artifact = backend.artifacts[0]
     assert artifact.num_pieces == pieces
     assert (artifact.full_wrapper is not None) == full
@@ -136,7 +136,7 @@ def test_the_pass_manager_runs_each_pass_on_the_aten_graph_and_counts_matches():
     counter = _CountMatmuls()
     model, backend, compiled = _compiled(GraphMode.FULL, False, passes=[counter])
     for tokens in (4, 1):
-        _forward(compiled, model, tokens, model.make_kv_caches(4, 16))
+        _forward(compiled, model, tokens, model.make_kv_caches(2, 128))
     assert counter.calls == 1
     assert backend.pass_manager.matches == {"count_mm": 4 * LAYERS}
 
@@ -145,5 +145,5 @@ def test_two_models_never_share_a_compilation():
     first = _compiled(GraphMode.FULL, False, layers=1)
     second = _compiled(GraphMode.FULL, False, layers=1)
     for model, backend, compiled in (first, second):
-        _forward(compiled, model, 4, model.make_kv_caches(4, 16))
+        _forward(compiled, model, 4, model.make_kv_caches(2, 128))
         assert len(backend.artifacts) == 1

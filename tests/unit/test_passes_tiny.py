@@ -47,7 +47,7 @@ def _kernels_and_one_thread():
 
 
 def _forward(callable_, model, tokens: int) -> torch.Tensor:
-    caches = model.make_kv_caches(4, 16)
+    caches = model.make_kv_caches(2, 128)
     metadata = AttentionMetadata(
         num_reqs=1, num_actual_tokens=tokens, num_tokens=tokens, query_start_loc=[tokens], seq_lens=[tokens],
         block_table=torch.tensor([[0, 1]], dtype=torch.int32), slot_mapping=torch.arange(tokens),
