@@ -33,6 +33,12 @@ allocation). Every op on it resolves it first:
   which poisons fresh blocks) after the owning graph last did -> `PoolBlockReused`: the data
   read is the other graph's, a card reads it silently.
 
+A scratch argument (`SCRATCH_ARGUMENTS`: a kernel's ``workspace``) is exempt from the second
+check: the kernel writes it before it reads it, so whose data was there does not matter.
+vLLM Ascend shares one attention workspace per capture size among every graph of that size
+(``attention_v1.py`` ``full_graph_fia``: ``graph_params.workspaces.get(num_tokens)``), so
+another graph's replay writing it is expected. A reset owner is still refused.
+
 Otherwise the op runs on the pool memory itself. Writes count too: a write through a stale
 reference overwrites the other graph's data (torch_npu's task update re-issuing an ``out=``
 kernel into a weak reference does it every replay, legitimately, because the owning graph's
@@ -81,6 +87,10 @@ DEAD_POOL_REFERENCE = (
     "blocks went back to the allocator; a card raises nothing and reads whatever was put at that address since (a "
     "use-after-free). Read graph outputs before resetting the graph, or copy them out"
 )
+# Kernel arguments the kernel writes before it reads them (module docstring): whose data a
+# weak reference passed there points at does not matter.
+SCRATCH_ARGUMENTS = frozenset({"workspace"})
+
 POOL_BLOCK_REUSED = (
     "simulator: {op} reads a weak reference ({what}) to a block that {graph} allocated in its capture, but {other} "
     "was handed an overlapping block of the same pool (the block had been freed) and wrote it (a replay, or its "
@@ -311,13 +321,19 @@ class PoolWeakTensor(torch.Tensor):
         allocation = self._allocation
         return allocation.owner.alive and allocation.stale_by() is None
 
-    def resolve(self, op: str = "a read") -> torch.Tensor:
-        """The pool memory, for one op; raises when it is not the owning graph's any more."""
+    @property
+    def graph_alive(self) -> bool:
+        """Whether the graph that allocated the block still holds it (it was not reset)."""
+        return self._allocation.owner.alive
+
+    def resolve(self, op: str = "a read", *, scratch: bool = False) -> torch.Tensor:
+        """The pool memory, for one op; raises when it is not the owning graph's any more
+        (for ``scratch``, only when the owning graph was reset)."""
         allocation = self._allocation
         owner = allocation.owner
         if not owner.alive:
             raise DeadWeakReference(DEAD_POOL_REFERENCE.format(op=op, what=self._what, graph=owner.name))
-        stale = allocation.stale_by()
+        stale = None if scratch else allocation.stale_by()
         if stale is not None:
             raise PoolBlockReused(POOL_BLOCK_REUSED.format(op=op, what=self._what, graph=owner.name,
                                                            other=stale[0].name))
@@ -340,5 +356,12 @@ class PoolWeakTensor(torch.Tensor):
         def unwrap(value: Any) -> Any:
             return value.resolve(op) if isinstance(value, PoolWeakTensor) else value
 
-        args, kwargs = tree_map(unwrap, (args, kwargs or {}))
+        def unwrap_scratch(value: Any) -> Any:
+            return value.resolve(op, scratch=True) if isinstance(value, PoolWeakTensor) else value
+
+        names = [argument.name for argument in func._schema.arguments]
+        args = tuple(tree_map(unwrap_scratch if position < len(names) and names[position] in SCRATCH_ARGUMENTS
+                              else unwrap, value) for position, value in enumerate(args))
+        kwargs = {name: tree_map(unwrap_scratch if name in SCRATCH_ARGUMENTS else unwrap, value)
+                  for name, value in (kwargs or {}).items()}
         return func(*args, **kwargs)

@@ -206,3 +206,33 @@ def test_a_pool_whose_graphs_are_all_reset_gives_its_memory_back():
     third = capture(device, lambda: x * 4, pool=pool)[0]  # its output is dropped at once
     third.reset()
     assert device._pools[pool.pool_id].arena_bytes == 0
+
+
+@torch.library.custom_op("agtest_pool::use_scratch", mutates_args=("workspace",))
+def _use_scratch(x: torch.Tensor, workspace: torch.Tensor) -> torch.Tensor:
+    workspace.fill_(x.sum().item())  # written before it is read: a kernel's workspace
+    return x + workspace[: x.numel()].view_as(x)
+
+
+def test_a_weak_reference_passed_as_a_workspace_is_scratch_but_a_reset_owner_is_still_refused():
+    # vLLM Ascend shares one attention workspace per capture size among the graphs of that size
+    # (attention_v1.py full_graph_fia: graph_params.workspaces.get(num_tokens)): another graph's
+    # replay writing the block is expected, since the kernel writes its workspace before reading it.
+    device = SimDevice()
+    pool = device.graph_pool_handle()
+    x = torch.ones(N)
+    first, out = capture(device, lambda: x * 2, pool=pool)
+    weak = device.weak_ref(out)
+    del out
+    second, _ = capture(device, lambda: x * 3, pool=pool)
+    first.replay()
+    second.replay()  # the block now holds second's data
+    with pytest.raises(PoolBlockReused):
+        torch.ops.agtest_pool.use_scratch(weak, torch.empty(N))  # as the input: a stale read
+    got = torch.ops.agtest_pool.use_scratch(torch.ones(4), weak)  # positional workspace: scratch too
+    assert torch.equal(got, torch.full((4,), 5.0))
+    got = torch.ops.agtest_pool.use_scratch(torch.ones(4), workspace=weak)
+    assert torch.equal(got, torch.full((4,), 5.0))
+    first.reset()
+    with pytest.raises(DeadWeakReference):
+        torch.ops.agtest_pool.use_scratch(torch.ones(4), workspace=weak)
