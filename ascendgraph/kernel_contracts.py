@@ -536,6 +536,12 @@ def _v2_q_s(a: Mapping[str, Any]) -> int:
     return _q_s({**a, "actual_seq_lengths": None})
 
 
+def _v2_batch(a: Mapping[str, Any]) -> int:
+    if _v2_tnd(a):
+        return len(_v2_ends(a))
+    return int(a["query"].shape[0])
+
+
 def _v2_paged_lengths(a: Mapping[str, Any]) -> bool:
     return _paged(a) and a.get("actual_seq_kvlen") is not None and int(a.get("block_size", 0)) > 0
 
@@ -597,6 +603,16 @@ _FIA_V2_RULES = (
                f"as v1's ({PAGED_BLOCK_SIZE_SOURCE})",
                _paged, lambda a: paged_block_size_ok(a.get("block_size", 0), _v2_q_s(a)),
                lambda a: describe_paged_block_size(a.get("block_size", 0), _v2_q_s(a))),
+    KernelRule(FIA_V2, "v2_q_s_gt_1_batch_limit", f"{DOCS}:8761 (Q_S > 1, the branch opening at :8759: the B axis "
+               "at most 65536); as v1's q_s_gt_1_batch_limit",
+               lambda a: _present("query")(a) and _v2_q_s(a) > 1, lambda a: _v2_batch(a) <= 65536,
+               lambda a: f"batch of {_v2_batch(a)} requests with Q_S={_v2_q_s(a)}; the fused attention takes at most "
+                         "65536 when a request has more than one query token"),
+    KernelRule(FIA_V2, "v2_q_s_gt_1_heads_limit", f"{DOCS}:8762 (Q_S > 1: the N axis at most 256); as v1's "
+               "q_s_gt_1_heads_limit",
+               lambda a: _present("query")(a) and _v2_q_s(a) > 1, lambda a: int(a.get("num_query_heads", 1)) <= 256,
+               lambda a: f"num_query_heads={a.get('num_query_heads')} with Q_S={_v2_q_s(a)}; the fused attention "
+                         "takes at most 256 query heads when a request has more than one query token"),
     KernelRule(FIA_V2, "v2_gqa_ratio", f"{DOCS}:8731 (K_N == V_N, Q_N divisible by K_N, ratio <= 64)",
                _always, lambda a: _v2_kv_heads(a) > 0 and int(a.get("num_query_heads", 1)) % _v2_kv_heads(a) == 0
                and int(a.get("num_query_heads", 1)) // _v2_kv_heads(a) <= 64,

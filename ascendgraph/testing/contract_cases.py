@@ -146,6 +146,13 @@ def _fia_v2(device: torch.device, **changes: Any) -> Args:
     return args
 
 
+def _many_requests_v2(device: torch.device, requests: int) -> Args:
+    # _many_requests in v2's names: only the batch rule is asked about.
+    ends = [1 + i for i in range(1, requests + 1)]
+    return _fia_v2(device, query=_t(device, ends[-1], 4, 16), actual_seq_qlen=ends, actual_seq_kvlen=[2] * requests,
+                   block_table=_t(device, requests, 1, dtype=torch.int32))
+
+
 def _atb_paged(device: torch.device, **changes: Any) -> Args:
     # Decode: 3 requests of one token over a [8, 16, 2, 16] cache.
     args: Args = dict(
@@ -291,6 +298,12 @@ _CASES = (
           lambda d: _fia_v2(d, block_table=_t(d, 2, 2, dtype=torch.int32)), "exactly the blocks of the longest request"),
     _case(kc.FIA_V2, "v2_paged_block_size", lambda d: _fia_v2(d, block_size=64), lambda d: _fia_v2(d, block_size=512),
           "Q_S > 1 (:8776): 64 refused, 512 accepted"),
+    _case(kc.FIA_V2, "v2_q_s_gt_1_batch_limit", lambda d: _many_requests_v2(d, 65537),
+          lambda d: _many_requests_v2(d, 65536), "65536 requests (one of two query tokens) accepted, 65537 refused"),
+    _case(kc.FIA_V2, "v2_q_s_gt_1_heads_limit",
+          lambda d: _fia_v2(d, num_query_heads=260, num_key_value_heads=4, learnable_sink=_t(d, 260)),
+          lambda d: _fia_v2(d, num_query_heads=256, num_key_value_heads=4, learnable_sink=_t(d, 256)),
+          "256 query heads accepted, 260 refused"),
     _case(kc.FIA_V2, "v2_gqa_ratio", lambda d: _fia_v2(d, num_query_heads=130, num_key_value_heads=2,
                                                        learnable_sink=_t(d, 130)),
           lambda d: _fia_v2(d, num_query_heads=128, num_key_value_heads=2, learnable_sink=_t(d, 128))),
