@@ -65,7 +65,8 @@ def goals(sections: dict[str, Any], recorded: Optional[dict[str, Any]] = None) -
     plan_text = proc(plan)
     if plan_text and plan.get("first"):
         plan_text += f"; first with empty caches {proc(plan['first'])}"
-    add("plan", plan_text, plan["wall_s"] <= 2 if plan else None)
+    # A user's first plan finds no plan cache: the goal is met only when that one is too.
+    add("plan", plan_text, (plan["wall_s"] <= 2 and plan.get("first", plan)["wall_s"] <= 2) if plan else None)
     facade = sections.get("facade")
     if facade and facade.get("exit_code") == 0:
         add("facade", proc(facade), facade["wall_s"] <= 4)

@@ -179,3 +179,16 @@ def test_grid_cells_are_parsed_and_checked():
     for bad in ("28x50", "0x35", "x35", "28", "ax35"):
         with pytest.raises(argparse.ArgumentTypeError):
             parse_cell(bad)
+
+
+def test_the_plan_goal_is_met_only_when_the_first_plan_with_empty_caches_meets_it_too():
+    def plan(second: float, first: float) -> dict:
+        row = {"wall_s": second, "cpu_s": second, "exit_code": 0}
+        return {**row, "first": {"wall_s": first, "cpu_s": first, "exit_code": 0}}
+
+    def verdict(section: dict) -> object:
+        rows = {row["figure"]: row for row in goals({"plan": section}, {})}
+        return rows["ascendgraph plan README example"]["met"]
+
+    assert verdict(plan(0.6, 11.7)) is False  # a user's first plan finds no plan cache
+    assert verdict(plan(0.6, 1.9)) is True
