@@ -358,6 +358,10 @@ class GraphBuffers:
 
     entries: dict[tuple[Any, ...], dict[str, Tensor]] = field(default_factory=dict)
     masks: dict[torch.device, Tensor] = field(default_factory=dict)
+    # One FIA workspace per (device, capture size), shared by every layer's call of that size, as
+    # vLLM Ascend keeps one (attention_v1.py@182b75ea full_graph_fia: graph_params.workspaces.get(num_tokens));
+    # a larger query replaces it for the calls after it.
+    workspaces: dict[tuple[Any, ...], Tensor] = field(default_factory=dict)
 
     @staticmethod
     def key(out: Tensor, *extra: Any) -> tuple[Any, ...]:
@@ -369,8 +373,16 @@ class GraphBuffers:
     def create(self, key: tuple[Any, ...]) -> dict[str, Tensor]:
         return self.entries.setdefault(key, {})
 
+    def shared_workspace(self, size_key: tuple[Any, ...], fresh: Tensor) -> Tensor:
+        """The workspace every captured call of this size uses: the largest queried so far."""
+        shared = self.workspaces.get(size_key)
+        if shared is None or fresh.numel() > shared.numel():
+            self.workspaces[size_key] = shared = fresh
+        return shared
+
     def clear(self) -> None:
         self.entries.clear()
+        self.workspaces.clear()
 
 
 def causal_mask(device: torch.device) -> Tensor:
@@ -446,8 +458,8 @@ def _paged_attention(
         workspace = slot.get("workspace")
     if workspace is None and router.npu.has(api.NPU_FIA_MAX_WORKSPACE):
         workspace = router.npu.call(api.NPU_FIA_MAX_WORKSPACE, query, keys, values, **options)
-        if slot is not None:
-            slot["workspace"] = workspace
+        if slot is not None:  # captured: one per capture size, not one per layer
+            workspace = slot["workspace"] = buffers.shared_workspace((query.device, tokens), workspace)
     if workspace is None and slot is not None:  # captured or re-issued in a FULL graph
         raise CaptureConstraintError(NO_WORKSPACE_IN_FULL_GRAPH)
     lse = softmax_lse if softmax_lse is not None else (None if slot is None else slot.get("softmax_lse"))

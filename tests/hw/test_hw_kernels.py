@@ -357,6 +357,20 @@ def test_the_update_of_a_captured_attention_call_reuses_its_workspace_lse_and_bl
     assert sum(c[0] == "get_max_workspace" for c in fake.calls) == 1
 
 
+def test_captured_calls_of_one_size_share_one_workspace_without_the_caller_passing_one() -> None:
+    # vLLM Ascend keeps one FIA workspace per capture size for every layer (attention_v1.py@182b75ea
+    # full_graph_fia: graph_params.workspaces.get(num_tokens)); before, each captured `out` kept its own.
+    fake = FakeTorchNpu()
+    r = router(fake, capturing=True)
+    for _layer in range(3):
+        r.call("paged_attention", *_attention_args([1, 2, 3], [5, 9, 1], BF16, padding=0))
+    workspaces = [c[2]["workspace"] for c in fake.calls if c[0] == "fia_out"]
+    assert len(workspaces) == 3 and all(w is workspaces[0] for w in workspaces)
+    assert len(r.buffers.entries) == 3 and len(r.buffers.workspaces) == 1
+    r.buffers.clear()
+    assert not r.buffers.workspaces
+
+
 def test_graph_buffers_go_when_the_last_captured_graph_is_released() -> None:
     r = router(FakeTorchNpu(), capturing=True)
     r.call("paged_attention", *_attention_args([1, 2], [3, 4], BF16, padding=0))
