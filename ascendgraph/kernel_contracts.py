@@ -220,6 +220,23 @@ def _batch(a: Mapping[str, Any]) -> int:
     return int(a["query"].shape[0])
 
 
+def _q_s_gt_1_limits(kernel: str, prefix: str, q_s: Callable[[Mapping[str, Any]], int],
+                     batch: Callable[[Mapping[str, Any]], int], heads: str, batch_source: str,
+                     heads_source: str) -> tuple["KernelRule", "KernelRule"]:
+    """The fused attention's limits when a request has more than one query token (v1 and v2
+    state the same two, each kernel in its own argument names): B <= 65536, N <= 256."""
+    applies = lambda a: _present("query")(a) and q_s(a) > 1  # noqa: E731
+    return (
+        KernelRule(kernel, f"{prefix}q_s_gt_1_batch_limit", batch_source, applies, lambda a: batch(a) <= 65536,
+                   lambda a: f"batch of {batch(a)} requests with Q_S={q_s(a)}; the fused attention takes at most "
+                             "65536 when a request has more than one query token"),
+        KernelRule(kernel, f"{prefix}q_s_gt_1_heads_limit", heads_source, applies,
+                   lambda a: int(a.get(heads, 1)) <= 256,
+                   lambda a: f"{heads}={a.get(heads)} with Q_S={q_s(a)}; the fused attention takes at most 256 "
+                             "query heads when a request has more than one query token"),
+    )
+
+
 def _blocks_needed(a: Mapping[str, Any]) -> list[int]:
     size = int(a["block_size"])
     return [math.ceil(max(n, 0) / size) for n in _ints(a["actual_seq_lengths_kv"])]
@@ -320,15 +337,8 @@ _FIA_RULES = (
     KernelRule(FIA, "paged_block_size", PAGED_BLOCK_SIZE_SOURCE,
                _paged, lambda a: paged_block_size_ok(a.get("block_size", 0), _q_s(a)),
                lambda a: describe_paged_block_size(a.get("block_size", 0), _q_s(a))),
-    KernelRule(FIA, "q_s_gt_1_batch_limit", f"{DOCS}:8203 (Q_S > 1, the branch opening at :8201: the B axis at "
-               "most 65536)",
-               lambda a: _present("query")(a) and _q_s(a) > 1, lambda a: _batch(a) <= 65536,
-               lambda a: f"batch of {_batch(a)} requests with Q_S={_q_s(a)}; the fused attention takes at most "
-                         "65536 when a request has more than one query token"),
-    KernelRule(FIA, "q_s_gt_1_heads_limit", f"{DOCS}:8204 (Q_S > 1: the N axis at most 256)",
-               lambda a: _present("query")(a) and _q_s(a) > 1, lambda a: int(a.get("num_heads", 1)) <= 256,
-               lambda a: f"num_heads={a.get('num_heads')} with Q_S={_q_s(a)}; the fused attention takes at most 256 "
-                         "query heads when a request has more than one query token"),
+    *_q_s_gt_1_limits(FIA, "", _q_s, _batch, "num_heads", f"{DOCS}:8203 (Q_S > 1, the branch opening at :8201: "
+                      "the B axis at most 65536)", f"{DOCS}:8204 (Q_S > 1: the N axis at most 256)"),
     # No kv_len >= q_len rule: the op docs' sparse_mode 3 interception (:8248) belongs to the
     # int8-output list (:8244, "输出为int8 ... quant_offset2"), and the TND one (:8198) to the
     # D=192 branch (:8193-8199); neither is this call (bf16 out, D 128), and the rule refused
@@ -603,16 +613,10 @@ _FIA_V2_RULES = (
                f"as v1's ({PAGED_BLOCK_SIZE_SOURCE})",
                _paged, lambda a: paged_block_size_ok(a.get("block_size", 0), _v2_q_s(a)),
                lambda a: describe_paged_block_size(a.get("block_size", 0), _v2_q_s(a))),
-    KernelRule(FIA_V2, "v2_q_s_gt_1_batch_limit", f"{DOCS}:8761 (Q_S > 1, the branch opening at :8759: the B axis "
-               "at most 65536); as v1's q_s_gt_1_batch_limit",
-               lambda a: _present("query")(a) and _v2_q_s(a) > 1, lambda a: _v2_batch(a) <= 65536,
-               lambda a: f"batch of {_v2_batch(a)} requests with Q_S={_v2_q_s(a)}; the fused attention takes at most "
-                         "65536 when a request has more than one query token"),
-    KernelRule(FIA_V2, "v2_q_s_gt_1_heads_limit", f"{DOCS}:8762 (Q_S > 1: the N axis at most 256); as v1's "
-               "q_s_gt_1_heads_limit",
-               lambda a: _present("query")(a) and _v2_q_s(a) > 1, lambda a: int(a.get("num_query_heads", 1)) <= 256,
-               lambda a: f"num_query_heads={a.get('num_query_heads')} with Q_S={_v2_q_s(a)}; the fused attention "
-                         "takes at most 256 query heads when a request has more than one query token"),
+    *_q_s_gt_1_limits(FIA_V2, "v2_", _v2_q_s, _v2_batch, "num_query_heads",
+                      f"{DOCS}:8761 (Q_S > 1, the branch opening at :8759: the B axis at most 65536); as v1's "
+                      "q_s_gt_1_batch_limit", f"{DOCS}:8762 (Q_S > 1: the N axis at most 256); as v1's "
+                      "q_s_gt_1_heads_limit"),
     KernelRule(FIA_V2, "v2_gqa_ratio", f"{DOCS}:8731 (K_N == V_N, Q_N divisible by K_N, ratio <= 64)",
                _always, lambda a: _v2_kv_heads(a) > 0 and int(a.get("num_query_heads", 1)) % _v2_kv_heads(a) == 0
                and int(a.get("num_query_heads", 1)) // _v2_kv_heads(a) <= 64,
