@@ -4,6 +4,8 @@ another sample, an edited entry or ASCENDGRAPH_PLAN_CACHE=0 measures again."""
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import logging
 from pathlib import Path
@@ -92,3 +94,20 @@ def test_the_cli_says_the_measurement_was_cached(capsys):
     assert first["measurement"]["cached"] is False and second["measurement"]["cached"] is True
     for name in ("configured", "even", "workload_aware"):
         assert second["selections"][name]["predicted"] == first["selections"][name]["predicted"]
+
+
+@pytest.mark.parametrize("value, enabled", [("0", False), ("off", False), ("1", True), ("", True)])
+def test_the_cache_switch_reads_on_and_off_spellings(monkeypatch, value, enabled):
+    from ascendgraph.tools.plan import measure_cache
+
+    monkeypatch.setenv("ASCENDGRAPH_PLAN_CACHE", value)
+    assert measure_cache._enabled() is enabled
+
+
+def test_an_unknown_cache_switch_value_is_a_config_error_naming_it_and_the_fix(monkeypatch):
+    from ascendgraph.errors import ConfigError
+    from ascendgraph.tools.plan import measure_cache
+
+    monkeypatch.setenv("ASCENDGRAPH_PLAN_CACHE", "sometimes")
+    with pytest.raises(ConfigError, match=r"ASCENDGRAPH_PLAN_CACHE='sometimes' .* set it to 0"):
+        measure_cache._enabled()

@@ -104,8 +104,18 @@ def _directory() -> Path:
     return Path(user_cache_root()) / PLAN_SUBDIR
 
 
+_CACHE_ON = frozenset({"", "1", "true", "yes", "on"})
+_CACHE_OFF = frozenset({"0", "false", "no", "off"})
+
+
 def _enabled() -> bool:
-    return str(os.environ.get(PLAN_CACHE_ENV, "1")).strip() != "0"
+    value = os.environ.get(PLAN_CACHE_ENV, "1").strip().lower()
+    if value in _CACHE_ON or value in _CACHE_OFF:
+        return value not in _CACHE_OFF
+    from ascendgraph.errors import ConfigError
+
+    raise ConfigError(f"{PLAN_CACHE_ENV}={os.environ[PLAN_CACHE_ENV]!r} is neither on nor off: set it to 0 to "
+                      "measure every plan again, or unset it (1) to reuse a stored measurement", key=PLAN_CACHE_ENV)
 
 
 def _load(path: Path, key: str, resolution: Resolution) -> Any:
