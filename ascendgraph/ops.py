@@ -29,6 +29,8 @@ import torch
 from torch import Tensor
 from torch._ops import OpOverload, OpOverloadPacket
 
+from ascendgraph.dynamo_gate import defer_kernel_dynamo_guard
+
 __all__ = [
     "argument_tensors",
     "NAMESPACE",
@@ -95,9 +97,12 @@ def _no_kernel(name: str, sample: Tensor) -> NotImplementedError:
 
 
 def _op(name: str, schema: str, mutates: Sequence[str] = ()) -> Callable[[Callable[..., Any]], Any]:
-    return lambda fn: torch.library.custom_op(
-        f"{NAMESPACE}::{name}", fn, mutates_args=tuple(mutates), schema=schema
-    )
+    def define(fn: Callable[..., Any]) -> Any:
+        op = torch.library.custom_op(f"{NAMESPACE}::{name}", fn, mutates_args=tuple(mutates), schema=schema)
+        defer_kernel_dynamo_guard(op)
+        return op
+
+    return define
 
 
 # --------------------------------------------------------------------------- norms
@@ -432,6 +437,10 @@ def moe_combine(x: Tensor, group: str, world_size: int, global_bs: int) -> Tenso
 @moe_combine.register_fake
 def _(x: Tensor, group: str, world_size: int, global_bs: int) -> Tensor:
     return torch.empty_like(x)
+
+
+for _collective in (all_reduce, moe_dispatch, moe_combine):
+    defer_kernel_dynamo_guard(_collective)
 
 
 def collective_group(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Optional[tuple[str, int]]:

@@ -46,6 +46,7 @@ import torch
 from torch import Tensor
 
 from ascendgraph import ops
+from ascendgraph.dynamo_gate import defer_kernel_dynamo_guard
 from ascendgraph.errors import CaptureConstraintError
 from hw import api, reference, workspace
 from hw.api import NpuApi, TorchNpu
@@ -754,6 +755,7 @@ def register_npu_kernels(npu: Optional[TorchNpu] = None, device_type: str = "npu
     if device_type != "npu" or router.registered_for != device_type:
         for name in ops.OP_NAMES:
             getattr(ops, name).register_kernel(device_type)(router.kernel(name))
+            defer_kernel_dynamo_guard(getattr(ops, name))
             if device_type != "npu":
                 ops.register_wrapper_op(ops.kernel_op(name), router.kernel(name))
         router.registered_for = device_type

@@ -7,6 +7,7 @@ from ascendgraph.device import DeviceBackend
 from sim.device import KernelRecord, SimDevice, SimPoolHandle
 from sim.faults import FaultPlan
 from sim.kernels import register_cpu_kernels
+from ascendgraph.dynamo_gate import defer_torch_dynamo_guards
 from sim.profiles import PROFILES, SimProfile, get_profile, load_profile
 
 __all__ = [
@@ -23,6 +24,8 @@ __all__ = [
 ]
 
 register_cpu_kernels()
+# torch's meta kernels in Python (shape-only warm-ups call them) need not import Dynamo.
+defer_torch_dynamo_guards()
 
 
 def _create(**options: object) -> SimDevice:

@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from ascendgraph import ops
+from ascendgraph.dynamo_gate import defer_kernel_dynamo_guard
 from ascendgraph import reference as _reference
 from ascendgraph.errors import CaptureConstraintError, KernelContractError
 from ascendgraph.kernel_calls import CHECKED_OPS, check_op
@@ -446,3 +447,4 @@ def register_cpu_kernels() -> None:
     """Register the reference kernels for the CPU dispatch key (idempotent)."""
     for name, kernel in _KERNELS.items():
         getattr(ops, name).register_kernel("cpu")(_checked(name, kernel))
+        defer_kernel_dynamo_guard(getattr(ops, name))

@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
+from ascendgraph.dynamo_gate import LazyDynamoDispatchMode
 
 from ascendgraph import ops as ag_ops
 from sim.matmul import WIDENED_MATMULS, widened_matmul, widens
@@ -366,7 +366,7 @@ def wrapper_reentry() -> Iterator[None]:
             torch._C._dispatch_tls_set_dispatch_key_excluded(key, True)
 
 
-class _Mode(TorchDispatchMode):
+class _Mode(LazyDynamoDispatchMode):
     """Base of the simulator's dispatch modes.
 
     A wrapper op (docs/decisions.md "Attention under capture is a wrapper op") is never handled as one op: the mode

@@ -292,4 +292,12 @@ def store_traced(cache: "CompileCache", key: str, traced: TracedGraph) -> bool:
         return False
     document = {"format": TRACED_FORMAT, "key": key, "module": traced.module, "sources": list(traced.sources),
                 "matches": dict(traced.matches)}
-    return _store_entry(cache.directory / TRACED_SUBDIR, key, document, "traced-graph cache entry")
+    # Pickled with fx's plain tracer, not make_fx's: loading re-traces the graph's code, and
+    # make_fx's tracer (torch 2.13 proxy_tensor.py `_should_save_eager_input_vals`) reads
+    # torch._higher_order_ops.triton_kernel_wrap, a module only Dynamo's import loads.
+    tracer = traced.module._tracer_cls
+    traced.module._tracer_cls = None
+    try:
+        return _store_entry(cache.directory / TRACED_SUBDIR, key, document, "traced-graph cache entry")
+    finally:
+        traced.module._tracer_cls = tracer

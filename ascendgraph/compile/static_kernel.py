@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Se
 
 import torch
 from torch import fx
-from torch.utils._python_dispatch import TorchDispatchMode
+from ascendgraph.dynamo_gate import LazyDynamoDispatchMode
 
 from ascendgraph.ops import argument_tensors
 from ascendgraph.readers import load_cache_json, user_cache_root
@@ -148,7 +148,7 @@ def is_static_candidate(op: str) -> bool:
     return not any(op.startswith(prefix) for prefix in NOT_STATIC)
 
 
-class _LaunchCollector(TorchDispatchMode):
+class _LaunchCollector(LazyDynamoDispatchMode):
     """Notes every kernel launch (non-view op with tensor inputs) while a graph runs on fakes."""
 
     def __init__(self, num_tokens: int, found: dict[tuple, KernelSignature]) -> None:

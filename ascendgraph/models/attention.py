@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from ascendgraph import ops
+from ascendgraph.dynamo_gate import defer_kernel_dynamo_guard
 from ascendgraph.errors import CaptureConstraintError
 from ascendgraph.forward_context import AttentionMetadata, ForwardContext, KVCache, get_forward_context
 from ascendgraph.models.backends import AttentionBackendInfo, attention_backend_info
@@ -226,4 +227,5 @@ def _(query: Tensor, key: Tensor, value: Tensor, out: Tensor, layer_name: str) -
     return None
 
 
+defer_kernel_dynamo_guard(attention_op)
 ops.register_wrapper_op(attention_op, run_attention)

@@ -420,11 +420,30 @@ def _check_host_memory(needed: int, what: str, fix: str) -> None:
         )
 
 
+# Random initialisers (nn.init's and the Tensor methods they call): each only fills values.
+_RANDOM_INITIALISERS = frozenset({
+    "normal_", "uniform_", "trunc_normal_", "kaiming_uniform_", "kaiming_normal_",
+    "xavier_uniform_", "xavier_normal_",
+})
+
+
+class _SkipRandomInitialisers(torch.overrides.TorchFunctionMode):
+    """Skips random initialisers: a meta tensor has no values to draw. Besides, torch's meta
+    path for ``normal_`` runs through ``torch._refs``, whose first call imports ``torch._dynamo``
+    (about 1.3 s) in a run that otherwise never needs it (ascendgraph/dynamo_gate.py)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", None) in _RANDOM_INITIALISERS:
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **kwargs)
+
+
 def estimate_build_bytes(spec: ModelSpec, options: ModelOptions) -> int:
     """Peak host bytes of `build_model` on the CPU: every parameter and buffer as constructed
     (float32), plus the initialiser's temporaries for the largest tensor (measured on a
     meta-device replica, so nothing is allocated)."""
-    with torch.device("meta"):
+    with torch.device("meta"), _SkipRandomInitialisers():
         replica = DecoderModel(spec, options)
     tensors = [*replica.parameters(), *replica.buffers()]
     total = sum(t.numel() * t.element_size() for t in tensors)

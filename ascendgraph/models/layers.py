@@ -142,9 +142,14 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         self.head_size = head_size
         self.is_neox = is_neox
-        inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim))
-        angles = torch.outer(torch.arange(max_positions, dtype=torch.float64), inv_freq)
-        cache = torch.cat((angles.cos(), angles.sin()), dim=-1).to(torch.float32)
+        if torch.get_default_device().type == "meta":
+            # A meta model (a size estimate, `plan`) has shapes only; computing the cache there
+            # would run torch._refs' Python kernels, whose first call imports torch._dynamo.
+            cache = torch.empty(max_positions, 2 * len(range(0, rotary_dim, 2)), dtype=torch.float32)
+        else:
+            inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim))
+            angles = torch.outer(torch.arange(max_positions, dtype=torch.float64), inv_freq)
+            cache = torch.cat((angles.cos(), angles.sin()), dim=-1).to(torch.float32)
         self.register_buffer("cos_sin_cache", cache, persistent=False)
 
     def forward(self, positions: Tensor, query: Tensor, key: Tensor) -> tuple[Tensor, Tensor]:

@@ -1,8 +1,8 @@
 """Request workloads and the scheduler that turns them into batches.
 
-Theory of operation. A workload is a list of `Request`s: a prompt from faker text
-(deterministic by seed), tokenised by a stable hash of each word into the model's
-vocabulary, and an output length. Prompt and output lengths follow a `WorkloadSpec`
+Theory of operation. A workload is a list of `Request`s: a prompt of made-up words
+(deterministic by seed; `sentence`), tokenised by a stable hash of each word into the
+model's vocabulary, and an output length. Prompt and output lengths follow a `WorkloadSpec`
 (uniform ranges by default); ``arrival_step`` lets a workload hold requests back until a
 given step (bursty traffic).
 
@@ -108,17 +108,32 @@ class WorkloadSpec:
                                   f"{MAX_SEQUENCE_TOKENS}, got {(low, high)}", key=name)
 
 
+# Syllables of the made-up prompt words: letters only, so each word is one token.
+_ONSETS = ("b", "c", "d", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w",
+           "br", "cl", "dr", "gr", "pl", "st", "tr")
+_VOWELS = ("a", "e", "i", "o", "u", "ai", "ea", "ou")
+_CODAS = ("", "", "n", "r", "s", "t", "l", "m", "nd", "st")
+
+
+def sentence(rng: random.Random, words: int) -> str:
+    """A capitalised sentence of ``words`` made-up words and a full stop: ``words + 1`` tokens.
+    (The prompts' meaning never mattered, only their lengths and a stable text per seed; this
+    replaced the Faker library, whose pytest plugin every pytest process of a user paid for.)"""
+    text = " ".join(
+        "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS) for _ in range(rng.randint(1, 3)))
+        for _ in range(words)
+    )
+    return text[:1].upper() + text[1:] + "."
+
+
 def generate_workload(spec: WorkloadSpec, *, vocab_size: int) -> list[Request]:
     """Deterministic requests for a spec: the same seed gives the same prompts and lengths."""
-    from faker import Faker
-
-    faker = Faker()
-    faker.seed_instance(spec.seed)
-    rng = random.Random(spec.seed)
+    rng = random.Random(spec.seed)  # lengths and arrivals
+    words_rng = random.Random(f"ascendgraph-prompt-words-{spec.seed}")  # the prompts' text
     requests = []
     for index in range(spec.num_requests):
         words = rng.randint(*spec.prompt_words)
-        text = faker.sentence(nb_words=words, variable_nb_words=False)
+        text = sentence(words_rng, words)
         tokens = tokenize(text, vocab_size) or [0]
         arrival = (index // spec.burst_size) * spec.burst_gap if spec.burst_size > 0 else 0
         requests.append(

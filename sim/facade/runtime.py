@@ -35,7 +35,7 @@ import threading
 from typing import Any, Iterator, Optional
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from ascendgraph.dynamo_gate import LazyDynamoDispatchMode
 
 from ascendgraph import ops as ag_ops
 from ascendgraph.errors import CaptureConstraintError
@@ -78,7 +78,7 @@ def _allocates(func: Any) -> bool:
     return False
 
 
-class TaskGroupGuard(TorchDispatchMode):
+class TaskGroupGuard(LazyDynamoDispatchMode):
     """Refuses allocating ops while a task group (or a task update) is open."""
 
     def __init__(self, where: str) -> None:

@@ -11,6 +11,7 @@ from ascendgraph.runtime.workload import (
     Scheduler,
     WorkloadSpec,
     generate_workload,
+    sentence,
     simulate_batches,
     tokenize,
 )
@@ -48,6 +49,20 @@ def test_same_seed_gives_the_same_workload_and_another_seed_does_not():
     assert first != generate_workload(WorkloadSpec(num_requests=5, seed=4), vocab_size=2048)
     assert [r.request_id for r in first] == [f"req-{i}" for i in range(5)]
     assert all(4 <= r.max_tokens <= 24 and r.prompt_len >= 1 for r in first)
+
+
+def test_a_prompt_of_n_words_is_n_plus_one_tokens_and_its_text_follows_the_seed():
+    import random
+
+    spec = WorkloadSpec(num_requests=20, seed=11, prompt_words=(1, 40))
+    lengths = random.Random(11)
+    for request in generate_workload(spec, vocab_size=4096):
+        words = lengths.randint(1, 40)
+        assert request.prompt_len == words + 1 == len(request.prompt.split()) + 1
+        lengths.randint(*spec.output_tokens)  # the same draws generate_workload makes, in its order
+        assert request.prompt[0].isupper() and request.prompt.endswith(".")
+        assert request.prompt[:-1].replace(" ", "").isalpha()
+    assert sentence(random.Random(1), 6) == sentence(random.Random(1), 6) != sentence(random.Random(2), 6)
 
 
 def test_bursty_workload_holds_requests_back_until_their_arrival_step():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ascendgraph import ops
+from ascendgraph.dynamo_gate import defer_kernel_dynamo_guard
 from ascendgraph.testing.conformance.registry import ALL, case
 from ascendgraph.testing.conformance.helpers import is_sim, TinyAttention
 
@@ -39,3 +40,6 @@ def _context_attention(query: torch.Tensor, out: torch.Tensor) -> None:
     if impl is None:
         raise RuntimeError("ascendgraph_conformance::context_attention used outside its test")
     impl(query, out)
+
+
+defer_kernel_dynamo_guard(_context_attention)
