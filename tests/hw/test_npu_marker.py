@@ -15,6 +15,8 @@ import pytest
 
 from hw import api
 
+from tests.inner_pytest import NO_HYPOTHESIS
+
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(api.load_torch_npu()[0] is not None, reason="torch_npu is importable here")
 
@@ -43,7 +45,7 @@ def run(root: Path, *args: str) -> tuple[int, str]:
     registered = {ep.value for ep in entry_points(group="pytest11")}
     plugins = [arg for name in ("ascendgraph.testing.plugin", "sim.facade.pytest_plugin")
                if name not in registered for arg in ("-p", name)]
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", *plugins, *args]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", *NO_HYPOTHESIS, *plugins, *args]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     done = subprocess.run(command, capture_output=True, text=True, cwd=root, env=env, timeout=300)
     return done.returncode, done.stdout + done.stderr

@@ -19,6 +19,8 @@ import ascendgraph.testing.scenarios  # noqa: F401  (imported before any in-proc
 import sim.faults  # noqa: F401
 import sim.profiles  # noqa: F401
 
+from tests.inner_pytest import NO_HYPOTHESIS
+
 pytest_plugins = ["pytester"]
 
 # `-p` only where the plugin is not already a pytest11 entry point (a fresh install registers it; twice is an error).
@@ -124,7 +126,7 @@ def write_project(root: Path) -> None:
 
 def run_inner(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "pytest", *PLUGIN, "--strict-markers", "-v", "-rfE", *args],
+        [sys.executable, "-m", "pytest", *NO_HYPOTHESIS, *PLUGIN, "--strict-markers", "-v", "-rfE", *args],
         cwd=root, capture_output=True, text=True, timeout=900,
     )
 
