@@ -27,8 +27,8 @@ from ascendgraph.cli.vllm_flags import VLLM_FLAGS
 from ascendgraph.errors import ConfigError, DeviceUnavailable, GraphModeError
 from ascendgraph.readers import shown
 from ascendgraph.cli.streams import (INTERRUPTED, PIPE_CLOSED, TERMINATED, ClosedStdout, Terminated, emit_json,
-                                     emit_result, emit_text, is_stdout_error, sigterm_unwinds, silence_stdout,
-                                     write_stdout)
+                                     emit_result, emit_text, is_stdout_error, sigterm_unwinds, signals_never_lost,
+                                     silence_stdout, write_stdout)
 
 __all__ = ["main", "build_parser", "parse_command_line", "commands", "Command", "Parser", "CliUsageError", "check_limits", "flag_hint",
            "unrecognized_message", "format_warning", "cli_warnings", "package_version", "emit_json", "emit_result",
@@ -516,7 +516,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     quietly; stdout that cannot be written (``> /dev/full``, ``>&-``) is a one-line error
     (exit 1); Ctrl-C is exit 130. Never a traceback."""
     try:
-        with sigterm_unwinds():
+        with sigterm_unwinds(), signals_never_lost():
             return _main(argv)
     except KeyboardInterrupt:
         emit_text(f"{PROG}: interrupted")

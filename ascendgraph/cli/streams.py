@@ -9,6 +9,9 @@ command ends when its reader or its process goes away.
 * stderr (`emit_text`): best effort, escaped, in stderr's encoding.
 * SIGTERM while a command runs raises `Terminated` (exit 143), so temporary outputs are
   removed by the ``finally`` blocks that own them.
+* A Ctrl-C or SIGTERM is never lost (`signals_never_lost`): Python runs a signal's handler
+  between any two bytecodes, inside a weakref callback or a ``__del__`` method too, and an
+  exception raised there is printed as "Exception ignored" and dropped.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from typing import Any, Iterator
 
 from ascendgraph.readers import dump_json, shown
 
-__all__ = ["emit_json", "emit_result", "emit_text", "write_stdout", "Terminated", "sigterm_unwinds", "INTERRUPTED",
+__all__ = ["emit_json", "emit_result", "emit_text", "write_stdout", "Terminated", "sigterm_unwinds",
+           "signals_never_lost", "REDELIVERY_DELAY_S", "INTERRUPTED",
            "TERMINATED", "PIPE_CLOSED", "ClosedStdout", "is_stdout_error", "silence_stdout"]
 
 def emit_json(document: dict[str, Any]) -> None:
@@ -129,6 +133,62 @@ def sigterm_unwinds() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+# How long after a dropped interrupt it is delivered again: long enough that the callback it
+# was dropped in has returned (they take microseconds), short enough that nobody notices.
+REDELIVERY_DELAY_S = 0.01
+
+
+@contextmanager
+def signals_never_lost() -> Iterator[None]:
+    """While the block runs, a KeyboardInterrupt or `Terminated` that Python dropped because the
+    signal handler ran inside a weakref callback or a ``__del__`` method (it reaches
+    ``sys.unraisablehook`` instead of the command) is delivered again: a timer thread calls
+    ``_thread.interrupt_main`` with the same signal ``REDELIVERY_DELAY_S`` later, when the main
+    thread is back in ordinary code, and the handler raises it there. A capture runs torch's
+    weakref callbacks thousands of times; without this, a Ctrl-C landing in one was printed as
+    "Exception ignored ... KeyboardInterrupt" and the run went on to exit 0. Should the block
+    end before the timer fires, the interrupt is raised as the block ends. A no-op off the
+    main thread. Other unraisable exceptions go to the previous hook unchanged."""
+    import _thread
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = sys.unraisablehook
+    pending: list[threading.Timer] = []
+
+    def redeliver(unraisable: Any) -> None:
+        exc_type = unraisable.exc_type
+        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+            signum = signal.SIGINT
+        elif exc_type is not None and issubclass(exc_type, Terminated):
+            signum = signal.SIGTERM
+        else:
+            previous(unraisable)
+            return
+        timer = threading.Timer(REDELIVERY_DELAY_S, _thread.interrupt_main, (signum,))
+        timer.daemon = True
+        pending.append(timer)
+        timer.start()
+
+    sys.unraisablehook = redeliver
+    try:
+        yield
+    finally:
+        sys.unraisablehook = previous
+        # A redelivery still waiting: cancel it and raise here, at a safe point, instead of
+        # letting it land after the command (and its handlers) returned.
+        waiting = [timer for timer in pending if timer.is_alive()]
+        for timer in waiting:
+            timer.cancel()
+        if waiting:
+            if waiting[0].args[0] == signal.SIGTERM:
+                raise Terminated()
+            raise KeyboardInterrupt
 PIPE_CLOSED = 141  # 128 + SIGPIPE, what a shell reports when the reader went away
 
 

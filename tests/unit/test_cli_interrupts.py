@@ -2,16 +2,21 @@
 
 torch's C++ start-up imports numpy and, if that import is interrupted, goes on without numpy
 instead of raising, so a Ctrl-C in the first seconds of `ascendgraph run` used to be lost
-(the run went on). The command line imports torch with SIGINT deferred."""
+(the run went on). The command line imports torch with SIGINT deferred.
+
+And Ctrl-C / SIGTERM that Python dropped in a weakref callback: delivered again, exit 130 / 143."""
 
 from __future__ import annotations
 
 import signal
+import sys
+import time
+import weakref
 from typing import Iterator
 
 import pytest
 
-from ascendgraph.cli import app
+from ascendgraph.cli import app, streams
 
 
 @pytest.fixture
@@ -60,3 +65,91 @@ def test_a_ctrl_c_while_torch_loads_is_exit_130(python_sigint_handler, monkeypat
     assert app.main(["run", "--requests", "1"]) == app.INTERRUPTED
     assert capsys.readouterr().err.strip().endswith("interrupted")
     assert "run" in app.COMMANDS_USING_TORCH and "explain" not in app.COMMANDS_USING_TORCH
+
+
+# A signal handler runs between any two bytecodes, also inside a weakref callback, where the
+# exception it raises is dropped ("Exception ignored in ..."). A Ctrl-C landing in one of
+# torch's weakref callbacks during a capture was lost and the run went on to exit 0.
+
+
+class _Referent:
+    pass
+
+
+def _dropped_in_a_weakref_callback(error: type[BaseException]) -> None:
+    """What the handler does when the signal lands in a callback: raise where Python drops it."""
+
+    def callback(ref: object) -> None:
+        raise error()
+
+    referent = _Referent()
+    ref = weakref.ref(referent, callback)
+    del referent  # the callback runs here; its exception goes to sys.unraisablehook
+    assert ref() is None
+
+
+def _busy(seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
+@pytest.fixture
+def python_sigterm_handler() -> Iterator[None]:
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_ctrl_c_dropped_in_a_weakref_callback_is_raised_in_the_command(python_sigint_handler, capsys):
+    reached = []
+    with pytest.raises(KeyboardInterrupt):
+        with streams.signals_never_lost():
+            _dropped_in_a_weakref_callback(KeyboardInterrupt)
+            reached.append("after the callback")
+            _busy(5.0)  # the redelivered interrupt ends this long before 5 s
+            reached.append("the command ran on")
+    assert reached == ["after the callback"]
+    assert "Exception ignored" not in capsys.readouterr().err
+
+
+def test_a_sigterm_dropped_in_a_weakref_callback_is_raised_as_terminated(python_sigterm_handler):
+    with pytest.raises(streams.Terminated):
+        with streams.sigterm_unwinds(), streams.signals_never_lost():
+            _dropped_in_a_weakref_callback(streams.Terminated)
+            _busy(5.0)
+
+
+def test_a_block_that_ends_before_the_redelivery_raises_at_its_end_and_nothing_later(python_sigint_handler):
+    with pytest.raises(KeyboardInterrupt):
+        with streams.signals_never_lost():
+            _dropped_in_a_weakref_callback(KeyboardInterrupt)
+    _busy(10 * streams.REDELIVERY_DELAY_S)  # no late interrupt lands here
+    assert sys.unraisablehook is not None
+
+
+def test_other_dropped_exceptions_go_to_the_previous_hook(monkeypatch):
+    seen: list[type] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: seen.append(unraisable.exc_type))
+    recorder = sys.unraisablehook
+    with streams.signals_never_lost():
+        _dropped_in_a_weakref_callback(ValueError)
+    assert seen == [ValueError]
+    assert sys.unraisablehook is recorder
+
+
+def test_the_command_line_turns_a_dropped_ctrl_c_into_exit_130(python_sigint_handler, monkeypatch, capsys):
+    ran_to_the_end = []
+
+    def command(argv: object) -> int:
+        _dropped_in_a_weakref_callback(KeyboardInterrupt)
+        _busy(5.0)
+        ran_to_the_end.append(True)
+        return 0
+
+    monkeypatch.setattr(app, "_main", command)
+    assert app.main(["run"]) == app.INTERRUPTED
+    assert ran_to_the_end == []
+    assert capsys.readouterr().err == "ascendgraph: interrupted\n"
