@@ -358,15 +358,25 @@ def _section_recordable(name: str, enabled: bool, title: str) -> dict[str, Any]:
     return {"skipped": False, **row}
 
 
+def summary_line(stdout_tail: str, stderr_tail: str) -> str:
+    """The line that sums a recorded command up: the last non-blank line of its stdout (pytest's
+    result line, ``.ci/run``'s last step and total), else of its stderr (logs and notices)."""
+    for text in (stdout_tail, stderr_tail):
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        if lines:
+            return lines[-1]
+    return ""
+
+
 def measure_recordable(name: str) -> dict[str, Any]:
     """Run the suite (``make test``'s pytest command) or ``.ci/run`` once, timed (wall, CPU of
     every process it started, load average at the end)."""
     command = RECORD_COMMANDS[name]
     figures = run_measured(command, env=_env(**{NESTED_ENV: "1"}), timeout_s=6 * 3600.0)
-    tail = [line for line in (figures.stdout_tail + "\n" + figures.stderr_tail).splitlines() if line.strip()]
     return {"command": " ".join(os.path.basename(c) if i == 0 else c for i, c in enumerate(command)),
             "seconds": figures.wall_s, "cpu_seconds": figures.cpu_s, "exit_code": figures.exit_code,
-            "summary": tail[-1] if tail else "", "load_average": _load(), "cpus": os.cpu_count(),
+            "summary": summary_line(figures.stdout_tail, figures.stderr_tail), "load_average": _load(),
+            "cpus": os.cpu_count(),
             "recorded": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 

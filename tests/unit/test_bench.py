@@ -192,3 +192,11 @@ def test_the_plan_goal_is_met_only_when_the_first_plan_with_empty_caches_meets_i
 
     assert verdict(plan(0.6, 11.7)) is False  # a user's first plan finds no plan cache
     assert verdict(plan(0.6, 1.9)) is True
+
+
+def test_a_recorded_summary_is_the_last_line_of_stdout_not_a_notice_on_stderr():
+    ci_stdout = "ci: main test suite done in 200s\nci: vLLM Ascend suite done in 60s (total 517s)\n\n"
+    notice = "sim.facade: torch_npu is the ascendgraph simulator facade\n"
+    assert bench_module.summary_line(ci_stdout, notice) == "ci: vLLM Ascend suite done in 60s (total 517s)"
+    assert bench_module.summary_line("  \n", "error: something failed\n") == "error: something failed"
+    assert bench_module.summary_line("", "") == ""
