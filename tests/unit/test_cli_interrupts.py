@@ -19,14 +19,18 @@ import pytest
 from ascendgraph.cli import app, streams
 
 
-@pytest.fixture
-def python_sigint_handler() -> Iterator[None]:
-    """The handler a fresh interpreter has (a test runner may have installed another)."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+def _fresh_interpreter_handler(signum: signal.Signals, handler: object) -> Iterator[None]:
+    """The handler a fresh interpreter has for ``signum`` (a test runner may have installed another)."""
+    previous = signal.signal(signum, handler)
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        signal.signal(signum, previous)
+
+
+@pytest.fixture
+def python_sigint_handler() -> Iterator[None]:
+    yield from _fresh_interpreter_handler(signal.SIGINT, signal.default_int_handler)
 
 
 def test_a_ctrl_c_during_the_block_is_raised_after_it_completes(python_sigint_handler):
@@ -96,11 +100,7 @@ def _busy(seconds: float) -> None:
 
 @pytest.fixture
 def python_sigterm_handler() -> Iterator[None]:
-    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    yield from _fresh_interpreter_handler(signal.SIGTERM, signal.SIG_DFL)
 
 
 def test_a_ctrl_c_dropped_in_a_weakref_callback_is_raised_in_the_command(python_sigint_handler, capsys):
