@@ -27,7 +27,7 @@ from typing import Any, Optional
 import torch
 
 from sim.capture import TaskGroup
-from sim.facade import kernels, npu
+from sim.facade import kernels, model_kernels, npu
 from sim.facade.runtime import runtime
 from sim.facade.weak_refs import weak_ref_tensor
 
@@ -239,6 +239,7 @@ def facade_modules() -> dict[str, ModuleType]:
             __version__=VERSION, __path__=[],
             **{DEVICE_TYPE_ATTRIBUTE: "cpu"}, **NPU_DTYPE_CODES,
             **{name: NotModelled(f"torch_npu.{name}") for name in PLACEHOLDERS}, **kernels.exported_ops(),
+            **model_kernels.exported_ops(),
         )
         _MODULES = {"torch_npu": top, "torch_npu.npu": npu, "torch_npu._C": c_module,
                     "torch_npu._C._distributed_c10d": c_distributed,
