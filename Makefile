@@ -6,12 +6,18 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ascendgraph-installed
 
-.PHONY: run test test-all bench parity parity-record vllm-ascend-env vllm-ascend mutation mutation-rules clean
+.PHONY: run test test-all bench parity parity-record vllm-ascend-env vllm-ascend mutation mutation-rules npu-device clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
 	touch $(STAMP)
+
+# The simulated NPU's torch device (sim/npu_device, a C++ extension): built with g++ and ninja into
+# the cache once per machine, found there afterwards (about a second). A failed build prints one
+# line and does not stop `make test`: the CPU simulator does not need the extension.
+npu-device: $(STAMP)
+	-$(PY) -m sim.npu_device
 
 # The main job: graph mode end to end on the CPU simulator.
 run: $(STAMP)
@@ -19,11 +25,11 @@ run: $(STAMP)
 
 # The default test suite (no NPU, no vLLM needed), parallel on all cores; worksteal: an idle
 # worker takes queued tests from a busy one, so no core waits on the other at the end.
-test: $(STAMP)
+test: $(STAMP) npu-device
 	$(PY) -m pytest -n auto --dist worksteal
 
 # Everything that runs without an NPU: the default suite plus the slow tests (10,000-example fuzzing).
-test-all: $(STAMP)
+test-all: $(STAMP) npu-device
 	$(PY) -m pytest -n auto -m 'not npu and not vllm and not vllm_ascend'
 
 # Differential tests against vLLM 0.32, in their own cached venv (docs/parity.md); what .ci/run does second.

@@ -26,6 +26,7 @@ optimisation merged runs of them (`sim.program.Program.merge_runs`): the calls s
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import math
 import time
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -314,7 +315,7 @@ class Capture:
         nbytes = meta.untyped_storage().nbytes() if meta.numel() else 0
         self.device._capture_malloc(self, nbytes)
         if self.on_arena and nbytes:
-            real = self.pool.arena.allocate(meta, self.memory, next(self.device._stamps))
+            real = self.pool.arena.allocate(meta, self.memory, next(self.device._stamps), self.stream.stream_id)
         else:
             real = torch.empty_strided(meta.size(), meta.stride(), dtype=meta.dtype, device=self.device.torch_device)
             self.pool_blocks.append(real.untyped_storage())
@@ -322,6 +323,17 @@ class Capture:
             real.fill_(math.nan)
         self.fresh_bytes += nbytes
         return real
+
+    def allocate_raw(self, nbytes: int) -> int:
+        """A raw block of the capture's pool (``device.memory.allocate`` on the capturing stream):
+        counted, consulted by the malloc failpoint, poisoned (all bits set: NaN in every float
+        dtype) like a tensor's fresh block; freed by address."""
+        self.device._capture_malloc(self, nbytes)
+        allocation = self.pool.arena.take(nbytes, self.memory, next(self.device._stamps), self.stream.stream_id, raw=True)
+        if self.poison:
+            ctypes.memset(allocation.address, 0xFF, nbytes)
+        self.fresh_bytes += nbytes
+        return allocation.address
 
     def bind_program(self) -> None:
         """Point every recorded tensor that lies on a pool block at the block's program alias

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections import deque
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional
 
@@ -169,10 +168,14 @@ class CaptureMixin:
         self._fault("malloc", size_bytes=nbytes)
         pool = capture.pool
         projected = self._pool_bytes() - pool.bytes + max(pool.bytes, capture.fresh_bytes + nbytes)
-        if projected > self.profile.memory_bytes:
+        device_pool = self.memory.pool  # what the device's own pool holds counts too (sim.memory)
+        if projected + device_pool.reserved_bytes > self.profile.memory_bytes:
+            device_pool.release_cached()
+        if projected + device_pool.reserved_bytes > self.profile.memory_bytes:
+            held = f" and the device pool {device_pool.reserved_bytes}" if device_pool.reserved_bytes else ""
             raise torch.OutOfMemoryError(
                 TEXT_NPU_OOM.format(size=f"{nbytes / 2**20:.2f} MiB")
-                + f" (graph pools would hold {projected} bytes of the {self.profile.memory_bytes} "
+                + f" (graph pools would hold {projected} bytes{held} of the {self.profile.memory_bytes} "
                 "the device has)"
             )
 
@@ -262,11 +265,7 @@ class CaptureMixin:
             self._abort_capture(graph)
             return
         if graph.state == CAPTURED:
-            for stream in list(self._busy):
-                kept = [item for item in stream.pending if getattr(item, "graph", None) is not graph]
-                if len(kept) != len(stream.pending):
-                    stream.pending = deque(kept)
-                    self._drain(stream)
+            self.queues.drop(lambda item: getattr(item, "graph", None) is not graph)
             if graph._finalizer is not None:
                 graph._finalizer()
             graph._hold = None

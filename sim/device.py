@@ -57,7 +57,9 @@ from sim.pool_memory import PoolAllocation, PoolWeakTensor
 from sim.pools import SimPool, SimPoolHandle
 from sim.profiles import DEFAULT_PROFILE, SimProfile, get_profile
 from sim.recorder import OpInfo, classify
-from sim.replay import ReplayMixin, _EagerWait
+from sim.replay import ReplayMixin
+from sim.queues import StreamQueues
+from sim.memory import DeviceMemory, MemoryOwner
 from sim.streams import SimEvent, SimExternalEvent, SimStream
 from sim.task_groups import TaskGroupMixin
 from sim.tracing import SUPER_KERNEL_OPTION_KEYS, KernelRecord, TraceSpan, TracingMixin
@@ -151,12 +153,13 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
         self._streams: list[SimStream] = [self._default]
         self._capture_stream: Optional[SimStream] = None
         self._tls = threading.local()
-        self._busy: set[SimStream] = set()
+        self.queues = StreamQueues(_QueueRunner(self))
         self._event_ids = itertools.count(1)
         self._graph_ids = itertools.count(1)
         self._pool_ids = itertools.count(1)
         self._hold_ids = itertools.count(1)
         self._pools: dict[int, SimPool] = {}
+        self.memory = DeviceMemory(_DeviceMemoryOwner(self))
         self._ops: dict[Any, OpInfo] = {}
 
         self._capture: Optional[Capture] = None
@@ -297,11 +300,12 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
         return sum(pool.bytes for pool in list(self._pools.values()))
 
     def empty_cache(self) -> None:
-        """Graph pools are not returned by empty_cache (as on the device): a no-op."""
-        self._check_alive()
+        """Give back the device pool's cached free segments (`sim.memory`); graph pools stay, as on the device."""
+        self.memory.empty_cache()
 
     def memory_allocated(self) -> int:
-        return self._pool_bytes()
+        """Bytes handed out: the device pool's blocks and the graph pools (`sim.memory.DeviceMemory`)."""
+        return self.memory.allocated_bytes()
 
     def _host_sync_check(self, what: str) -> None:
         capture = self._capture
@@ -321,20 +325,23 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
         self._check_alive()
         self._host_sync_check("device.synchronize()")
         self._fault("synchronize")
-        self._synchronize_streams(list(self._busy), what="device.synchronize()")
+        self.queues.flush(reason="device.synchronize()")
         self._host_us = max(self._host_us, self._device_us)
 
     def _synchronize_streams(self, streams: list[SimStream], *, what: str) -> None:
         self._check_alive()
         self._host_sync_check(what)
-        self._surface_stale()
         for stream in streams:
-            if not stream.pending:
-                continue
-            head = stream.pending[0]
-            if isinstance(head, _EagerWait):
-                raise GraphHang(GRAPH_HANG_STREAM.format(stream=stream, event=head.event))
-            raise GraphHang(GRAPH_HANG_REPLAY.format(graph=head.graph.name, event=head.waiting_on))
+            self.queues.flush(stream, reason=what)
+
+    def host_read(self, what: str) -> None:
+        """The host is about to read device memory (``what``: the call, for messages): inside a
+        capture that is the host-sync error; otherwise the current stream's queued work runs
+        first, as ``.item()`` on a card copies on the current stream and waits for it."""
+        self._check_alive()
+        self._host_sync_check(what)
+        self.queues.flush(self._current(), reason=what)
+        self._host_us = max(self._host_us, self._device_us)
 
     def weak_ref(self, tensor: torch.Tensor) -> torch.Tensor:
         """torch_npu's ``_weak_ref_tensor`` on the simulator. A tensor on a graph-pool block
@@ -358,8 +365,8 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
         if self._capture is not None:
             pools.append(self._capture.pool)
         for pool in pools:
-            if pool._arena is not None:
-                allocation = pool._arena.allocation_of(tensor)
+            if pool.has_arena:
+                allocation = pool.arena.allocation_of(tensor)
                 if allocation is not None:
                     return allocation
         return None
@@ -391,14 +398,14 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
 
     def stats(self) -> DeviceStats:
         pool_bytes = self._pool_bytes()
-        suspended = sum(1 for s in self._busy for item in s.pending if isinstance(item, ReplayRun))
+        suspended = sum(1 for s in self.queues.busy_streams() for item in s.pending if isinstance(item, ReplayRun))
         return DeviceStats(
             streams_in_use=self._ledger.in_use,
             stream_limit=self._ledger.budget,
             graphs_alive=self._graphs_alive,
             graphs_captured_total=self._captured_total,
             pool_bytes=pool_bytes,
-            allocated_bytes=pool_bytes,
+            allocated_bytes=self.memory.allocated_bytes(),
             virtual_time_us=max(self._host_us, self._device_us),
             extra={
                 "profile": self.profile.name,
@@ -425,3 +432,70 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
     def __repr__(self) -> str:
         return f"<SimDevice #{self.uid} {self.profile.name}>"
 
+
+
+class _QueueRunner:
+    """What `sim.queues.StreamQueues` needs from its device: run a replay, report stale parameters."""
+
+    __slots__ = ("_device",)
+
+    def __init__(self, device: SimDevice) -> None:
+        self._device = device
+
+    def advance(self, run: Any, stream: SimStream) -> bool:
+        return self._device._advance(run, stream)
+
+    def surface_stale(self) -> None:
+        self._device._surface_stale()
+
+
+class _DeviceMemoryOwner(MemoryOwner):
+    """What `sim.memory.DeviceMemory` needs from its device: the limit, the graph pools, the capture."""
+
+    __slots__ = ("_device",)
+
+    def __init__(self, device: SimDevice) -> None:
+        self._device = device
+
+    def memory_limit(self) -> int:
+        return int(self._device.profile.memory_bytes)
+
+    def graph_pool_bytes(self) -> int:
+        """The graph pools' bytes, the capture under way included (its pool as it would stand now)."""
+        device = self._device
+        total = device._pool_bytes()
+        capture = device._capture
+        if capture is not None:
+            pool = capture.pool
+            held = pool.bytes if device._pools.get(pool.handle.pool_id) is pool else 0
+            total += max(held, capture.fresh_bytes) - held
+        return total
+
+    def capture_allocate(self, nbytes: int, stream: Optional[SimStream]) -> Optional[int]:
+        device = self._device
+        capture = device._capture
+        if capture is None or (stream or device._current()) is not capture.stream:
+            return None
+        return capture.allocate_raw(nbytes)
+
+    def capture_free(self, address: int) -> bool:
+        device = self._device
+        pools = list(device._pools.values())
+        if device._capture is not None:
+            pools.append(device._capture.pool)
+        for pool in pools:
+            if pool.has_arena and pool.arena.release_raw(address):
+                return True
+        return False
+
+    def stream_id(self, stream: Optional[SimStream]) -> int:
+        return (stream or self._device._current()).stream_id
+
+    def consult_malloc_fault(self, nbytes: int) -> None:
+        self._device._fault("malloc", size_bytes=nbytes)
+
+    def check_alive(self) -> None:
+        self._device._check_alive()
+
+    def has_memory(self) -> bool:
+        return not self._device.meta_tensors

@@ -50,18 +50,17 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import weakref
-from bisect import bisect_right
 from typing import Any, Callable, Optional
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_map
 
+from sim.memory import MIN_BLOCK_BYTES, Block, BlockPool, Segment
+
 _dispatch_stack_len = torch._C._len_torch_dispatch_stack
 
 __all__ = [
-    "BLOCK_BYTES",
-    "SEGMENT_BYTES",
     "DeadWeakReference",
     "PoolBlockReused",
     "GraphMemory",
@@ -70,8 +69,6 @@ __all__ = [
     "PoolWeakTensor",
 ]
 
-BLOCK_BYTES = 512  # the caching allocator's rounding of a block
-SEGMENT_BYTES = 4 << 20  # the least a new segment reserves (larger blocks get a segment of their own size)
 
 
 class DeadWeakReference(RuntimeError):
@@ -99,7 +96,7 @@ POOL_BLOCK_REUSED = (
 )
 
 
-def _alias(segment: "PoolSegment", start: int, nbytes: int) -> torch.UntypedStorage:
+def _alias(segment: Segment, start: int, nbytes: int) -> torch.UntypedStorage:
     """A storage over ``nbytes`` of ``segment`` at ``start`` that keeps the segment alive."""
     view = (ctypes.c_uint8 * nbytes).from_address(segment.address + start)
     view.segment = segment.memory  # type: ignore[attr-defined]  # the memory outlives every alias
@@ -118,94 +115,75 @@ def tensor_on(storage: torch.UntypedStorage, like: torch.Tensor) -> torch.Tensor
         return torch.empty(0, dtype=like.dtype).set_(storage, like.storage_offset(), like.size(), like.stride())
 
 
-class PoolSegment:
-    """One reservation of host memory; ``free`` is its sorted list of free [start, end) ranges."""
-
-    __slots__ = ("memory", "address", "nbytes", "free", "writers", "last_stamp", "__weakref__")
-
-    def __init__(self, nbytes: int) -> None:
-        self.memory = torch.empty(nbytes, dtype=torch.uint8)
-        self.address = self.memory.data_ptr()
-        self.nbytes = nbytes
-        self.free: list[list[int]] = [[0, nbytes]]
-        self.writers: dict["GraphMemory", None] = {}  # graphs holding blocks here (insertion-ordered set)
-        self.last_stamp = 0  # the latest write stamp of any graph in this segment
-
-    def take(self, size: int) -> Optional[int]:
-        for index, (start, end) in enumerate(self.free):
-            if end - start >= size:
-                if end - start == size:
-                    del self.free[index]
-                else:
-                    self.free[index][0] = start + size
-                return start
-        return None
-
-    def give_back(self, start: int, size: int) -> None:
-        end = start + size
-        free = self.free
-        index = bisect_right(free, [start, end])
-        if index > 0 and free[index - 1][1] == start:
-            free[index - 1][1] = end
-            if index < len(free) and free[index][0] == end:
-                free[index - 1][1] = free[index][1]
-                del free[index]
-        elif index < len(free) and free[index][0] == end:
-            free[index][0] = start
-        else:
-            free.insert(index, [start, end])
-
-    @property
-    def free_bytes(self) -> int:
-        return sum(end - start for start, end in self.free)
-
-
 class GraphMemory:
     """The blocks one capture was handed, and when its graph last wrote them (a device stamp)."""
 
-    __slots__ = ("name", "stamp", "alive", "ranges", "__weakref__")
+    __slots__ = ("name", "stamp", "alive", "ranges", "arena", "__weakref__")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.stamp = 0
         self.alive = True
-        self.ranges: dict[PoolSegment, list[tuple[int, int]]] = {}  # per segment, in allocation order
+        self.ranges: dict[Segment, list[tuple[int, int]]] = {}  # per segment, in allocation order
+        self.arena: Optional["PoolArena"] = None
 
     def wrote(self, stamp: int) -> None:
         """The graph wrote its blocks (a replay launched at ``stamp``)."""
         self.stamp = stamp
+        arena = self.arena
+        if arena is None:
+            return
+        last = arena.last_stamp
         for segment in self.ranges:
-            if segment.last_stamp < stamp:
-                segment.last_stamp = stamp
+            if last.get(segment, 0) < stamp:
+                last[segment] = stamp
 
-    def overlaps(self, segment: PoolSegment, start: int, end: int) -> bool:
+    def overlaps(self, segment: Segment, start: int, end: int) -> bool:
         return any(s < end and start < e for s, e in self.ranges.get(segment, ()))
 
     def release(self) -> None:
         """The graph was reset: its blocks are no longer written by it, references to them are dead."""
         self.alive = False
-        for segment in self.ranges:
-            segment.writers.pop(self, None)
+        if self.arena is not None:
+            for segment in self.ranges:
+                writers = self.arena.writers.get(segment)
+                if writers is not None:
+                    writers.pop(self, None)
         self.ranges = {}
 
 
 class PoolAllocation:
-    """One block handed to a capture."""
+    """One block handed to a capture: a tensor's (seen through a user and a program alias) or a
+    raw one (`sim.memory.DeviceMemory.allocate` while a stream captures: freed by address)."""
 
-    __slots__ = ("segment", "start", "nbytes", "size", "owner", "user_storage", "program_storage", "stamp", "_keep")
+    __slots__ = ("arena", "block", "segment", "start", "nbytes", "size", "owner", "user_storage",
+                 "program_storage", "stamp", "_keep", "__weakref__")
 
-    def __init__(self, segment: PoolSegment, start: int, nbytes: int, size: int, owner: GraphMemory,
-                 stamp: int) -> None:
-        self.segment = segment
-        self.start = start
+    def __init__(self, arena: "PoolArena", block: Block, nbytes: int, owner: GraphMemory, stamp: int,
+                 *, raw: bool = False) -> None:
+        self.arena = arena
+        self.block = block
+        self.segment = block.segment
+        self.start = block.offset
         self.nbytes = nbytes  # what the tensor needs
-        self.size = size  # what the block takes (rounded)
+        self.size = block.size  # what the block takes (rounded)
         self.owner = owner
         self.stamp = stamp  # when it was handed out (the capture poisons it: a write)
-        self.program_storage = _alias(segment, start, nbytes)
-        user = _alias(segment, start, nbytes)
-        self.user_storage: Callable[[], Optional[torch.UntypedStorage]] = weakref.ref(user)
-        self._keep: Optional[torch.UntypedStorage] = user  # dropped by `PoolArena.allocate` once a tensor holds it
+        self.program_storage = _alias(self.segment, self.start, max(nbytes, 1))
+        self.user_storage: Optional[Callable[[], Optional[torch.UntypedStorage]]] = None
+        self._keep: Optional[torch.UntypedStorage] = None
+        if not raw:
+            user = _alias(self.segment, self.start, nbytes)
+            self.user_storage = weakref.ref(user)
+            self._keep = user  # dropped by `PoolArena.allocate` once a tensor holds it
+
+    @property
+    def address(self) -> int:
+        return self.segment.address + self.start
+
+    @property
+    def raw(self) -> bool:
+        return self.user_storage is None
 
     def last_write(self) -> int:
         return max(self.stamp, self.owner.stamp)
@@ -214,78 +192,91 @@ class PoolAllocation:
         """The graph (and its stamp) that wrote an overlapping block after this one's owner, or None."""
         segment = self.segment
         mine = self.last_write()
-        if segment.last_stamp <= mine:
+        if self.arena.last_stamp.get(segment, 0) <= mine:
             return None
         end = self.start + self.nbytes
-        for other in segment.writers:
+        for other in self.arena.writers.get(segment, ()):
             if other is not self.owner and other.stamp > mine and other.overlaps(segment, self.start, end):
                 return other, other.stamp
         return None
 
 
 class PoolArena:
-    """The host memory of one graph pool."""
+    """The host memory of one graph pool: a `sim.memory.BlockPool` whose blocks are handed to
+    captures, plus who wrote which segment when (for the weak-reference checks)."""
 
-    __slots__ = ("segments", "live", "by_address", "__weakref__")
+    __slots__ = ("blocks", "live", "writers", "last_stamp", "__weakref__")
 
-    def __init__(self) -> None:
-        self.segments: list[PoolSegment] = []
-        self.live: list[PoolAllocation] = []  # handed out; free again once the user storage dies
-        self.by_address: dict[int, PoolAllocation] = {}  # live blocks by address, for weak references
+    def __init__(self, name: str = "graph pool") -> None:
+        self.blocks = BlockPool(name)
+        self.live: dict[int, PoolAllocation] = {}  # handed out, by address
+        self.writers: dict[Segment, dict[GraphMemory, None]] = {}  # graphs holding blocks per segment (ordered set)
+        self.last_stamp: dict[Segment, int] = {}  # the latest write stamp of any graph per segment
+
+    @property
+    def segments(self) -> list[Segment]:
+        return self.blocks.segments
 
     @property
     def reserved_bytes(self) -> int:
-        return sum(segment.nbytes for segment in self.segments)
+        return self.blocks.reserved_bytes
 
     def sweep(self) -> int:
-        """Return every block whose user tensors are all gone to its segment's free list."""
-        kept: list[PoolAllocation] = []
+        """Return every block whose user tensors are all gone to the pool's free blocks."""
         freed = 0
-        for allocation in self.live:
-            if allocation.user_storage() is None:
-                allocation.segment.give_back(allocation.start, allocation.size)
-                address = allocation.segment.address + allocation.start
-                if self.by_address.get(address) is allocation:
-                    del self.by_address[address]
-                freed += allocation.size
-            else:
-                kept.append(allocation)
-        self.live = kept
+        for allocation in list(self.live.values()):
+            if allocation.user_storage is not None and allocation.user_storage() is None:
+                freed += self.release(allocation)
         return freed
 
-    def allocate(self, like: torch.Tensor, owner: GraphMemory, stamp: int) -> torch.Tensor:
-        """A tensor shaped like ``like`` (a meta tensor) on a block of this pool, handed to ``owner``."""
-        nbytes = like.untyped_storage().nbytes()
-        size = -(-nbytes // BLOCK_BYTES) * BLOCK_BYTES
-        for segment in self.segments:
-            start = segment.take(size)
-            if start is not None:
-                break
-        else:
-            segment = PoolSegment(max(size, SEGMENT_BYTES))
-            self.segments.append(segment)
-            start = segment.take(size)
-            assert start is not None
-        allocation = PoolAllocation(segment, start, nbytes, size, owner, stamp)
-        owner.ranges.setdefault(segment, []).append((start, start + nbytes))
-        segment.writers[owner] = None
-        if segment.last_stamp < stamp:
-            segment.last_stamp = stamp
+    def release(self, allocation: PoolAllocation) -> int:
+        """Give ``allocation``'s block back to the pool (it may be handed out again); returns its size."""
+        if self.live.get(allocation.address) is not allocation:
+            return 0
+        del self.live[allocation.address]
+        self.blocks.give_back(allocation.block)
+        return allocation.size
+
+    def release_raw(self, address: int) -> bool:
+        """Free a raw block (``device.memory.free``); False when none of this pool starts at ``address``."""
+        allocation = self.live.get(address)
+        if allocation is None or not allocation.raw:
+            return False
+        self.release(allocation)
+        return True
+
+    def take(self, nbytes: int, owner: GraphMemory, stamp: int, stream_id: int, *, raw: bool = False) -> PoolAllocation:
+        """A block of at least ``nbytes`` handed to ``owner`` (a new segment when none fits)."""
+        block = self.blocks.take(nbytes, stream_id, lambda size, small: Segment(size, small))
+        allocation = PoolAllocation(self, block, nbytes, owner, stamp, raw=raw)
+        block.holder = allocation
+        segment = block.segment
+        owner.arena = self
+        owner.ranges.setdefault(segment, []).append((allocation.start, allocation.start + nbytes))
+        self.writers.setdefault(segment, {})[owner] = None
+        if self.last_stamp.get(segment, 0) < stamp:
+            self.last_stamp[segment] = stamp
         owner.stamp = max(owner.stamp, stamp)
-        self.live.append(allocation)
-        self.by_address[segment.address + start] = allocation
+        self.live[allocation.address] = allocation
+        return allocation
+
+    def allocate(self, like: torch.Tensor, owner: GraphMemory, stamp: int, stream_id: int = 0) -> torch.Tensor:
+        """A tensor shaped like ``like`` (a meta tensor) on a block of this pool, handed to ``owner``."""
+        allocation = self.take(like.untyped_storage().nbytes(), owner, stamp, stream_id)
         user = allocation._keep
         allocation._keep = None
         assert user is not None
         return tensor_on(user, like)
 
     def allocation_of(self, tensor: torch.Tensor) -> Optional[PoolAllocation]:
-        """The live block ``tensor``'s storage is (its user alias), or None."""
+        """The live block ``tensor``'s storage is (its user alias, or a raw block's memory), or None."""
         storage = tensor.untyped_storage()
-        allocation = self.by_address.get(storage.data_ptr())
-        if allocation is None or allocation.user_storage() is not storage:
+        allocation = self.live.get(storage.data_ptr())
+        if allocation is None:
             return None
-        return allocation
+        if allocation.user_storage is None:  # raw: the device type's own tensor over the address
+            return allocation
+        return allocation if allocation.user_storage() is storage else None
 
     def program_tensor(self, tensor: torch.Tensor) -> Optional[torch.Tensor]:
         """The program's alias of ``tensor`` when it lies on a block of this pool, else None."""

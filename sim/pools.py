@@ -39,6 +39,11 @@ class SimPool:
         self._arena: Optional[PoolArena] = None
 
     @property
+    def has_arena(self) -> bool:
+        """Whether the pool has host memory yet (its first real allocation made it)."""
+        return self._arena is not None
+
+    @property
     def arena(self) -> PoolArena:
         """The pool's host memory (made on first use)."""
         if self._arena is None:
@@ -50,7 +55,7 @@ class SimPool:
         (an alias still alive keeps its own segment's memory, never the pool's bookkeeping)."""
         if self._arena is not None and not self.footprints:
             self._arena.sweep()
-            if not self._arena.live:
+            if not self._arena.live:  # raw blocks (freed by address) and tensors still alive keep it
                 self._arena = None
 
     @property

@@ -14,44 +14,16 @@ from typing import Any, Optional
 
 import torch
 
-from ascendgraph.errors import EXTERNAL_EVENT_NOT_RESET, RECORD_BEHIND_ITS_WAIT, GraphHang
 from sim import kernels
 from sim.capture import COPY_MANY, COPY_ONE, modes_off
 from sim.faults import Action
 from sim.graph import ReplayRun, SimGraph
+from sim.queues import EagerWait, QueuedEventOp
 from sim.streams import SimExternalEvent, SimStream
 
 __all__ = ["ReplayMixin"]
 
 _NO_CONTEXT = contextlib.nullcontext()
-
-
-class _EagerWait:
-    """An eager wait on an unrecorded ExternalEvent, blocking its stream."""
-
-    __slots__ = ("event",)
-
-    def __init__(self, event: SimExternalEvent) -> None:
-        self.event = event
-
-
-class _QueuedEventOp:
-    """An eager ExternalEvent record or reset issued on a stream with work pending: like any
-    task on a stream, it takes effect when the stream reaches it."""
-
-    __slots__ = ("kind", "event")
-
-    def __init__(self, kind: str, event: SimExternalEvent) -> None:
-        self.kind = kind  # "record" or "reset"
-        self.event = event
-
-
-def _waits_on(item: Any) -> Optional[SimExternalEvent]:
-    if isinstance(item, _EagerWait):
-        return item.event
-    if isinstance(item, _QueuedEventOp):
-        return None
-    return getattr(item, "waiting_on", None)
 
 
 class ReplayMixin:
@@ -70,20 +42,10 @@ class ReplayMixin:
         if stream.pending:
             # Stream order: the record runs after what the stream is blocked on. If that is
             # a wait for this very event, the record can never run: a hang on the device.
-            for item in stream.pending:
-                if _waits_on(item) is event:
-                    blocked_by = f"replay of {item.graph.name}" if hasattr(item, "graph") else "an eager wait"
-                    raise GraphHang(RECORD_BEHIND_ITS_WAIT.format(event=event, stream=stream, blocked_by=blocked_by))
-            stream.pending.append(_QueuedEventOp("record", event))
+            self.queues.check_record(event, stream)
+            self.queues.append(stream, QueuedEventOp("record", event))
             return
-        self._set_flag(event)
-
-    def _set_flag(self, event: SimExternalEvent) -> None:
-        if event.flag:
-            raise RuntimeError(EXTERNAL_EVENT_NOT_RESET.format(event=event))
-        event.flag = True
-        self._wake(event)
-        self._surface_stale()
+        self.queues.set_flag(event)
 
     def _external_wait(self, event: SimExternalEvent, stream: Optional[SimStream]) -> None:
         self._check_alive()
@@ -94,8 +56,7 @@ class ReplayMixin:
             return
         if event.flag and not stream.pending:
             return
-        stream.pending.append(_EagerWait(event))
-        self._busy.add(stream)
+        self.queues.append(stream, EagerWait(event))
 
     def _external_reset(self, event: SimExternalEvent, stream: Optional[SimStream]) -> None:
         self._check_alive()
@@ -105,40 +66,9 @@ class ReplayMixin:
             capture.control("reset", event)
             return
         if stream.pending:  # stream order, as a record
-            stream.pending.append(_QueuedEventOp("reset", event))
+            self.queues.append(stream, QueuedEventOp("reset", event))
             return
         event.flag = False
-
-    def _wake(self, event: SimExternalEvent) -> None:
-        for stream in list(self._busy):
-            head = stream.pending[0] if stream.pending else None
-            if head is not None and _waits_on(head) is event:
-                self._drain(stream)
-
-    def _drain(self, stream: SimStream) -> None:
-        pending = stream.pending
-        while pending:
-            head = pending[0]
-            if isinstance(head, _EagerWait):
-                if not head.event.flag:
-                    return
-                pending.popleft()
-                continue
-            if isinstance(head, _QueuedEventOp):
-                pending.popleft()
-                if head.kind == "record":
-                    self._set_flag(head.event)
-                else:
-                    head.event.flag = False
-                continue
-            if head.waiting_on is not None:
-                if not head.waiting_on.flag:
-                    return
-                head.waiting_on = None
-            if not self._advance(head, stream):
-                return
-            pending.popleft()
-        self._busy.discard(stream)
 
     # ------------------------------------------------------------------ graphs: replay
     def _replay(self, graph: SimGraph) -> None:
@@ -163,12 +93,10 @@ class ReplayMixin:
         if term is not None and term.action is Action.HANG:
             run.waiting_on = SimExternalEvent(self, f"an injected hang at replay of {graph.name}")
         if run.waiting_on is not None or stream.pending:
-            stream.pending.append(run)
-            self._busy.add(stream)
+            self.queues.append(stream, run)
             return
         if not self._advance(run, stream):
-            stream.pending.append(run)
-            self._busy.add(stream)
+            self.queues.append(stream, run)
         self._surface_stale()
 
     def _advance(self, run: ReplayRun, stream: SimStream) -> bool:
@@ -218,7 +146,7 @@ class ReplayMixin:
         if self._profiling:
             self._end_replay_part(run, stream, finished)
         for event in recorded:
-            self._wake(event)
+            self.queues.wake(event)
         return finished
 
 

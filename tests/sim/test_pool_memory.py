@@ -10,7 +10,7 @@ import torch
 
 from ascendgraph.errors import CaptureConstraintError
 from sim import SimDevice
-from sim.pool_memory import DeadWeakReference, PoolArena, PoolBlockReused, PoolWeakTensor, PoolSegment
+from sim.pool_memory import DeadWeakReference, PoolArena, PoolBlockReused, PoolWeakTensor
 
 N = 4096  # elements per test tensor: 16 KiB in float32
 
@@ -154,26 +154,15 @@ def test_the_pool_of_graphs_captured_largest_first_costs_the_largest_graph():
     device = SimDevice()
     pool = device.graph_pool_handle()
     total = 0
-    for size in (256 * N, 128 * N, 64 * N, 32 * N):  # the first graph: two 4 MiB blocks
+    for size in (768 * N, 384 * N, 192 * N, 96 * N):  # the first graph: two 12 MiB blocks, a segment each
         x = torch.ones(size)
         _, out = capture(device, lambda: (x * 2) + 1, pool=pool)
         device.weak_ref(out)
         total += 2 * 4 * size
         del out
     arena = device._pools[pool.pool_id].arena
-    assert arena.reserved_bytes == 2 * 4 * 256 * N  # the first graph's two blocks, reused by every later one
+    assert arena.reserved_bytes == 2 * 4 * 768 * N  # the first graph's two blocks, split for every later one
     assert arena.reserved_bytes < total / 1.8
-
-
-def test_segment_free_ranges_coalesce():
-    segment = PoolSegment(4096)
-    a, b, c = segment.take(1024), segment.take(1024), segment.take(1024)
-    assert (a, b, c) == (0, 1024, 2048)
-    segment.give_back(a, 1024)
-    segment.give_back(c, 1024)
-    assert segment.free == [[0, 1024], [2048, 4096]]
-    segment.give_back(b, 1024)
-    assert segment.free == [[0, 4096]]
 
 
 def test_an_arena_sweep_frees_only_blocks_whose_tensors_are_gone():

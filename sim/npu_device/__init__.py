@@ -1,0 +1,150 @@
+"""The simulated NPU as a torch device: ``torch.empty(..., device="npu")`` on the CPU simulator.
+
+torch's PrivateUse1 backend, spelled "npu" as torch_npu spells it, backed by a `SimDevice`:
+
+* ``csrc/npu_device.cpp`` — the C++ torch needs (allocator, pinned host allocator, device
+  guard, hooks, generators, metadata kernels), forwarding every decision to
+* `driver` — the Python driver (which simulated NPU, which block of memory, which stream), and
+* `fallback` — every other op: the CPU kernel on CPU aliases of the device memory (no copies),
+  submitted to the stream's queue;
+* `simulator` — the one seam to the SimDevice's internals;
+* `build` — compiling the C++ once per machine into the cache.
+
+`enable()` loads the extension (building it on first use), spells PrivateUse1 "npu", gives
+tensors and modules their ``.npu()`` / ``is_npu`` and attaches the driver; `attach()` says which
+SimDevice serves the device. Both are process-wide (torch's device registration cannot be
+undone). The torch_npu facade (`sim.facade`) does both when it is installed; docs/facade.md
+describes what the device models and where it deviates from torch_npu.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
+
+import torch
+
+from sim.npu_device.build import NpuDeviceBuildError, load_extension
+from sim.npu_device.driver import Driver, NoSimulatedNpu
+
+if TYPE_CHECKING:  # pragma: no cover
+    from sim.device import SimDevice
+
+__all__ = ["enable", "enabled", "attach", "driver", "extension", "weak_alias", "default_generator", "pinned_bytes",
+           "NpuDeviceBuildError", "NoSimulatedNpu", "DEVICE_TYPE", "OTHER_BACKEND"]
+
+DEVICE_TYPE = "npu"
+OTHER_BACKEND = (
+    "sim.npu_device: torch's PrivateUse1 backend is already '{name}' in this process (another extension registered "
+    "it); the simulated NPU needs it as 'npu'. Run without that extension (TORCH_DEVICE_BACKEND_AUTOLOAD=0)"
+)
+
+
+class _Device:
+    """The process-wide state torch's registration implies: the extension, the driver, the fallback."""
+
+    def __init__(self, extension: ModuleType) -> None:
+        from sim.npu_device.fallback import Fallback
+
+        self.extension = extension
+        self.driver = Driver()
+        extension.set_driver(self.driver)
+        self.fallback = Fallback(self.driver, extension)
+        self.library = torch.library.Library("_", "IMPL")
+        self.library.fallback(self.fallback, dispatch_key="PrivateUse1")
+
+
+_LOCK = threading.Lock()
+_DEVICE: Optional[_Device] = None
+
+
+def enable(cache_root: Optional[str] = None) -> _Device:
+    """Make "npu" a torch device backed by the simulator (idempotent; NpuDeviceBuildError when
+    the extension does not build)."""
+    global _DEVICE
+    with _LOCK:
+        if _DEVICE is not None:
+            return _DEVICE
+        name = torch._C._get_privateuse1_backend_name()
+        if name not in ("privateuseone", DEVICE_TYPE):
+            raise RuntimeError(OTHER_BACKEND.format(name=name))
+        extension = load_extension(cache_root)
+        if name != DEVICE_TYPE:
+            torch.utils.rename_privateuse1_backend(DEVICE_TYPE)
+        if not hasattr(torch.Tensor, "is_npu"):
+            torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True,
+                                                                 for_packed_sequence=False)
+        _DEVICE = _Device(extension)
+        if "torch.npu" not in sys.modules:  # torch imports torch.<device> at a device's first use
+            sys.modules["torch.npu"] = _device_module(extension)
+        return _DEVICE
+
+
+def _device_module(extension: ModuleType) -> ModuleType:
+    """A minimal ``torch.npu`` for the device without the facade (which brings torch_npu's)."""
+    module = ModuleType("torch.npu", "the simulated NPU's device module (sim.npu_device); the torch_npu facade "
+                                     "replaces it with torch_npu.npu")
+    module.is_available = lambda: True  # type: ignore[attr-defined]
+    module.device_count = extension.device_count  # type: ignore[attr-defined]
+    module.current_device = extension.current_device  # type: ignore[attr-defined]
+    module.set_device = extension.set_device  # type: ignore[attr-defined]
+    return module
+
+
+def enabled() -> bool:
+    return _DEVICE is not None
+
+
+def _device() -> _Device:
+    if _DEVICE is None:
+        raise NoSimulatedNpu("sim.npu_device is not enabled (sim.npu_device.enable())")
+    return _DEVICE
+
+
+def attach(device: Union[None, "SimDevice", Callable[[int], "SimDevice"]]) -> None:
+    """Which simulated NPU serves ``npu:<index>``: a SimDevice (for every index), a callable
+    ``index -> SimDevice``, or None (none: making an npu tensor raises NoSimulatedNpu)."""
+    state = _device()
+    if device is None or callable(device) and not hasattr(device, "current_stream"):
+        state.driver.attach(device)  # type: ignore[arg-type]
+    else:
+        fixed = device
+        state.driver.attach(lambda index: fixed)  # type: ignore[misc,return-value]
+
+
+def driver() -> Driver:
+    return _device().driver
+
+
+def extension() -> ModuleType:
+    return _device().extension
+
+
+def weak_alias(tensor: torch.Tensor) -> torch.Tensor:
+    """torch_npu._C._weak_ref_tensor on the npu device: a plain npu tensor over the same memory
+    that owns nothing; an op on it after its block was freed or handed out again raises
+    DeadWeakReference (`sim.npu_device.simulator.check_weak_reference`)."""
+    state = _device()
+    if tensor.device.type != DEVICE_TYPE:
+        raise TypeError(f"weak_alias expects an npu tensor, got one on {tensor.device}")
+    previous = state.extension.weak_token(tensor)
+    if previous >= 0:  # a weak alias of a weak alias: the same block, the same generation
+        token = state.driver.copy_weak_token(previous)
+    else:
+        base = tensor.untyped_storage().data_ptr()
+        owner = state.driver.owner(base) or state.driver.device(tensor.device.index or 0)
+        what = f"shape {tuple(tensor.shape)}, {str(tensor.dtype).replace('torch.', '')}"
+        token = state.driver.new_weak_token(owner, base, what)
+    return state.extension.weak_alias(tensor, token)
+
+
+def default_generator(index: int = 0) -> Any:
+    """torch_npu's default generator of ``npu:<index>`` (``torch.npu.default_generators[index]``)."""
+    return _device().extension.default_generator(index)
+
+
+def pinned_bytes() -> int:
+    """Bytes of pinned host memory in use (Tensor.pin_memory(), torch.empty(..., pin_memory=True))."""
+    return int(_device().extension.pinned_bytes())

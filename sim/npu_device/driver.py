@@ -1,0 +1,163 @@
+"""The Python driver the npu device's C++ calls (allocator, device guard, events).
+
+The C++ side (``csrc/npu_device.cpp``) asks this object for everything that is a decision:
+which simulated NPU serves ``npu:<index>``, where a block of device memory comes from, which
+stream is current, what an event is. The answers come from the simulator
+(`sim.npu_device.simulator`, the only module that touches a SimDevice).
+
+One driver per process, because torch's PrivateUse1 registration is per process. What it
+serves is attached: ``attach(provider)`` with ``provider(index) -> SimDevice`` (the facade
+attaches its runtime's current device; a test can attach one SimDevice). A tensor remembers
+the simulated NPU that allocated it: its memory goes back there when freed, and an op mixing
+tensors of two simulated NPUs is refused (`owner`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+from sim.npu_device import simulator
+
+if TYPE_CHECKING:  # pragma: no cover
+    from sim.device import SimDevice
+    from sim.streams import SimEvent
+
+__all__ = ["Driver", "NoSimulatedNpu", "NOT_ATTACHED"]
+
+NOT_ATTACHED = (
+    "sim.npu_device: no simulated NPU is attached to the npu device; install the torch_npu facade "
+    "(python -m sim.facade -- CMD, sim.facade.install()) or attach one with sim.npu_device.attach(device)"
+)
+
+
+class NoSimulatedNpu(RuntimeError):
+    """An npu tensor was made or used while no simulated NPU was attached."""
+
+
+class Driver:
+    """See the module docstring. Method names are what the C++ calls."""
+
+    def __init__(self) -> None:
+        self._provider: Optional[Callable[[int], "SimDevice"]] = None
+        self._lock = threading.RLock()
+        # address -> the simulated NPU that handed it out (weakly: a device that is gone has
+        # nothing left to give the memory back to).
+        self._owners: dict[int, "weakref.ReferenceType[SimDevice]"] = {}
+        self._events: dict[int, "SimEvent"] = {}
+        self._event_ids = itertools.count(1)
+        self._weak: dict[int, simulator.WeakRecord] = {}  # token -> what a weak alias was made from
+        self._weak_ids = itertools.count(1)
+
+    # ------------------------------------------------------------------ attachment
+    def attach(self, provider: Optional[Callable[[int], "SimDevice"]]) -> None:
+        self._provider = provider
+
+    @property
+    def attached(self) -> bool:
+        return self._provider is not None
+
+    def device(self, index: int = 0) -> "SimDevice":
+        provider = self._provider
+        if provider is None:
+            raise NoSimulatedNpu(NOT_ATTACHED)
+        return provider(index)
+
+    def owner(self, address: int) -> Optional["SimDevice"]:
+        """The simulated NPU whose memory ``address`` (a storage's base address) is."""
+        ref = self._owners.get(address)
+        return ref() if ref is not None else None
+
+    # ------------------------------------------------------------------ memory (the allocator)
+    def malloc(self, nbytes: int, index: int) -> int:
+        device = self.device(index)
+        address = simulator.allocate(device, int(nbytes))
+        with self._lock:
+            self._owners[address] = weakref.ref(device)
+        return address
+
+    def free(self, address: int) -> None:
+        with self._lock:
+            ref = self._owners.pop(address, None)
+        device = ref() if ref is not None else None
+        if device is not None:
+            simulator.free(device, address)
+
+    # ------------------------------------------------------------------ weak aliases
+    def weak_record(self, token: int) -> simulator.WeakRecord:
+        return self._weak[token]
+
+    def new_weak_token(self, device: "SimDevice", address: int, what: str) -> int:
+        token = next(self._weak_ids)
+        self._weak[token] = simulator.weak_reference(device, address, what)
+        return token
+
+    def copy_weak_token(self, token: int) -> int:
+        copy = next(self._weak_ids)
+        self._weak[copy] = self._weak[token]
+        return copy
+
+    def drop_weak(self, token: int) -> None:
+        """The last tensor on a weak alias's storage is gone (called by the C++)."""
+        self._weak.pop(token, None)
+
+    # ------------------------------------------------------------------ streams (the device guard)
+    def current_stream(self, index: int) -> int:
+        if not self.attached:
+            return 0
+        return simulator.current_stream(self.device(index)).stream_id
+
+    def new_stream(self, index: int, priority: int) -> int:
+        return simulator.new_stream(self.device(index)).stream_id
+
+    def exchange_stream(self, stream_id: int, index: int) -> int:
+        device = self.device(index)
+        previous = simulator.current_stream(device).stream_id
+        simulator.set_current_stream(device, simulator.stream_by_id(device, stream_id))
+        return previous
+
+    def query_stream(self, stream_id: int, index: int) -> bool:
+        device = self.device(index)
+        return bool(simulator.stream_by_id(device, stream_id).query())
+
+    def synchronize_stream(self, stream_id: int, index: int) -> None:
+        device = self.device(index)
+        simulator.stream_by_id(device, stream_id).synchronize()
+
+    def synchronize(self, index: int) -> None:
+        self.device(index).synchronize()
+
+    # ------------------------------------------------------------------ events (the device guard)
+    def create_event(self, index: int) -> int:
+        event_id = next(self._event_ids)
+        self._events[event_id] = self.device(index).new_event()
+        return event_id
+
+    def record_event(self, event_id: int, stream_id: int, index: int) -> None:
+        device = self.device(index)
+        self._events[event_id].record(simulator.stream_by_id(device, stream_id))
+
+    def wait_event(self, event_id: int, stream_id: int, index: int) -> None:
+        device = self.device(index)
+        self._events[event_id].wait(simulator.stream_by_id(device, stream_id))
+
+    def query_event(self, event_id: int) -> bool:
+        return bool(self._events[event_id].query())
+
+    def synchronize_event(self, event_id: int) -> None:
+        self._events[event_id].synchronize()
+
+    def destroy_event(self, event_id: int) -> None:
+        self._events.pop(event_id, None)
+
+    def __repr__(self) -> str:
+        return f"<sim.npu_device driver ({'attached' if self.attached else 'not attached'}, {len(self._owners)} blocks)>"
+
+
+def describe(value: Any) -> str:
+    """A tensor as messages name it: shape, dtype, device."""
+    shape = tuple(getattr(value, "shape", ()))
+    dtype = str(getattr(value, "dtype", "")).replace("torch.", "")
+    return f"shape {shape}, {dtype}, {getattr(value, 'device', '?')}"

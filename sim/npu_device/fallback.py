@@ -1,0 +1,351 @@
+"""Every op on npu tensors that the C++ does not implement: the CPU kernel, on the same memory.
+
+Why. An npu tensor's bytes are host memory the simulator owns, so a CPU alias of it (same
+address, offset, sizes, strides and dtype; ``cpu_aliases`` in the C++) lets torch's CPU kernel
+compute on device memory directly: nothing is copied in. PyTorch's out-of-tree device example
+(``test/cpp_extensions/open_registration_extension``, pytorch_openreg's ``_aten_impl.py``)
+routes its ops the same way: output metadata from the meta device, outputs allocated on the
+device, the kernel run on the device's memory.
+
+What happens to one op (`run`), at the moment the host issues it:
+
+* tensors of another device are refused in torch's words (a CPU tensor where an npu one is
+  needed: "Expected all tensors to be on the same device, ..."); 0-dim CPU tensors are scalars
+  and pass, as TensorIterator lets them; index tensors of indexing ops may live on the host;
+* tensors of two simulated NPUs in one op are refused (the simulator's words);
+* a weak alias (``torch_npu._C._weak_ref_tensor``) whose block was freed or handed out again
+  is refused (`sim.npu_device.simulator.check_weak_reference`);
+* views get their metadata from the meta device and alias the input's storage;
+* in-place and ``out=`` ops: an ``out=`` tensor of the wrong size is resized on the device,
+  then the kernel runs on the aliases;
+* other ops: outputs are allocated on the device (the caching allocator, at issue time, as on
+  a card) with the meta device's sizes and strides; the kernel runs on the aliases and its
+  result is written into the outputs' memory;
+* random ops draw a seed from the npu generator (torch_npu's default one unless the call
+  passes one) at issue time and run with a CPU generator seeded with it: reproducible under
+  ``torch.npu.manual_seed`` and independent of when the device gets to the work;
+* ops whose result the host needs now (a Python number, a data-dependent shape: ``equal``,
+  ``nonzero``, ``unique``) and ops without a meta kernel synchronise: the host reads device
+  memory (`simulator.host_read`), refused inside a capture.
+
+The kernel itself is *submitted* to the current stream's queue (`simulator.submit`): the device
+runs it when it gets to it, behind the host. Copies between host and device follow torch's
+rules: a ``non_blocking`` copy from or into pinned host memory is queued like a kernel; any
+other copy involving host memory is synchronous (the host waits for the stream; from the
+device this is a host read).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+
+from sim.npu_device import simulator
+from sim.npu_device.driver import Driver
+from sim.recorder import NO_META, meta_outputs
+
+__all__ = ["Fallback", "DEVICE_MISMATCH", "TWO_SIMULATED_NPUS"]
+
+aten = torch.ops.aten
+NPU = "npu"
+
+# c10's common-device check (aten/src/ATen/core/adaption.cpp, "Expected all tensors to be on the
+# same device, but got ... is on ..., different from other tensors on ... (when checking argument
+# in method ...)"), which torch_npu's generated wrappers (wrapper_NPU_<overload>_<name>) call.
+DEVICE_MISMATCH = (
+    "Expected all tensors to be on the same device, but got {argument} is on {device}, different from other "
+    "tensors on {common} (when checking argument in method {method})"
+)
+TWO_SIMULATED_NPUS = (
+    "simulator: {op} uses tensors of two simulated NPUs ({first} and {second}): one of them was made on a simulated "
+    "NPU that has since been replaced (sim.facade.configure() gives the facade a fresh one). A card has one memory "
+    "per device; move the tensor with .cpu() and back, or make it again on the current simulated NPU"
+)
+NO_FACTORY = (
+    "sim.npu_device: {op} creates a tensor on the npu device without a tensor argument, which the simulated NPU does "
+    "not implement; create it on the CPU and move it with .to('npu')"
+)
+# Ops that may take their index tensors from the host (torch's indexing kernels move them).
+HOST_INDEX_OPS = frozenset({"aten::index", "aten::index_put_", "aten::index_put", "aten::_index_put_impl_",
+                            "aten::_unsafe_index", "aten::_unsafe_index_put"})
+# Ops that only bookkeep for the caching allocator (no kernel on the simulated NPU).
+NO_OP = frozenset({aten.record_stream.default})
+
+
+def _method_name(op: Any) -> str:
+    name = op._schema.name.split("::")[-1]
+    overload = op._overloadname if op._overloadname != "default" else ""
+    return f"wrapper_NPU_{overload}_{name}"
+
+
+def _argument_names(op: Any, args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
+    """(argument name, value) for every argument of the call, tensors inside lists included."""
+    names = [a.name for a in op._schema.arguments]
+    pairs: list[tuple[str, Any]] = []
+    for index, value in enumerate(args):
+        pairs.append((names[index] if index < len(names) else f"argument {index}", value))
+    pairs.extend(kwargs.items())
+    return pairs
+
+
+class Fallback:
+    """The PrivateUse1 fallback (see the module docstring); one per process, like the driver."""
+
+    def __init__(self, driver: Driver, extension: Any) -> None:
+        self.driver = driver
+        self.ext = extension
+        self._special: dict[Any, Callable[..., Any]] = {
+            aten._copy_from.default: self._copy_from,
+            aten._copy_from_and_resize.default: self._copy_from_and_resize,
+            aten._local_scalar_dense.default: self._local_scalar_dense,
+        }
+
+    # ------------------------------------------------------------------ entry point
+    def __call__(self, op: Any, *args: Any, **kwargs: Any) -> Any:
+        special = self._special.get(op)
+        if special is not None:
+            return special(*args, **kwargs)
+        if op in NO_OP:
+            return None
+        return self.run(op, args, kwargs)
+
+    # ------------------------------------------------------------------ checks
+    def _check_devices(self, op: Any, args: tuple, kwargs: dict) -> None:
+        common: Optional[torch.device] = None
+        host_index = op._schema.name in HOST_INDEX_OPS
+        for name, value in _argument_names(op, args, kwargs):
+            values = value if isinstance(value, (list, tuple)) else (value,)
+            for item in values:
+                if not isinstance(item, torch.Tensor):
+                    continue
+                if item.device.type == NPU:
+                    common = common or item.device
+                    continue
+                if item.device.type == "cpu" and (item.dim() == 0 or (host_index and name == "indices")):
+                    continue
+                first = common or next(self._npu_devices(args, kwargs), None)
+                raise RuntimeError(DEVICE_MISMATCH.format(argument=name, device=item.device, common=first,
+                                                          method=_method_name(op)))
+
+    @staticmethod
+    def _npu_devices(args: tuple, kwargs: dict) -> Any:
+        leaves, _ = tree_flatten((args, kwargs))
+        return (leaf.device for leaf in leaves if isinstance(leaf, torch.Tensor) and leaf.device.type == NPU)
+
+    def _device_of(self, op: Any, bases: list[int]) -> Any:
+        """The simulated NPU the op runs on: the one that owns its tensors' memory."""
+        device = None
+        for base in bases:
+            if base == 0:
+                continue
+            owner = self.driver.owner(base)
+            if owner is None:
+                continue
+            if device is None:
+                device = owner
+            elif owner is not device:
+                raise RuntimeError(TWO_SIMULATED_NPUS.format(op=op, first=device, second=owner))
+        return device if device is not None else self.driver.device(0)
+
+    def _check_weak(self, op: Any, tokens: list[int]) -> None:
+        for token in tokens:
+            if token >= 0:
+                simulator.check_weak_reference(self.driver.weak_record(token), str(op))
+
+    # ------------------------------------------------------------------ aliases
+    def _aliases(self, op: Any, args: tuple, kwargs: dict) -> tuple[Any, Any, Any]:
+        """(CPU-alias args, kwargs, the simulated NPU): npu tensors replaced by CPU aliases."""
+        leaves, spec = tree_flatten((args, kwargs))
+        positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor) and leaf.device.type == NPU]
+        tensors = [leaves[i] for i in positions]
+        aliases, bases, weak = self.ext.cpu_aliases(tensors) if tensors else ([], [], [])
+        self._check_weak(op, weak)
+        device = self._device_of(op, bases)
+        for position, alias in zip(positions, aliases):
+            leaves[position] = alias
+        cpu_args, cpu_kwargs = tree_unflatten(leaves, spec)
+        return cpu_args, cpu_kwargs, device
+
+    # ------------------------------------------------------------------ random numbers
+    def _seeded(self, op: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """Random ops draw from the npu generator now and run with a CPU generator."""
+        if torch.Tag.nondeterministic_seeded not in op.tags:
+            return args, kwargs
+        names = [a.name for a in op._schema.arguments]
+        if "generator" not in names:
+            return args, kwargs
+        position = names.index("generator")
+        generator = args[position] if position < len(args) else kwargs.get("generator")
+        if generator is None:
+            index = next(self._npu_devices(args, kwargs)).index or 0
+            generator = self.ext.default_generator(index)
+        state = generator.get_state()
+        draw = torch.Generator()
+        draw.set_state(state)
+        seed = int(torch.randint(0, 2**62, (), generator=draw))
+        generator.set_state(draw.get_state())
+        proxy = torch.Generator().manual_seed(seed)
+        if position < len(args):
+            args = args[:position] + (proxy,) + args[position + 1:]
+        else:
+            kwargs = {**kwargs, "generator": proxy}
+        return args, kwargs
+
+    # ------------------------------------------------------------------ ops
+    def run(self, op: Any, args: tuple, kwargs: dict) -> Any:
+        self._check_devices(op, args, kwargs)
+        if not any(True for _ in self._npu_devices(args, kwargs)):
+            raise NotImplementedError(NO_FACTORY.format(op=op))
+        schema = op._schema
+        returns = schema.returns
+        if any(str(r.type) not in ("Tensor", "Tensor[]", "Optional[Tensor]") for r in returns) or (
+            torch.Tag.dynamic_output_shape in op.tags or torch.Tag.data_dependent_output in op.tags
+        ):
+            return self._synchronous(op, args, kwargs, reason="its result is read on the host")
+        if op.is_view:
+            return self._view(op, args, kwargs)
+        if schema.is_mutable:
+            return self._in_place(op, args, kwargs)
+        return self._functional(op, args, kwargs)
+
+    def _synchronous(self, op: Any, args: tuple, kwargs: dict, *, reason: str) -> Any:
+        args, kwargs = self._seeded(op, args, kwargs)
+        cpu_args, cpu_kwargs, device = self._aliases(op, args, kwargs)
+        simulator.host_read(device, f"{op} ({reason})")
+        result = op(*cpu_args, **cpu_kwargs)
+        return tree_map(lambda value: self._to_device(value) if isinstance(value, torch.Tensor) else value, result)
+
+    def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.device.type == NPU:
+            return tensor
+        out = torch.empty_strided(tensor.size(), tensor.stride(), dtype=tensor.dtype, device=NPU)
+        (alias,), _, _ = self.ext.cpu_aliases([out])
+        alias.copy_(tensor)
+        return out
+
+    def _view(self, op: Any, args: tuple, kwargs: dict) -> Any:
+        with torch._C.DisableTorchFunction():
+            meta = meta_outputs(op, args, kwargs)
+        if meta is NO_META:
+            raise NotImplementedError(f"sim.npu_device: the view op {op} has no meta kernel")
+        source = args[0]
+        if not isinstance(source, torch.Tensor):
+            raise NotImplementedError(f"sim.npu_device: the view op {op} does not view its first argument")
+        self._aliases(op, (source,), {})  # the weak-reference and ownership checks
+
+        def view_of(value: Any) -> Any:
+            if not isinstance(value, torch.Tensor):
+                return value
+            if value.dtype != source.dtype:
+                raise NotImplementedError(f"sim.npu_device: the view op {op} changes the dtype")
+            return torch.as_strided(source, value.size(), value.stride(), source.storage_offset() + value.storage_offset())
+
+        return tree_map(view_of, meta)
+
+    def _in_place(self, op: Any, args: tuple, kwargs: dict) -> Any:
+        schema = op._schema
+        with torch._C.DisableTorchFunction():
+            meta = meta_outputs(op, args, kwargs)
+        if meta is NO_META:
+            return self._synchronous(op, args, kwargs, reason="it has no meta kernel")
+        written = self._written_arguments(op, args, kwargs)
+        metas = (meta,) if len(schema.returns) == 1 else tuple(meta or ())
+        for target, result in zip(written, metas):
+            if isinstance(target, torch.Tensor) and isinstance(result, torch.Tensor) and target.shape != result.shape:
+                target.resize_(result.shape)  # an out= tensor of the wrong size, as torch's resize_output
+        args, kwargs = self._seeded(op, args, kwargs)
+        cpu_args, cpu_kwargs, device = self._aliases(op, args, kwargs)
+
+        def work() -> None:
+            op(*cpu_args, **cpu_kwargs)
+
+        simulator.submit(device, simulator.current_stream(device), work, label=str(op))
+        if not schema.returns:
+            return None
+        values = [self._returned_argument(op, index, args, kwargs) for index in range(len(schema.returns))]
+        return values[0] if len(values) == 1 else tuple(values)
+
+    @staticmethod
+    def _written_arguments(op: Any, args: tuple, kwargs: dict) -> list[Any]:
+        """Per return, the argument it aliases (None when it aliases none)."""
+        return [Fallback._returned_argument(op, index, args, kwargs) for index in range(len(op._schema.returns))]
+
+    @staticmethod
+    def _returned_argument(op: Any, index: int, args: tuple, kwargs: dict) -> Any:
+        ret = op._schema.returns[index]
+        if ret.alias_info is None:
+            return None
+        sets = ret.alias_info.before_set
+        for position, argument in enumerate(op._schema.arguments):
+            if argument.alias_info is not None and argument.alias_info.before_set & sets:
+                if position < len(args) and not argument.kwarg_only:
+                    return args[position]
+                return kwargs.get(argument.name)
+        return None
+
+    def _functional(self, op: Any, args: tuple, kwargs: dict) -> Any:
+        with torch._C.DisableTorchFunction():
+            meta = meta_outputs(op, args, kwargs)
+        if meta is NO_META:
+            return self._synchronous(op, args, kwargs, reason="it has no meta kernel")
+        outputs = tree_map(
+            lambda m: torch.empty_strided(m.size(), m.stride(), dtype=m.dtype, device=NPU)
+            if isinstance(m, torch.Tensor) else m,
+            meta,
+        )
+        out_leaves = [leaf for leaf in tree_flatten(outputs)[0] if isinstance(leaf, torch.Tensor)]
+        args, kwargs = self._seeded(op, args, kwargs)
+        cpu_args, cpu_kwargs, device = self._aliases(op, args, kwargs)
+        out_aliases = self.ext.cpu_aliases(out_leaves)[0] if out_leaves else []
+
+        def work() -> None:
+            result = op(*cpu_args, **cpu_kwargs)
+            results = [leaf for leaf in tree_flatten(result)[0] if isinstance(leaf, torch.Tensor)]
+            for target, value in zip(out_aliases, results):
+                target.copy_(value)
+
+        simulator.submit(device, simulator.current_stream(device), work, label=str(op))
+        return outputs
+
+    # ------------------------------------------------------------------ copies, host reads
+    def _copy_from(self, source: torch.Tensor, destination: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+        """``destination.copy_(source)`` when either is an npu tensor."""
+        source_npu, destination_npu = source.device.type == NPU, destination.device.type == NPU
+        npu_side = [t for t in (source, destination) if t.device.type == NPU]
+        cpu_args, _, device = self._aliases(aten._copy_from.default, tuple(npu_side), {})
+        aliases = iter(cpu_args)
+        source_view = next(aliases) if source_npu else source
+        destination_view = next(aliases) if destination_npu else destination
+        stream = simulator.current_stream(device)
+
+        def work() -> None:
+            destination_view.copy_(source_view)
+
+        if source_npu and destination_npu:
+            simulator.submit(device, stream, work, label="copy (device to device)")
+        elif destination_npu:  # host to device
+            if non_blocking and source.is_pinned():
+                simulator.submit(device, stream, work, label="copy (host to device, non_blocking from pinned memory)")
+            else:  # synchronous, as torch's: from pageable memory the host waits for the stream
+                simulator.flush(device, stream, reason="a synchronous copy from host memory to the device")
+                work()
+        else:  # device to host
+            if non_blocking and destination.is_pinned():
+                simulator.submit(device, stream, work, label="copy (device to host, non_blocking into pinned memory)")
+            else:
+                simulator.host_read(device, "a copy from the device to host memory (Tensor.cpu(), .to('cpu'), "
+                                            ".tolist(), print)")
+                work()
+        return destination
+
+    def _copy_from_and_resize(self, source: torch.Tensor, destination: torch.Tensor) -> torch.Tensor:
+        if destination.shape != source.shape:
+            destination.resize_(source.shape)
+        return self._copy_from(source, destination)
+
+    def _local_scalar_dense(self, tensor: torch.Tensor) -> Any:
+        (alias,), _, device = self._aliases(aten._local_scalar_dense.default, (tensor,), {})
+        simulator.host_read(device, "Reading a tensor's value on the host (.item(), bool(t), int(t), float(t), `if t:`)")
+        return alias.item()
