@@ -166,7 +166,10 @@ def _dt(value: Any) -> str:
 
 
 def _shape(value: Any) -> tuple[int, ...]:
-    return tuple(int(s) for s in value.shape)
+    """The shape as ints; a symbolic size (a kernel traced by torch.compile with a dynamic
+    token count) stays symbolic: ``int()`` on it would specialise the traced graph to this
+    call's size (Dynamo then refuses the dynamic dimension vLLM marked)."""
+    return tuple(s if isinstance(s, torch.SymInt) else int(s) for s in value.shape)
 
 
 def _contiguous(value: Any) -> bool:

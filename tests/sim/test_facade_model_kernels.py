@@ -80,3 +80,18 @@ def test_mrope_refuses_what_its_op_doc_refuses_and_says_mrope_mode_is_not_modell
 def test_swiglu_refuses_an_odd_split(torch_npu: Any) -> None:
     with pytest.raises(KernelContractError, match="swiglu_even_split"):
         torch_npu.npu_swiglu(randn(3, 7))
+
+
+def test_a_kernel_traced_with_a_dynamic_token_count_keeps_it_dynamic(torch_npu: Any) -> None:
+    # vLLM marks the token dimension dynamic when it compiles a model; the contract check of a
+    # facade kernel inside the trace must not turn it into a constant (int() on a SymInt), or
+    # Dynamo refuses the marked dimension (ConstraintViolationError).
+    def norm(x: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
+        return torch_npu.npu_rms_norm(x, gamma)[0] + torch_npu.npu_swiglu(torch.cat((x, x), -1))
+
+    compiled = torch.compile(norm, backend="eager", fullgraph=True)
+    gamma = randn(16, seed=7)
+    for tokens in (5, 3):
+        x = randn(tokens, 16, seed=tokens)
+        torch._dynamo.mark_dynamic(x, 0)
+        assert torch.equal(compiled(x, gamma), norm(x, gamma))
