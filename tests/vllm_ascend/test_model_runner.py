@@ -1,0 +1,165 @@
+"""vLLM Ascend's NPUModelRunner, whole and unmodified, serving a scheduled stream on the
+simulated NPU (worker/model_runner_v1.py@182b75ea on vLLM 0.27.1; tests/vllm_ascend/serving.py
+builds it as NPUWorker does and drives it with vLLM's own Scheduler).
+
+The stream (`STREAM`) has prefills (one longer than a block), decodes, mixed batches, a prefill
+chunked at ``max_num_batched_tokens``, a uniform decode batch that fills ``max_num_seqs``,
+requests finishing while others arrive, and steps that schedule nothing (the finish flushed to
+the runner). Graph runners serve it twice, on a fresh simulated NPU each time: once eagerly
+(``enforce_eager=True``), once with the graph mode under test, compared step by step: the
+requests vLLM's scheduler put in the step, the tokens the runner sampled and the logits it
+computed, bitwise.
+"""
+
+from __future__ import annotations
+
+import harness
+
+harness.require()
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import serving  # noqa: E402
+from serving import Arrival, RunnerSpec  # noqa: E402
+
+STREAM = [
+    Arrival(0, "a", prompt_len=5, max_tokens=3, seed=1),
+    Arrival(0, "b", prompt_len=150, max_tokens=9, seed=2),  # longer than a block of 128
+    Arrival(2, "c", prompt_len=9, max_tokens=6, seed=3),  # a prefill beside two decodes
+    Arrival(4, "d", prompt_len=2, max_tokens=7, seed=4),
+    Arrival(5, "e", prompt_len=300, max_tokens=4, seed=5),  # chunked: more than max_num_batched_tokens
+    Arrival(13, "f", prompt_len=4, max_tokens=2, seed=6),  # arrives after the others finished
+]
+
+
+def serve(spec: RunnerSpec, log: harness.KernelLog | None = None) -> tuple[serving.Worker, list[serving.StepRecord]]:
+    serving.fresh_npu()  # a fresh simulated NPU for this worker
+    worker = serving.Worker(spec)
+    if log is None:
+        return worker, worker.engine().serve(STREAM)
+    with log.recording():
+        return worker, worker.engine().serve(STREAM)
+
+
+def stream_shape(records: list[serving.StepRecord]) -> dict[str, bool]:
+    """The kinds of steps vLLM's scheduler made of `STREAM` (each one the stream is meant to have)."""
+    return {
+        "prefill longer than a block": any(n > serving.BLOCK_SIZE for r in records for n in r.scheduled.values()),
+        "decodes filling max_num_seqs": any(len(r.scheduled) == 4 and set(r.scheduled.values()) == {1}
+                                            for r in records),
+        "mixed": any(1 in r.scheduled.values() and max(r.scheduled.values(), default=0) > 1 for r in records),
+        "chunked prefill": any(sum(r.scheduled.values()) == 256 for r in records),
+        "nothing scheduled": any(not r.scheduled for r in records),
+        "arrival after finishes": any(r.finished for r in records) and "f" in serving.tokens(records),
+    }
+
+
+@pytest.fixture(scope="module")
+def eager_reference() -> list[serving.StepRecord]:
+    return serve(RunnerSpec().eager())[1]
+
+
+def test_the_eager_runner_serves_the_stream_with_every_kernel_call_in_contract(
+        eager_reference: list[serving.StepRecord]) -> None:
+    shape = stream_shape(eager_reference)
+    assert all(shape.values()), shape
+    log = harness.KernelLog()
+    worker, records = serve(RunnerSpec().eager(), log)
+    assert serving.tokens(records) == serving.tokens(eager_reference)  # deterministic on a fresh NPU
+    assert {r.runtime_mode for r in records if r.scheduled} == {"NONE"}
+    kernels = set(log.kernels())
+    assert {"npu_rms_norm", "npu_add_rms_norm", "npu_swiglu", "npu_mrope", "npu_scatter_pa_kv_cache",
+            "npu_fused_infer_attention_score"} <= kernels, kernels
+    assert log.violations() == []
+    assert all(len(ids) == a.max_tokens for a in STREAM for r, ids in serving.tokens(records).items() if r == a.request_id)
+
+
+# --------------------------------------------------------------------------- KV caches as the runner lays them out
+def test_the_kernels_write_and_read_the_kv_caches_the_runner_allocated_and_reshaped() -> None:
+    # NPUModelRunner.initialize_kv_cache_tensors (model_runner_v1.py:3692-3736): raw int8 buffers
+    # per layer, K and V apart (_allocate_kv_cache_tensors, 3863-4069: "split kvcache tensor into
+    # k_cache and v cache"), viewed as [blocks, block_size, kv_heads, head_dim] bf16
+    # (_reshape_kv_cache_tensors, 4104-4448), bound to the attention layers. The attention
+    # kernels must get exactly those tensors: the KV write and the attention read them in place.
+    log = harness.KernelLog()
+    worker, _ = serve(RunnerSpec().eager(), log)
+    caches = worker.runner.kv_caches
+    assert len(caches) == 2 and all(isinstance(cache, tuple) and len(cache) == 2 for cache in caches)
+    for key, value in caches:
+        assert key.device.type == "npu" and key.dtype == torch.bfloat16 and key.is_contiguous()
+        assert tuple(key.shape) == (serving.RunnerSpec().num_blocks, serving.BLOCK_SIZE, 2, 128)
+        assert key.untyped_storage().data_ptr() != value.untyped_storage().data_ptr()  # two buffers
+    runner_keys = {key.data_ptr() for key, _ in caches}
+    written = {args["key_cache"].data_ptr() for name, args in log.calls if name == "npu_scatter_pa_kv_cache"}
+    read = {args["key"].data_ptr() for name, args in log.calls if name == "npu_fused_infer_attention_score"
+            and args["block_table"] is not None}
+    assert written == runner_keys and read == runner_keys
+
+
+def test_key_and_value_views_interleaved_in_one_page_are_refused_by_the_kernels_contiguity_rules() -> None:
+    # NPUModelRunner._adjust_kv_layout (model_runner_v1.py:4071-4101), the runner's own code for
+    # caches that share one page per block (its compressed-attention path, 4134-4182): each
+    # view's block stride is the whole page, so K and V are non-contiguous views of one buffer.
+    # The kernels take contiguous caches only (npu_scatter_pa_kv_cache: _op_plugin_docs.py:7030;
+    # FIA: 8066-8071), so the contract table refuses those views where a contiguous cache of the
+    # same shape passes.
+    from vllm_ascend.worker.model_runner_v1 import NPUModelRunner
+
+    serving.fresh_npu()
+    blocks, block_size, heads, dim = 4, 128, 2, 128
+    shape = [blocks, block_size, heads, dim]
+    page_bytes = 2 * block_size * heads * dim * 2  # K and V of one block, bf16
+    raw = torch.zeros(blocks * page_bytes, dtype=torch.int8, device="npu")
+    key_cache, value_cache = NPUModelRunner._adjust_kv_layout(None, raw, [shape, shape],
+                                                              [torch.bfloat16, torch.bfloat16], page_bytes)
+    assert not key_cache.is_contiguous() and not value_cache.is_contiguous()
+    assert value_cache.data_ptr() - key_cache.data_ptr() == page_bytes // 2  # V follows K inside the page
+    import torch_npu
+    from ascendgraph.errors import KernelContractError
+
+    tokens = torch.randn(3, heads, dim).to(torch.bfloat16).to("npu")
+    slots = torch.tensor([0, 1, 130], dtype=torch.int32, device="npu")
+    with pytest.raises(KernelContractError, match="scatter_contiguous"):
+        torch_npu.npu_scatter_pa_kv_cache(tokens, tokens, key_cache, value_cache, slots, cache_mode="Norm")
+    contiguous_key = torch.zeros(shape, dtype=torch.bfloat16, device="npu")
+    contiguous_value = torch.zeros(shape, dtype=torch.bfloat16, device="npu")
+    torch_npu.npu_scatter_pa_kv_cache(tokens, tokens, contiguous_key, contiguous_value, slots, cache_mode="Norm")
+    assert torch.equal(contiguous_key[1, 2].cpu(), tokens[2].cpu())
+    from ascendgraph import kernel_contracts
+
+    fia = dict(query=torch.zeros(3, 8, dim, dtype=torch.bfloat16), key=key_cache.view(blocks, block_size, -1),
+               value=value_cache.view(blocks, block_size, -1), input_layout="TND", num_heads=8,
+               num_key_value_heads=heads, block_table=torch.zeros(1, 4, dtype=torch.int32), block_size=block_size,
+               actual_seq_lengths=[3], actual_seq_lengths_kv=[3], sparse_mode=3, scale=1.0)
+    assert "kv_contiguous" in [rule.name for rule in kernel_contracts.violations("npu_fused_infer_attention_score", fia)]
+
+
+# --------------------------------------------------------------------------- graph modes
+# Captures of npu tensors (their outputs in the graph pool, program aliases of npu memory) come
+# with the npu device's capture integration (sim.npu_device; branch npu-device): until then the
+# first replay mixes host pool memory with npu tensors. Strict: a pass fails the run, so the
+# marker goes when they land.
+NEEDS_NPU_CAPTURES = pytest.mark.xfail(strict=True, reason="captures of npu tensors (sim.npu_device) not merged yet")
+
+
+@NEEDS_NPU_CAPTURES
+@pytest.mark.parametrize("mode", ["FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"])
+def test_graph_serving_equals_eager_step_by_step(mode: str, eager_reference: list[serving.StepRecord]) -> None:
+    _, graph = serve(RunnerSpec(mode=mode))
+    assert [r.scheduled for r in graph] == [r.scheduled for r in eager_reference]
+    for g, e in zip(graph, eager_reference):
+        assert g.sampled == e.sampled, f"step {g.index}: {g.sampled} != {e.sampled}"
+        if e.logits is not None:
+            assert torch.equal(g.logits.cpu()[: e.logits.shape[0]], e.logits.cpu()), f"step {g.index}: logits differ"
+    modes = {r.runtime_mode for r in graph if r.scheduled}
+    assert "FULL" in modes
+    if mode == "FULL_AND_PIECEWISE":
+        assert "PIECEWISE" in modes
+
+
+@NEEDS_NPU_CAPTURES
+def test_async_scheduling_back_to_back_generates_what_eager_generates(
+        eager_reference: list[serving.StepRecord]) -> None:
+    _, graph = serve(RunnerSpec(mode="FULL_DECODE_ONLY", async_scheduling=True))
+    assert serving.tokens(graph) == serving.tokens(eager_reference)
