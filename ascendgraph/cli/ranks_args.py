@@ -43,13 +43,14 @@ def world_size(args: argparse.Namespace) -> int:
 
 
 def engine_faults(faults: Optional[str], ranks: int) -> Optional[str]:
-    """The plan the single-rank engine gets: the rules without a rank prefix (None if empty)."""
+    """The plan the single-rank engine gets: the rules without a rank prefix, and with one rank
+    also ``rank=0:`` rules (None if empty). A rank rule that no rank would act on is refused here,
+    before anything runs (`ascendgraph.parallel.rank_faults`)."""
     if faults is None or "rank" not in faults:
         return faults
-    from ascendgraph.parallel.rank_faults import split_rank_faults
+    from ascendgraph.parallel.rank_faults import engine_rules
 
-    common, _ = split_rank_faults(faults, max(1, ranks))
-    return common or None
+    return engine_rules(faults, max(1, ranks))
 
 
 def check_ranks_for(args: argparse.Namespace, config: Any) -> None:

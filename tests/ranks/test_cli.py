@@ -98,3 +98,21 @@ def test_the_api_exports_run_ranks_and_the_collective_errors():
     assert report.error is None and report.layout.world_size == 2
     for name in ("CollectiveMismatch", "CollectiveDeadlock", "CollectiveTimeout"):
         assert issubclass(getattr(ascendgraph, name), CollectiveError)
+
+
+@pytest.mark.parametrize("rule", ["rank=1:task_update=skip_update", "rank=1:replay=perturb(1.0)",
+                                  "rank=1:event_record=raise(207005)", "rank=1:"])
+def test_a_rank_rule_the_ranks_do_not_model_is_bad_input(capsys, rule):
+    # issue 33: each of these printed OK (the rule was accepted and ignored)
+    code = main(["run", "--num-layers", "1", "--requests", "2", "-tp", "2", "--faults", rule])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    assert "fault plan:" in captured.err and "rank=1:" in captured.err
+    assert len(captured.err.strip().splitlines()) == 1
+
+
+def test_a_rank_0_rule_with_one_rank_acts_on_the_engine(capsys):
+    # issue 33: with one rank the rule was dropped and the run passed
+    code = main(["run", "--num-layers", "1", "--requests", "2", "--faults", "rank=0:capture_begin=raise(207008)"])
+    captured = capsys.readouterr()
+    assert code == 1, captured.out

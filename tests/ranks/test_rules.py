@@ -233,3 +233,25 @@ def test_rank_prefixed_rules_go_to_their_rank():
 def test_bad_rank_prefixes_are_refused(spec, match):
     with pytest.raises(ConfigError, match=match):
         split_rank_faults(spec, 4)
+
+
+@pytest.mark.parametrize("rule, what", [
+    ("rank=1:task_update=skip_update", "no attention parameter update"),
+    ("rank=1:event_record=raise(207005)", "records no events"),
+    ("rank=1:replay=perturb(1.0)", "compute no tensors"),
+    ("rank=1:", "has no rule after the rank prefix"),
+    ("rank=1:  ", "has no rule after the rank prefix"),
+])
+def test_a_rank_rule_no_rank_acts_on_is_refused_naming_what_is_not_modelled(rule, what):
+    # issue 33: these were accepted and ignored (the run printed OK)
+    with pytest.raises(ConfigError, match=what):
+        split_rank_faults(rule, 2)
+
+
+def test_with_one_rank_rank_0_rules_go_to_the_engine():
+    from ascendgraph.parallel.rank_faults import engine_rules
+
+    # issue 33: `--faults "rank=0:capture_begin=raise(207008)"` with one rank was dropped
+    assert engine_rules("rank=0:capture_begin=raise(207008)", 1) == "capture_begin=raise(207008)"
+    assert engine_rules("rank=0:task_update=skip_update; replay=delay(1)", 1) == "replay=delay(1); task_update=skip_update"
+    assert engine_rules("rank=1:replay=hang", 2) is None  # the rank simulation's, not the engine's
