@@ -116,3 +116,22 @@ def test_a_rank_0_rule_with_one_rank_acts_on_the_engine(capsys):
     code = main(["run", "--num-layers", "1", "--requests", "2", "--faults", "rank=0:capture_begin=raise(207008)"])
     captured = capsys.readouterr()
     assert code == 1, captured.out
+
+
+def test_the_json_of_a_failed_multi_rank_run_has_the_error_at_the_top_level(capsys):
+    # issue 33: "error": null at the top level, the error only under ranks.error
+    code = main(["run", *SMALL, "-tp", "2", "--json", "--capture-agreement", "per_rank", "--on-capture-error", "eager",
+                 "--faults", "rank=1:capture_begin=1*off->raise(207008)"])
+    document = json.loads(capsys.readouterr().out)
+    assert code == 1
+    assert document["error"]["type"] == "CollectiveMismatch" and document["error"]["source"] == "ranks"
+    assert document["error"]["message"] == document["ranks"]["error"]["message"]
+
+
+def test_pipeline_parallelism_says_what_is_not_simulated(capsys):
+    # issue 36 item 4: `-pp 2` printed a bare OK with no pipeline communication
+    assert main(["run", *SMALL, "-pp", "2"]) == 0
+    assert "NOT SIMULATED: pipeline parallelism" in capsys.readouterr().out
+    assert main(["run", *SMALL, "-pp", "2", "--json"]) == 0
+    gaps = json.loads(capsys.readouterr().out)["ranks"]["not_simulated"]
+    assert len(gaps) == 1 and gaps[0].startswith("pipeline parallelism")
