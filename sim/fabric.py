@@ -43,7 +43,7 @@ import random
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generator, Iterable, Mapping, Optional, Union
+from typing import Any, Callable, Generator, Mapping, Optional, Union
 
 from ascendgraph.errors import CollectiveDeadlock, CollectiveMismatch, CollectiveError, CollectiveTimeout, GraphHang
 from ascendgraph.parallel.fingerprints import EAGER, Fingerprint, check_meeting

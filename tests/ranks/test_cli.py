@@ -135,3 +135,10 @@ def test_pipeline_parallelism_says_what_is_not_simulated(capsys):
     assert main(["run", *SMALL, "-pp", "2", "--json"]) == 0
     gaps = json.loads(capsys.readouterr().out)["ranks"]["not_simulated"]
     assert len(gaps) == 1 and gaps[0].startswith("pipeline parallelism")
+
+
+def test_a_world_beyond_what_finishes_in_a_minute_is_refused(capsys):
+    # issue 33: -dp 4096 was inside the documented bound but grew quadratically (2048 ranks: 193 s)
+    code = main(["run", "--num-layers", "1", "--requests", "2", "-dp", "1024"])
+    captured = capsys.readouterr()
+    assert code == 2 and "1024 ranks is more than the 512 the simulator steps" in captured.err

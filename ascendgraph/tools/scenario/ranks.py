@@ -97,7 +97,7 @@ def _check_options(path: Path, where: str, fields: Mapping[str, Any]) -> None:
 
 
 def _steps(path: Path, table: Any) -> dict[int, tuple[tuple[int, bool, int], ...]]:
-    from ascendgraph.runtime.ranks import MAX_SCRIPTED_STEPS, Step
+    from ascendgraph.runtime.ranks_options import MAX_SCRIPTED_STEPS, Step
 
     if not isinstance(table, dict) or not table:
         raise ScenarioError(path, "[ranks.steps]", "missing; give each DP rank a list of [tokens, uniform, drafts]")
