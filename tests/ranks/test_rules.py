@@ -91,7 +91,20 @@ def test_each_rule_catches_its_difference(other, rule):
 def test_graph_keys_must_match_at_replay():
     found = check_meeting({0: _fp(how=graph_how("FULL:4")), 1: _fp(how=graph_how("FULL:8"))})
     assert [v.rule for v in found] == ["same_graph_key"]
-    assert "#13688" in found[0].source
+    assert "_post_process_dp_padding" in found[0].source
+
+
+def test_the_mc2_skip_paths_uneven_decode_replays_meet():
+    # issue 36 item 4: FULL 4x4 on one rank and FULL 8x8 on another, both within global_bs / ep,
+    # is what vLLM Ascend's skip path is for (utils.py:1099-1112); same_graph_key refused it
+    def mc2(key, tokens, bs):
+        return Fingerprint("ep", (0, 1), 0, "mc2_dispatch", (tokens, 16), "bfloat16", graph_how(key),
+                           (("global_bs", bs),))
+
+    assert check_meeting({0: mc2("FULL:4x4", 4, 1024), 1: mc2("FULL:8x8", 8, 1024)}) == []
+    assert [v.rule for v in check_meeting({0: mc2("FULL:4x4", 4, 8), 1: mc2("FULL:8x8", 8, 8)})] == ["mc2_token_counts"]
+    assert [v.rule for v in check_meeting({0: mc2("FULL:4x4", 4, 0), 1: mc2("FULL:8x8", 8, 0)})] == [
+        "same_graph_key", "mc2_token_counts"]
 
 
 def test_mc2_token_counts_follow_global_bs():

@@ -14,7 +14,7 @@ from ascendgraph.tools.scenario.model import ScenarioError
 from ascendgraph.tools.scenario.ranks import discover_rank_scenarios, load_rank_scenario, run_rank_scenario
 
 FILES = discover_rank_scenarios(Path(__file__).parent / "scenario_files")
-NAMED = ("#13826", "#43547", "#12036", "#9689", "#6011", "#13688", "#45610")
+NAMED = ("#13826", "#43547", "#12036", "#9689", "#6011", "#13688")
 
 
 def test_every_named_issue_has_a_scenario():
