@@ -136,7 +136,7 @@ def weak_alias(tensor: torch.Tensor) -> torch.Tensor:
         base = tensor.untyped_storage().data_ptr()
         owner = state.driver.owner(base) or state.driver.device(tensor.device.index or 0)
         what = f"shape {tuple(tensor.shape)}, {str(tensor.dtype).replace('torch.', '')}"
-        token = state.driver.new_weak_token(owner, base, what)
+        token = state.driver.new_weak_token(owner, tensor, what)
     return state.extension.weak_alias(tensor, token)
 
 

@@ -50,6 +50,9 @@ class Driver:
         self._event_ids = itertools.count(1)
         self._weak: dict[int, simulator.WeakRecord] = {}  # token -> what a weak alias was made from
         self._weak_ids = itertools.count(1)
+        # address -> how many times the allocator has handed it out (negative while it is free):
+        # a weak alias made at one generation is dead at any other.
+        self._generations: dict[int, int] = {}
 
     # ------------------------------------------------------------------ attachment
     def attach(self, provider: Optional[Callable[[int], "SimDevice"]]) -> None:
@@ -76,11 +79,13 @@ class Driver:
         address = simulator.allocate(device, int(nbytes))
         with self._lock:
             self._owners[address] = weakref.ref(device)
+            self._generations[address] = abs(self._generations.get(address, 0)) + 1
         return address
 
     def free(self, address: int) -> None:
         with self._lock:
             ref = self._owners.pop(address, None)
+            self._generations[address] = -abs(self._generations.get(address, 0))
         device = ref() if ref is not None else None
         if device is not None:
             simulator.free(device, address)
@@ -89,10 +94,18 @@ class Driver:
     def weak_record(self, token: int) -> simulator.WeakRecord:
         return self._weak[token]
 
-    def new_weak_token(self, device: "SimDevice", address: int, what: str) -> int:
+    def generation(self, address: int) -> int:
+        """How many times ``address`` was handed out (negative: free now)."""
+        return self._generations.get(address, 0)
+
+    def new_weak_token(self, device: "SimDevice", tensor: Any, what: str) -> int:
+        address = tensor.untyped_storage().data_ptr()
         token = next(self._weak_ids)
-        self._weak[token] = simulator.weak_reference(device, address, what)
+        self._weak[token] = simulator.weak_reference(device, tensor, address, self.generation(address), what)
         return token
+
+    def check_weak(self, token: int, op: str, *, scratch: bool = False) -> None:
+        simulator.check_weak_reference(self._weak[token], op, self.generation, scratch=scratch)
 
     def copy_weak_token(self, token: int) -> int:
         copy = next(self._weak_ids)

@@ -44,6 +44,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from sim.npu_device import simulator
 from sim.npu_device.driver import Driver
+from sim.pool_memory import SCRATCH_ARGUMENTS
 from sim.recorder import NO_META, meta_outputs
 
 __all__ = ["Fallback", "DEVICE_MISMATCH", "TWO_SIMULATED_NPUS"]
@@ -149,10 +150,10 @@ class Fallback:
                 raise RuntimeError(TWO_SIMULATED_NPUS.format(op=op, first=device, second=owner))
         return device if device is not None else self.driver.device(0)
 
-    def _check_weak(self, op: Any, tokens: list[int]) -> None:
-        for token in tokens:
+    def _check_weak(self, op: Any, tokens: list[int], names: list[str]) -> None:
+        for token, name in zip(tokens, names):
             if token >= 0:
-                simulator.check_weak_reference(self.driver.weak_record(token), str(op))
+                self.driver.check_weak(token, str(op), scratch=name in SCRATCH_ARGUMENTS)
 
     # ------------------------------------------------------------------ aliases
     def _aliases(self, op: Any, args: tuple, kwargs: dict) -> tuple[Any, Any, Any]:
@@ -161,12 +162,24 @@ class Fallback:
         positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor) and leaf.device.type == NPU]
         tensors = [leaves[i] for i in positions]
         aliases, bases, weak = self.ext.cpu_aliases(tensors) if tensors else ([], [], [])
-        self._check_weak(op, weak)
+        if any(token >= 0 for token in weak):
+            self._check_weak(op, weak, self._leaf_names(op, args, kwargs, positions))
         device = self._device_of(op, bases)
         for position, alias in zip(positions, aliases):
             leaves[position] = alias
         cpu_args, cpu_kwargs = tree_unflatten(leaves, spec)
         return cpu_args, cpu_kwargs, device
+
+    @staticmethod
+    def _leaf_names(op: Any, args: tuple, kwargs: dict, positions: list[int]) -> list[str]:
+        """The argument name of each flattened leaf at ``positions``."""
+        names = [a.name for a in op._schema.arguments]
+        leaf_names: list[str] = []
+        for index, value in enumerate(args):
+            leaf_names.extend([names[index] if index < len(names) else ""] * len(tree_flatten(value)[0]))
+        for name, value in kwargs.items():
+            leaf_names.extend([name] * len(tree_flatten(value)[0]))
+        return [leaf_names[i] if i < len(leaf_names) else "" for i in positions]
 
     # ------------------------------------------------------------------ random numbers
     def _seeded(self, op: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
