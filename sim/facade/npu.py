@@ -263,9 +263,11 @@ class StreamContext:
         set_stream(self.stream)
         return self.stream
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
         if self.stream is None or self.previous is None:
             return
+        if exc_type is not None and self.stream._sim.device is _device():
+            runtime().leave_stream_by_exception(self.stream._sim)  # work left open on it is closed
         set_stream(self.previous)
 
 
@@ -285,24 +287,24 @@ def is_current_stream_capturing() -> bool:
 def graph_task_group_begin(stream: Stream) -> None:
     rt = runtime()
     rt.device.task_group_begin(_sim_stream(stream))
-    rt.push_guard("graph_task_group_begin and graph_task_group_end")
+    rt.push_guard("group", "graph_task_group_begin and graph_task_group_end")
 
 
 def graph_task_group_end(stream: Stream) -> TaskGroup:
     rt = runtime()
-    rt.pop_guard()
+    rt.pop_guard("group")
     return rt.device.task_group_end(_sim_stream(stream))
 
 
 def graph_task_update_begin(stream: Stream, handle: TaskGroup) -> None:
     rt = runtime()
     rt.device.task_update_begin(_sim_stream(stream), handle)
-    rt.push_guard("graph_task_update_begin and graph_task_update_end")
+    rt.push_guard("update", "graph_task_update_begin and graph_task_update_end")
 
 
 def graph_task_update_end(stream: Stream) -> None:
     rt = runtime()
-    rt.pop_guard()
+    rt.pop_guard("update")
     rt.device.task_update_end(_sim_stream(stream))
 
 
@@ -362,8 +364,7 @@ class NPUGraph:
         rt = runtime()
         if rt.device.current_stream() is not self._capture_stream:
             raise CaptureConstraintError(CAPTURE_END_OTHER_STREAM)
-        while rt.guarded:  # a task group left open: the simulator refuses and discards the capture
-            rt.pop_guard()
+        rt.pop_guard("group")  # a task group left open: the simulator refuses and discards the capture
         try:
             self._sim.capture_end()
         finally:
@@ -447,6 +448,12 @@ class graph:
         self.npu_graph.capture_begin(*self.pool, capture_error_mode=self.capture_error_mode)
 
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
+        if exc_type is not None:
+            # The block's exception left a task group open: close it, so the capture ends and the
+            # block's own error is what the caller sees (docs/facade.md, deviations table).
+            rt = runtime()
+            rt.pop_guard("group")
+            rt.device.abandon_task_group()
         self.npu_graph.capture_end()
         self.stream_ctx.__exit__(exc_type, exc_value, traceback)
 
