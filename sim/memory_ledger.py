@@ -173,8 +173,9 @@ def _live_blocks(device: "SimDevice") -> list[tuple[Any, PoolAllocation]]:
         arena = pool.arena_if_made
         if arena is None:
             continue
-        for allocation in list(arena.live):
-            if allocation.user_storage() is not None:
+        for allocation in list(arena.live.values()):
+            # a raw block (allocate_raw: the npu device's memory) has no user tensor to weigh
+            if allocation.user_storage is not None and allocation.user_storage() is not None:
                 blocks.append((pool.handle, allocation))
     return blocks
 
