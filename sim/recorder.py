@@ -370,6 +370,22 @@ def wrapper_reentry() -> Iterator[None]:
             torch._C._dispatch_tls_set_dispatch_key_excluded(key, True)
 
 
+# Namespaces of Python custom ops registered for the accelerator's dispatch key: vLLM's
+# (vllm/utils/torch_utils.py direct_register_custom_op with current_platform.dispatch_key, which
+# is "PrivateUse1" on NPUPlatform).
+PYTHON_DEVICE_OP_NAMESPACES = frozenset({"vllm"})
+_PRIVATEUSE1 = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1)
+
+
+def _is_python_device_op(func: Any, args: Any, kwargs: dict) -> bool:
+    if getattr(func, "namespace", None) not in PYTHON_DEVICE_OP_NAMESPACES:
+        return False
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "PrivateUse1"):
+        return False
+    leaves = torch.utils._pytree.tree_leaves((args, kwargs))
+    return any(isinstance(leaf, torch.Tensor) and leaf.device.type == "npu" for leaf in leaves)
+
+
 class _Mode(LazyDynamoDispatchMode):
     """Base of the simulator's dispatch modes.
 
@@ -389,6 +405,13 @@ class _Mode(LazyDynamoDispatchMode):
         if impl is not None:
             with reentered(self), wrapper_reentry():
                 return impl(*args, **kwargs)
+        if _is_python_device_op(func, args, kwargs):
+            # A Python custom op on npu tensors (vLLM's attention, GEMM and rotary ops, registered
+            # for the accelerator's key by vllm.utils.torch_utils.direct_register_custom_op) is no
+            # kernel: on a card its Python code runs and launches the kernels. Run it with the
+            # mode re-entered, so what it issues (kernels, events, task groups) is what we see.
+            with reentered(self), wrapper_reentry():
+                return func.redispatch(_PRIVATEUSE1, *args, **kwargs)
         return self.handle(func, args, kwargs)
 
     def handle(self, func: Any, args: Any, kwargs: dict) -> Any:  # pragma: no cover - abstract
@@ -446,7 +469,7 @@ def _functionalized_op_runs_under_the_mode(mode: _Mode, _mutable_op: Any, **kwar
                                                             auto_functionalized_v2_dense)
 
     dense = auto_functionalized_dense if kwargs.pop("_hop", None) is auto_functionalized else auto_functionalized_v2_dense
-    with mode:
+    with reentered(mode):
         return dense(_mutable_op, **kwargs)
 
 

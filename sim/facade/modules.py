@@ -42,7 +42,12 @@ VERSION = "2.13.0"
 
 def _weak_ref_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """torch_npu's non-owning alias: it does not keep the storage alive, and a read after the
-    storage was freed raises (`sim.facade.weak_refs`)."""
+    storage was freed raises (`sim.facade.weak_refs`). An npu tensor gets the npu device's own
+    non-owning alias (`sim.npu_device.weak_alias`: an npu tensor over the same memory)."""
+    if tensor.device.type == "npu":
+        from sim import npu_device
+
+        return npu_device.weak_alias(tensor)
     return weak_ref_tensor(tensor, runtime().device)
 
 
