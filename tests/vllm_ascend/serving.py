@@ -205,12 +205,13 @@ def reset_process_state() -> None:
     set_cudagraph_capturing_enabled(True)
 
 
-def fresh_npu() -> None:
-    """A fresh simulated NPU behind the facade, serving torch's ``npu`` device (sim.npu_device)."""
+def fresh_npu(**configure: Any) -> None:
+    """A fresh simulated NPU behind the facade, serving torch's ``npu`` device (sim.npu_device);
+    ``configure`` goes to `sim.facade.configure` (``faults=`` a fault plan...)."""
     from sim import facade
     import sim.npu_device as npu_device
 
-    facade.configure()
+    facade.configure(**configure)
     if not npu_device.enabled():
         import torch
 

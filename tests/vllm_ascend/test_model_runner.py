@@ -18,6 +18,7 @@ import harness
 harness.require()
 
 import pytest  # noqa: E402
+from typing import Any  # noqa: E402
 import torch  # noqa: E402
 
 import serving  # noqa: E402
@@ -163,3 +164,63 @@ def test_async_scheduling_back_to_back_generates_what_eager_generates(
         eager_reference: list[serving.StepRecord]) -> None:
     _, graph = serve(RunnerSpec(mode="FULL_DECODE_ONLY", async_scheduling=True))
     assert serving.tokens(graph) == serving.tokens(eager_reference)
+
+
+# --------------------------------------------------------------------------- faults in the runner's path
+# Four capture sizes (1, 2, 3, 4; FULL_DECODE_ONLY captures the largest first), so the fourth
+# capture_begin is the last graph's.
+FAULT_SPEC = RunnerSpec(mode="FULL_DECODE_ONLY", capture_sizes=(1, 2, 3, 4))
+WRAPPED = "NPUModelRunner init failed, error is NPUModelRunner failed, error is "
+
+
+def test_207008_at_the_fourth_capture_reads_vllm_ascends_stream_resource_text_twice_wrapped() -> None:
+    # ACLGraphWrapper re-raises 207008 with its stream-resource advice (acl_graph.py:201-212);
+    # capture_model's two context managers re-raise that as RuntimeError with their own prefixes
+    # (model_runner_v1.py:4958-4962 "init failed" although this is the capture, 4988-4992).
+    from sim import facade
+
+    serving.fresh_npu(faults="capture_begin=3*off->raise(207008)")
+    with pytest.raises(RuntimeError) as info:
+        serving.Worker(FAULT_SPEC)
+    assert str(info.value).startswith(WRAPPED + "ACL graph capture failed with a known stream-resource exhaustion")
+    assert not facade.device().stats().extra["capturing"]  # no capture left open on the NPU
+
+
+def test_an_oom_in_the_graph_pool_reaches_the_caller_as_a_plain_runtime_error(monkeypatch: Any) -> None:
+    # Known finding (docs/vllm-ascend.md): the same wrappers turn torch.OutOfMemoryError into
+    # RuntimeError (model_runner_v1.py:4962, 4992), so a caller that handles an OOM at capture
+    # (torch.OutOfMemoryError) does not see one; only the text says so.
+    from sim import facade
+    from vllm_ascend.worker.model_runner_v1 import NPUModelRunner
+
+    capture_model = NPUModelRunner.capture_model
+
+    def capture_with_a_full_pool(self: Any) -> int:
+        facade.device().set_fault_plan("malloc=raise(oom)")
+        try:
+            return capture_model(self)
+        finally:
+            facade.device().set_fault_plan(None)
+
+    monkeypatch.setattr(NPUModelRunner, "capture_model", capture_with_a_full_pool)
+    serving.fresh_npu()
+    with pytest.raises(RuntimeError) as info:
+        serving.Worker(FAULT_SPEC)
+    assert not isinstance(info.value, torch.OutOfMemoryError)
+    assert str(info.value).startswith(WRAPPED + "NPU out of memory. Tried to allocate")
+    assert not facade.device().stats().extra["capturing"]
+
+
+def test_a_device_lost_at_the_first_replay_propagates_out_of_execute_model_and_stays_lost() -> None:
+    from ascendgraph.errors import DeviceLost
+    from sim import facade
+
+    serving.fresh_npu()
+    worker = serving.Worker(FAULT_SPEC)
+    facade.device().set_fault_plan("replay=raise(device_lost)")
+    with pytest.raises(DeviceLost):
+        worker.engine().serve(STREAM)
+    facade.device().set_fault_plan(None)
+    with pytest.raises(DeviceLost):
+        torch.npu.synchronize()
+    assert facade.device().stats().extra["device_lost"]
