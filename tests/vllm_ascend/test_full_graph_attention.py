@@ -203,9 +203,10 @@ def test_the_sinks_update_keeps_the_captured_block_table_so_fewer_requests_break
     log = harness.KernelLog()
     with log.recording(), pytest.raises(KernelContractError, match="v2_block_table"):
         run.step(harness.Step(*STEPS[0], padded_to=SIZE), seed=0)
-    # update_graph_params has no try/finally around graph_task_update_begin/_end: the refused
-    # kernel leaves the update open, as a failing kernel would on a card. Close it.
-    torch.npu.graph_task_update_end(run.update_stream)
+    # update_graph_params has no try/finally around graph_task_update_begin/_end, but the refusal
+    # leaves its `with torch.npu.stream(update_stream)`, which closes the update on the facade
+    # (docs/facade.md "Work left open, and recovering from it"; a card would keep it open).
+    assert facade.runtime().open_work() == []
     assert log.violations() == ["npu_fused_infer_attention_score_v2: ['v2_block_table']"]
     refused = [args for name, args in log.calls if name == "npu_fused_infer_attention_score_v2"
                and len(args["actual_seq_qlen"]) == 4]  # this step's batch: 3 requests and the dummy
