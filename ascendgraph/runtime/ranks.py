@@ -31,6 +31,7 @@ tensors are computed (the devices use meta tensors), so 64 ranks step quickly.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Generator, Optional, Sequence
@@ -55,7 +56,7 @@ from ascendgraph.parallel.layout import ParallelLayout, RankCoords, check_heads_
 from ascendgraph.resolve import resolve
 from ascendgraph.parallel.rank_faults import split_rank_faults
 from ascendgraph.runtime.ranks_options import CAPTURE_AGREEMENTS, DRAFT_STEP_POLICIES, RankOptions, Step
-from ascendgraph.runtime.workload import WorkloadSpec, generate_workload, simulate_batches
+from ascendgraph.runtime.workload import WorkloadSpec, generate_workload, simulate_steps
 
 __all__ = ["Step", "RankOptions", "RankSummary", "RanksReport", "run_ranks", "build_rank", "layout_of",
            "rank_program", "CAPTURE_AGREEMENTS", "DRAFT_STEP_POLICIES"]
@@ -400,15 +401,34 @@ def _sync_and_forward(rank: _Rank, policy: Any, tokens: int, uniform: bool, elap
 # --------------------------------------------------------------------------- the run
 
 
+# Generated multi-rank workloads: a DP rank's requests come in two bursts (half, then the rest
+# BURST_GAP steps later), and DP rank r's first burst is schedulable (r mod STAGGER_CYCLE) *
+# RANK_STAGGER steps after rank 0's (a load balancer filling the ranks in turn; the cycle keeps
+# a large world's last ranks from idling for hundreds of steps). Every request is in its rank's
+# scheduler from the start but schedulable only from its burst's step (a KV consumer waiting
+# for its KV transfer, vLLM's WAITING_FOR_REMOTE_KVS): a rank that holds requests none of
+# which is schedulable yet runs a zero-token step (`--idle-policy`, vLLM #43547), and a rank
+# whose requests are all done is idle (`execute_dummy_batch`) until every DP rank is done
+# (vLLM Ascend #13826's variable-length tail).
+BURST_GAP = 12
+RANK_STAGGER = 3
+STAGGER_CYCLE = 4
+
+
 def _generated_steps(config: GraphConfig, options: RankOptions, dp_rank: int) -> list[Step]:
-    requests = generate_workload(WorkloadSpec(num_requests=options.requests, seed=options.seed + dp_rank),
+    seed = options.seed + dp_rank
+    requests = generate_workload(WorkloadSpec(num_requests=options.requests, seed=seed,
+                                              burst_size=max(1, -(-options.requests // 2)), burst_gap=BURST_GAP),
                                  vocab_size=config.model.vocab_size)
-    batches = simulate_batches(requests, max_num_seqs=config.max_num_seqs,
-                               max_num_batched_tokens=config.max_num_batched_tokens,
-                               num_speculative_tokens=config.num_speculative_tokens, block_size=config.block_size,
-                               vocab_size=config.model.vocab_size, seed=options.seed + dp_rank)
-    return [Step(b.num_tokens, b.uniform_decode, config.num_speculative_tokens if not b.has_prefill else 0)
-            for b in batches]
+    offset = (dp_rank % STAGGER_CYCLE) * RANK_STAGGER
+    requests = [dataclasses.replace(r, arrival_step=r.arrival_step + offset) for r in requests]
+    steps = simulate_steps(requests, max_num_seqs=config.max_num_seqs,
+                           max_num_batched_tokens=config.max_num_batched_tokens,
+                           num_speculative_tokens=config.num_speculative_tokens, block_size=config.block_size,
+                           vocab_size=config.model.vocab_size, seed=seed)
+    return [Step(0) if b is None else
+            Step(b.num_tokens, b.uniform_decode, config.num_speculative_tokens if not b.has_prefill else 0)
+            for b in steps]
 
 
 def build_rank(config: GraphConfig, options: RankOptions, layout: ParallelLayout, rank: int) -> _Rank:
