@@ -164,3 +164,31 @@ def test_a_zero_token_step_that_skips_the_sync_deadlocks_in_sync_dp_state(idle_p
     with pytest.raises(CollectiveDeadlock) as info:
         ranks.run(body)
     assert "dp:engine" in str(info.value) and "dp:cpu" in str(info.value)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_drafters_sync_and_the_restatement_agree(seed):
+    """The proposer's call (``is_draft_model=True``, spec_decode/llm_base_proposer.py:817): mode NONE
+    in the tensor and always padded to the DP maximum (model_runner_v1.py:700), on generated
+    token counts; held to `coordination.sync_metadata_across_dp(..., draft=True)`."""
+    dp, steps = 3, _steps(seed, 3, 8)
+    config = harness.vllm_config("FULL")
+    got: dict[int, list] = {}
+
+    def body(rank):
+        runner = _runner(dp, rank, config)
+        got[rank] = []
+        for step in steps:
+            most, across, synced = runner._sync_metadata_across_dp(num_tokens=step[rank][0], is_draft_model=True)
+            got[rank].append((most, tuple(int(v) for v in across), synced.value))
+
+    with harness.environment(**HIERARCHICAL):
+        VllmRanks(ParallelLayout(dp=dp)).run(body)
+    policy = coordination.get_policy("vllm_ascend")
+    for index, step in enumerate(steps):
+        rows = [coordination.dp_sync_contribution(policy, num_tokens=step[r][0], mode=0, dp_size=dp, dp_rank=r)
+                for r in range(dp)]
+        for rank in range(dp):
+            result = coordination.sync_metadata_across_dp(policy, _restated_all_reduce(rows), num_tokens=step[rank][0],
+                                                          mode=step[rank][1], dp_size=dp, dp_rank=rank, draft=True)
+            assert got[rank][index] == (result.max_tokens, result.num_tokens_across_dp, result.synced_mode)
