@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Optional, Protocol, Sequence, Union
 
-from ascendgraph.errors import XliteConfigError
+from ascendgraph.errors import XliteBudgetExceeded, XliteConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -285,10 +285,6 @@ class XliteRuntime(Protocol):
     def profile_run(self) -> "torch.Tensor":
         """A profile run in full mode: no forward, the preallocated buffer itself (docs/semantics.md §11)."""
         ...
-
-
-class XliteBudgetExceeded(AssertionError):
-    """A batch over the xlite budget reached the runtime: the router should have sent it native."""
 
 
 def check_within_budget(num_tokens: int, budget: int) -> None:

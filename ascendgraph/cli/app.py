@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 from ascendgraph.cli.args import LIMITS, config_from_args, env_from_args, hccl_mode_from_args, limit_error
 from ascendgraph.cli.vllm_flags import VLLM_FLAGS
-from ascendgraph.errors import ConfigError, DeviceUnavailable, GraphModeError
+from ascendgraph.errors import CliUsageError, ConfigError, DeviceUnavailable, GraphModeError
 from ascendgraph.readers import shown
 from ascendgraph.cli.streams import (INTERRUPTED, PIPE_CLOSED, TERMINATED, ClosedStdout, Terminated, emit_json,
                                      emit_result, emit_text, is_stdout_error, sigterm_unwinds, signals_never_lost,
@@ -38,10 +38,6 @@ PROG = "ascendgraph"
 BAD_INPUT = 2
 RUN_FAILED = 1
 log = logging.getLogger("ascendgraph")
-
-
-class CliUsageError(Exception):
-    """Bad flags: reported on one line with exit code 2."""
 
 
 class Parser(argparse.ArgumentParser):

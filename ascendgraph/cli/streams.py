@@ -22,6 +22,7 @@ import sys
 from contextlib import contextmanager
 from typing import Any, Iterator
 
+from ascendgraph.errors import Terminated
 from ascendgraph.readers import dump_json, shown
 
 __all__ = ["emit_json", "emit_result", "emit_text", "write_stdout", "Terminated", "sigterm_unwinds",
@@ -105,11 +106,6 @@ def emit_text(text: str) -> None:
 
 INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a process ended by Ctrl-C
 TERMINATED = 143  # 128 + SIGTERM
-
-
-class Terminated(BaseException):
-    """SIGTERM received while a command ran: raised so that every ``finally`` block (temporary
-    outputs, staging folders) runs before the command exits 143."""
 
 
 @contextmanager

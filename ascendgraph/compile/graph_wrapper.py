@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Optio
 import torch
 
 from ascendgraph.dispatch import BatchDescriptor
-from ascendgraph.errors import ADDRESS_MISMATCH, CaptureContext, rewrite_capture_error
+from ascendgraph.errors import ADDRESS_MISMATCH, CaptureContext, CaptureNotAllowed, rewrite_capture_error
 from ascendgraph.forward_context import FullGraphParams, current_forward_context
 from ascendgraph.modes import GraphMode
 
@@ -63,10 +63,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 GRAPH_KIND = {GraphMode.PIECEWISE: "piecewise", GraphMode.FULL: "full"}
-
-
-class CaptureNotAllowed(RuntimeError):
-    """A wrapper met a batch descriptor it has no graph for outside the capture phase."""
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Optional, Sequence
 
-from ascendgraph.errors import ConfigError
+from ascendgraph.errors import ConfigError, OutOfKVBlocks
 
 __all__ = [
     "Request",
@@ -156,10 +156,6 @@ class RequestStatus(enum.Enum):
     RUNNING = "running"
     FINISHED = "finished"
     FAILED = "failed"
-
-
-class OutOfKVBlocks(RuntimeError):
-    """The KV cache has no free block left (the engine sizes it so this cannot happen)."""
 
 
 class BlockAllocator:
