@@ -36,7 +36,19 @@ from typing import Any, Callable, ContextManager, Iterator, Mapping, Optional, U
 
 import torch
 
-from ascendgraph.device import DeviceProfile, DeviceStats
+from ascendgraph.device import (
+    DeviceProfile,
+    DeviceStats,
+    FaultInjection,
+    Float32Attention,
+    HcclExpansionMode,
+    KernelLog,
+    KernelPrecheck,
+    StaticKernels,
+    SuperKernels,
+    VirtualClock,
+    WarmupScope,
+)
 from ascendgraph.errors import (
     GRAPH_HANG_REPLAY,
     GRAPH_HANG_STREAM,
@@ -93,6 +105,9 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
     """The CPU simulator device (see the module docstring)."""
 
     name = "sim"
+    # The optional capabilities of ascendgraph.device the simulator provides (the conformance suite checks them).
+    capabilities = (FaultInjection, KernelLog, VirtualClock, WarmupScope, StaticKernels, SuperKernels,
+                    HcclExpansionMode, Float32Attention, KernelPrecheck)
 
     def __init__(
         self,

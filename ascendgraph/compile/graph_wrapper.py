@@ -174,8 +174,11 @@ def weak_ref_tensors(device: "Device", value: Any) -> Any:
 def _gc_and_empty_cache_disabled(device: "Device") -> Iterator[None]:
     """Make ``gc.collect`` and ``device.empty_cache`` no-ops (restored on exit)."""
     saved_collect = gc.collect
-    had_own = "empty_cache" in getattr(device, "__dict__", {})
-    saved_empty = getattr(device, "empty_cache", None)
+    try:
+        had_own = "empty_cache" in vars(device)
+    except TypeError:  # a device with __slots__ has no instance dictionary
+        had_own = False
+    saved_empty = device.empty_cache
     gc.collect = lambda generation=2: 0  # type: ignore[assignment]
     patched = False
     try:
