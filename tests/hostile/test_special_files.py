@@ -1,4 +1,4 @@
-"""Round two, class 1: files that are not files. Every reader refuses every special input in
+"""Files that are not files. Every reader refuses every special input in
 one line (exit 2, never a hang: each case has a timeout); every writer refuses every special
 output and leaves it as it was; broken cache entries are misses with one warning; temporary
 outputs are removed on every exit path. In-process through `main`."""
@@ -27,7 +27,7 @@ from ascendgraph.readers import (
     write_output,
 )
 
-from .round2 import DEVICE_OUTPUTS, READERS, SPECIAL_INPUTS, SPECIAL_OUTPUTS
+from .special_inputs import DEVICE_OUTPUTS, READERS, SPECIAL_INPUTS, SPECIAL_OUTPUTS
 
 CASES = [(reader, kind) for reader in READERS for kind in SPECIAL_INPUTS]
 
