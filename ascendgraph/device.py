@@ -201,7 +201,9 @@ class Device(Protocol):
 
     name: str
     profile: DeviceProfile
-    capabilities: tuple[type, ...]
+
+    @property
+    def capabilities(self) -> tuple[type, ...]: ...
 
     @property
     def torch_device(self) -> "torch.device": ...
@@ -306,10 +308,13 @@ class KernelLog(Protocol):
 
 @runtime_checkable
 class VirtualClock(Protocol):
-    """Eager work is priced too (``stats().virtual_time_us`` advances inside ``track_eager()``):
-    the report's simulated times [null: the device has no virtual clock]."""
+    """Eager work is priced too (``stats().virtual_time_us`` advances inside ``track_eager()``;
+    ``clock()`` is (host, device) microseconds): the report's simulated times and `plan`'s
+    measured capture costs [null: the device has no virtual clock; `plan` measures on the simulator]."""
 
     def track_eager(self) -> ContextManager[Any]: ...
+
+    def clock(self) -> tuple[float, float]: ...
 
 
 @runtime_checkable

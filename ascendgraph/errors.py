@@ -221,7 +221,7 @@ class CollectiveTimeout(CollectiveError):
     that arrived last (or never)."""
 
     def __init__(self, message: str, *, straggler: int = -1, **kwargs: object) -> None:
-        super().__init__(message, **kwargs)  # type: ignore[arg-type]
+        super().__init__(message, **kwargs)  # type: ignore[arg-type]  # the keyword arguments are CollectiveError's (ranks, flight_record, rules, rank)
         self.straggler = straggler
 
 
@@ -458,7 +458,7 @@ def classify_capture_error(message: str) -> Optional[tuple[str, type[CaptureErro
     """Return (signature name, error class, guidance) for a capture failure text, or None."""
     lower = message.lower()
     for name, cls, guidance, predicate in CAPTURE_ERROR_SIGNATURES:
-        if predicate(message, lower):  # type: ignore[operator]
+        if predicate(message, lower):  # type: ignore[operator]  # a signature table mixes text and callable predicates; only callables reach here
             return name, cls, guidance
     return None
 

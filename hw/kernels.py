@@ -431,9 +431,10 @@ def _paged_attention(
         if slot is None:
             table = table.to(torch.int32)
         else:  # one static int32 copy, refreshed in place (captured and re-issued alike)
-            table = slot.get("block_table")
-            if table is None:
-                table = slot["block_table"] = torch.empty(block_table.shape, dtype=torch.int32, device=block_table.device)
+            held = slot.get("block_table")
+            if held is None:
+                held = slot["block_table"] = torch.empty(block_table.shape, dtype=torch.int32, device=block_table.device)
+            table = held
             table.copy_(block_table)
     keys = key_cache.view(num_blocks, block_size, kv_heads * head_dim)
     values = value_cache.view(num_blocks, block_size, kv_heads * head_dim)

@@ -130,7 +130,8 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
             raise ConfigError(f"stream_limit must be a positive integer, got {stream_limit!r}", key="stream_limit")
         self.uid = id(self)
         self.cost = cost_model or CostModel(self.sim_profile.cost)
-        self._env: Mapping[str, str] = options.get("env") if options.get("env") is not None else os.environ
+        env = options.get("env")
+        self._env: Mapping[str, str] = env if env is not None else os.environ
         self.seed = int(options.get("seed", 0))
         self.allow_rng_in_capture = bool(options.get("allow_rng_in_capture", False))
         self.poison_capture_outputs = bool(options.get("poison_capture_outputs", True))

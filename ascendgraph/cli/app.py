@@ -66,17 +66,17 @@ class Parser(argparse.ArgumentParser):
             self.flags[name] = action
         return action
 
-    def add_argument(self, *names: Any, **kwargs: Any) -> argparse.Action:  # type: ignore[override]
+    def add_argument(self, *names: Any, **kwargs: Any) -> argparse.Action:
         return self.record(super().add_argument(*names, **kwargs))
 
     def add_argument_group(self, *args: Any, **kwargs: Any) -> Any:
         group = super().add_argument_group(*args, **kwargs)
         return _RecordingGroup(group, self) if self._built else group
 
-    def add_mutually_exclusive_group(self, **kwargs: Any) -> "_RecordingGroup":  # type: ignore[override]
+    def add_mutually_exclusive_group(self, **kwargs: Any) -> "_RecordingGroup":  # type: ignore[override]  # returns our recording subclass of argparse's group
         return _RecordingGroup(super().add_mutually_exclusive_group(**kwargs), self)
 
-    def add_subparsers(self, **kwargs: Any) -> "_Subcommands":  # type: ignore[override]
+    def add_subparsers(self, **kwargs: Any) -> "_Subcommands":  # type: ignore[override]  # returns our recording subclass of argparse's subparsers action
         kwargs.setdefault("parser_class", Parser)
         action = super().add_subparsers(**kwargs)
         self.subcommand_dest = action.dest
@@ -90,10 +90,10 @@ class Parser(argparse.ArgumentParser):
         elif message:
             emit_text(message.rstrip("\n"))
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> None:  # type: ignore[override]  # raises instead of exiting (argparse declares NoReturn)
         raise CliUsageError(f"{self.prog}: error: {message} (see {self.prog} --help)")
 
-    def parse_args(self, args: Optional[Sequence[str]] = None,  # type: ignore[override]
+    def parse_args(self, args: Optional[Sequence[str]] = None,  # type: ignore[override]  # narrower than argparse's overloads: always a fresh Namespace
                    namespace: Optional[argparse.Namespace] = None) -> argparse.Namespace:
         parsed, extras = self.parse_known_args(args, namespace)
         if extras:
@@ -291,7 +291,7 @@ def cli_warnings() -> Iterator[None]:
     ``-W error`` see them as before), and the previous formatter is restored afterwards.
     """
     previous = warnings.formatwarning
-    warnings.formatwarning = format_warning  # type: ignore[assignment]
+    warnings.formatwarning = format_warning
     try:
         yield
     finally:
@@ -533,7 +533,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def _main(argv: Optional[Sequence[str]] = None) -> int:
     if sys.stdout is None:
-        sys.stdout = ClosedStdout()  # type: ignore[assignment]
+        sys.stdout = ClosedStdout()
     parser = build_parser()
     tokens = list(sys.argv[1:] if argv is None else argv)
     wants_json = _wants_json(tokens)

@@ -182,7 +182,7 @@ def signals_never_lost() -> Iterator[None]:
         for timer in waiting:
             timer.cancel()
         if waiting:
-            if waiting[0].args[0] == signal.SIGTERM:
+            if tuple(waiting[0].args)[0] == signal.SIGTERM:  # the timer's one argument: the signal number
                 raise Terminated()
             raise KeyboardInterrupt
 PIPE_CLOSED = 141  # 128 + SIGPIPE, what a shell reports when the reader went away

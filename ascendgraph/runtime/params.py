@@ -218,9 +218,9 @@ class GraphParams:
             if id(workspace) in weak:
                 self._workspaces[size] = (shapes, weak[id(workspace)])
         for record in self._records.get(descriptor, ()):
-            workspace = record.call.workspace
-            if workspace is not None and id(workspace) in weak:
-                record.call = replace(record.call, workspace=weak[id(workspace)])
+            used = record.call.workspace
+            if used is not None and id(used) in weak:
+                record.call = replace(record.call, workspace=weak[id(used)])
 
     def discard(self, descriptor: BatchDescriptor) -> None:
         """Forget what a (failed) capture recorded, and the workspaces it made."""
