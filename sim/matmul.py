@@ -39,11 +39,13 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
+from ascendgraph.kernel_contracts import HALF
+
 __all__ = ["WIDENED_MATMULS", "HALF_DTYPES", "widens", "widened_matmul", "widened_call"]
 
 aten = torch.ops.aten
 
-HALF_DTYPES = frozenset({torch.bfloat16, torch.float16})
+HALF_DTYPES = frozenset(HALF)  # the contract table's half-precision dtypes
 
 # The matmul overloads computed widened -> the overload that computes their value (an out=
 # overload computes with its functional one and copies into ``out``).
