@@ -17,6 +17,7 @@ BaseException (a signal, like KeyboardInterrupt: no ``except Exception`` may swa
                   -> CollectiveError -> CollectiveMismatch, CollectiveDeadlock, CollectiveTimeout
                   -> NoForwardContext, CaptureNotAllowed, GraphParamsNotSet, OutOfKVBlocks
                      (broken invariants of the runtime: a bug, not bad input)
+                  -> RedispatchFailed (a DP rank's re-dispatch), RayTaskFailed (a lost Ray task)
     AssertionError -> XliteBudgetExceeded (a batch the router should have kept native)
     Exception     -> CliUsageError (bad flags, exit 2), ScenarioFailed (a scenario missed)
     BaseException -> Terminated (SIGTERM while a command runs)
@@ -56,6 +57,8 @@ __all__ = [
     "GraphParamsNotSet",
     "OutOfKVBlocks",
     "XliteBudgetExceeded",
+    "RedispatchFailed",
+    "RayTaskFailed",
     "ScenarioError",
     "UnreadableLog",
     "CliUsageError",
@@ -242,6 +245,16 @@ class GraphParamsNotSet(AscendGraphError, RuntimeError):
 
 class OutOfKVBlocks(AscendGraphError, RuntimeError):
     """The KV cache has no free block left (the engine sizes it so this cannot happen)."""
+
+
+class RedispatchFailed(AscendGraphError, RuntimeError):
+    """The re-dispatch at the agreed size found no graph of the synced mode: vLLM's dispatcher
+    asserts there (``assert CUDAGraphMode.NONE in allowed_modes``, vllm/v1/cudagraph_dispatcher.py
+    in 0.27.1) and the rank stops (ascendgraph.parallel.coordination)."""
+
+
+class RayTaskFailed(AscendGraphError, RuntimeError):
+    """A scenario's Ray task did not come back (a worker or node lost): the run failed (exit 1)."""
 
 
 class XliteBudgetExceeded(AscendGraphError, AssertionError):

@@ -61,6 +61,8 @@ def test_every_exception_class_in_errors_derives_from_the_hierarchy():
     ("ascendgraph.testing.scenarios", "ScenarioFailed"),
     ("ascendgraph.tools.scenario", "ScenarioError"),
     ("ascendgraph.tools.diagnose.classes", "UnreadableLog"),
+    ("ascendgraph.parallel.coordination", "RedispatchFailed"),
+    ("ascendgraph.tools.scenario.ray_items", "RayTaskFailed"),
 ])
 def test_moved_exception_classes_stay_importable_where_they_were(module, name):
     import importlib
