@@ -325,7 +325,7 @@ _V1_LINES = _FusedLines(
     lengths=f"{DOCS}:8082-8083 (outside TND one entry per batch, or one for all; each at most the S axis); "
             ":8222 (page attention: actual_seq_lengths_kv required)",
     full_mask=f"{DOCS}:8076 (bool/int8/uint8, contiguous); :8077-8080 (sparse_mode 0/1: (Q_S, KV_S), (B, KV_S) at "
-              "Q_S == 1, (1, Q_S, KV_S), (B, 1, Q_S, KV_S), (1, 1, Q_S, KV_S), S rounded up allowed); :8120 (sparse_mode "
+              "Q_S == 1, (1, Q_S, KV_S), (B, 1, Q_S, KV_S), (1, 1, Q_S, KV_S), S rounded up allowed); :8119 (sparse_mode "
               "1 needs the full mask); :8225-8226 (page attention: KV_S >= block_table columns * block_size)",
     band=f"{DOCS}:8200 (sparse_mode 4: pre_tokens >= -actual_seq_qlen, next_tokens >= -actual_seq_kvlen, pre_tokens "
          "+ next_tokens >= 0); the band's two edges must meet (npu_fusion_attention, :1645)",

@@ -22,22 +22,27 @@ Two deliberate differences from the registered schemas, both invisible to caller
   in the wheel (inferred from C++); the names here are descriptive, and like the real
   ones they are meant to be called with positional arguments only.
 
-The facade models the FIA call hw/ and vLLM Ascend make: TND layout over a paged KV cache
-(``block_table``), sparse_mode 3. Other layouts raise NotImplementedError.
+The fused attention (v1, v2, their ``.out`` and workspace queries) computes every sparse
+mode, mask, pre/next-token band, layout and length list the contract table accepts
+(`sim.facade.attention_calls` lays a call out, `sim.attention` computes it); what it does
+not model (quantisation, position bias, left padding, shared prefixes, MLA rope inputs, the
+NTD/NBSD layouts) raises NotImplementedError naming the argument. The workspace queries
+return `ascendgraph.workspace_sizes`' model, which the ``.out`` kernels check their
+workspace against (``workspace_too_small``). docs/facade.md, the kernel audit table, lists
+every argument of every kernel here and what the simulator does with it.
 
 The kernels of vLLM Ascend's A2/A3 graph paths (vllm_ascend/attention/attention_v1.py,
 vllm_ascend/device/device_op.py at 182b75ea) are here too:
 
 * ``npu_scatter_pa_kv_cache`` (the KV write; ``cache_mode="Norm"``, the ND cache
-  ``[blocks, block_size, kv_heads, D]``; the NZ layout is not modelled);
+  ``[blocks, block_size, kv_heads, D]``; the NZ layout and the compressed scene are not modelled);
 * ``_npu_paged_attention`` and ``_npu_paged_attention_get_workspace`` (ATB ops, the
   FULL_DECODE_ONLY decode branch: one query token per request); the names are the keywords
   vLLM Ascend passes, the order the C++ signature's in ``lib/libop_plugin_atb.so``;
 * ``npu_fused_infer_attention_score_v2`` with ``.out`` and
-  ``_npu_fused_infer_attention_score_v2_get_max_workspace`` (the sinks path): TND over a
-  paged cache, sparse_mode 3 (causal) or 4 (band: a sliding window of ``pre_tokens``), with
-  an optional ``learnable_sink`` (one logit per query head added to the softmax
-  denominator). Its ``.out`` is registered like v1's (``Tensor[] out``) and treated the same.
+  ``_npu_fused_infer_attention_score_v2_get_max_workspace`` (the sinks path), with an
+  optional ``learnable_sink`` (one logit per query head added to the softmax denominator).
+  Its ``.out`` is registered like v1's (``Tensor[] out``) and treated the same.
 """
 
 from __future__ import annotations
@@ -258,7 +263,7 @@ def _norm_dims(gamma: Tensor) -> tuple[int, ...]:
 
 
 def _rstd(x: Tensor, gamma: Tensor, eps: float) -> Tensor:
-    """1 / rms over gamma's dims (kept as size 1: the reverse-rms output, :3452)."""
+    """1 / rms over gamma's dims (kept as size 1: the reverse-rms output, :3455)."""
     return torch.rsqrt(x.float().pow(2).mean(dim=_norm_dims(gamma), keepdim=True) + eps)
 
 
@@ -302,7 +307,7 @@ def _int8_only(kernel: str, name: str, value: Any) -> None:
 
 
 def _grouped_smooth(x: Tensor, smooth: Tensor, group_index: Optional[Tensor]) -> Tensor:
-    """x * smooth_scales in float32; with group_index (MoE, op docs :4682, :4695) the rows up to
+    """x * smooth_scales in float32; with group_index (MoE, op docs :4676, :4693) the rows up to
     group_index[g] (cumulative, over x's rows) use smooth_scales[g]."""
     if group_index is None:
         return x.float() * smooth.float()
@@ -318,7 +323,7 @@ def dynamic_quant(a: dict[str, Any], fake: bool) -> tuple[Tensor, Tensor]:
     _int8_only("npu_dynamic_quant", "dst_type", a["dst_type"])
     if a["quant_mode"] != "pertoken" or float(a["dst_type_max"]) != 0.0:
         raise NotImplementedError(
-            f"sim.facade models npu_dynamic_quant per token into int8 (op docs :4662-4666), got quant_mode="
+            f"sim.facade models npu_dynamic_quant per token into int8 (op docs :4660-4666), got quant_mode="
             f"{a['quant_mode']!r}, dst_type_max={a['dst_type_max']}"
         )
     if fake:
@@ -338,7 +343,7 @@ def _along(values: Optional[Tensor], x: Tensor, axis: int) -> Optional[Tensor]:
 
 def _quantize(x: Tensor, scales: Tensor, zero_points: Optional[Tensor], div_mode: bool) -> Tensor:
     """(x / scales) + zero_points, or (x * scales) + zero_points without div_mode (op docs
-    :11349-11351), rounded and clamped to int8."""
+    :11350-11352), rounded and clamped to int8."""
     if div_mode:
         return reference.quantize(x, scales, zero_points)
     y = x.float() * scales.float()
@@ -354,7 +359,7 @@ def quantize(a: dict[str, Any], fake: bool) -> Tensor:
         return torch.empty(x.shape, dtype=torch.int8, device=x.device)
     axis = int(a["axis"])
     div_mode = bool(a["div_mode"])
-    if not div_mode:  # the elementwise axis: -2, or else the last (:11370)
+    if not div_mode:  # the elementwise axis: -2, or else the last (:11378)
         axis = -2 if axis == -2 else -1
     return _quantize(x, _along(a["scales"], x, axis), _along(a["zero_points"], x, axis), div_mode)
 
@@ -387,7 +392,7 @@ def add_rms_norm_dynamic_quant(a: dict[str, Any], fake: bool) -> tuple[Tensor, .
                 torch.empty(y2_shape, dtype=torch.int8, device=x1.device), torch.empty_like(x1),
                 x1.new_empty(rows, dtype=torch.float32), x1.new_empty(scale2_shape, dtype=torch.float32))
     x_sum = x1 + a["x2"]
-    y = _rms_norm(x_sum, a["gamma"], float(a["epsilon"]), a["beta"])  # beta: the norm's bias (:12203)
+    y = _rms_norm(x_sum, a["gamma"], float(a["epsilon"]), a["beta"])  # beta: the norm's bias (:12204)
 
     def quant(smooth: Optional[Tensor]) -> tuple[Tensor, Tensor]:
         return reference.dynamic_quant(y if smooth is None else y.float() * smooth.float())

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from ascendgraph import kernel_contracts
 from sim.facade import kernels as facade_kernels
-from tests.sim.attention_reference import fused_attention, paged_attention_decode
+from tests.sim.attention_reference import fused_attention
 
 facade_kernels.register()
 F = torch.ops.npu_facade
