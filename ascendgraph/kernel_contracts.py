@@ -64,6 +64,7 @@ __all__ = [
     "FIA_MASK_SIZE",
     "FIA_SPARSE_MODE",
     "CONFIG_RULES",
+    "SIMULATOR_MODEL_RULES",
 ]
 
 FIA = "npu_fused_infer_attention_score"
@@ -1018,6 +1019,11 @@ RULES: tuple[KernelRule, ...] = (
 )
 
 KERNELS: tuple[str, ...] = tuple(dict.fromkeys(rule.kernel for rule in RULES))
+
+# Rules whose limit is the simulator's model, not a card's (the workspace sizes of
+# ascendgraph/workspace_sizes.py): the simulator enforces them, hw's pre-check on a card
+# leaves them to CANN, which sized the workspace itself.
+SIMULATOR_MODEL_RULES = frozenset(rule.name for rule in RULES if rule.name.endswith("workspace_too_small"))
 
 # Rules a single kernel call cannot show, checked on the configuration (`ascendgraph.config`,
 # torch-free modules): name -> source.

@@ -240,3 +240,19 @@ def test_the_workspace_query_grows_with_the_calls_shapes_and_not_with_its_length
     assert size(8, [2, 2, 2, 2]) > size(4, [1, 1, 1, 1])  # more query tokens
     wider = torch.zeros(4, 40, dtype=torch.int32)  # a block table reaching past one KV split
     assert size(4, [1, 1, 1, 1], wider) > size(4, [1, 1, 1, 1])
+
+
+def test_hw_leaves_the_workspace_size_to_cann_while_the_simulator_checks_its_model() -> None:
+    # The size model is the simulator's (ascendgraph/workspace_sizes.py): on a card CANN sized
+    # the workspace hw passes, so hw's pre-check skips the rule; the simulator's kernels keep it.
+    from ascendgraph.kernel_calls import check_op
+    from hw.kernels import _contract_check
+
+    query = torch.zeros(4, 4, 16, dtype=torch.bfloat16)
+    cache = torch.zeros(8, 128, 2, 16, dtype=torch.bfloat16)
+    table = torch.zeros(4, 2, dtype=torch.int32)
+    args = (query, cache, cache.clone(), table, [1, 2, 3, 4], [5, 6, 7, 8], 0.25, torch.zeros_like(query),
+            torch.empty(64, dtype=torch.uint8))
+    with pytest.raises(KernelContractError, match="workspace_too_small"):
+        check_op("paged_attention", args, in_graph=True)
+    _contract_check()("paged_attention", args, in_graph=True)
