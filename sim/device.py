@@ -312,6 +312,9 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
         # A copy: a graph's finalizer (garbage collection during the sum) may drop its pool.
         return sum(pool.bytes for pool in list(self._pools.values()))
 
+    def graph_pools(self) -> list[SimPool]:  # the pools alive (sim.memory_ledger reads them)
+        return list(self._pools.values())
+
     def empty_cache(self) -> None:
         """Graph pools are not returned by empty_cache (as on the device): a no-op."""
         self._check_alive()

@@ -63,6 +63,7 @@ from ascendgraph.errors import (
     DYNAMIC_SHAPE_DURING_CAPTURE,
     HOST_SYNC_DURING_CAPTURE,
     METADATA_CHANGE_DURING_CAPTURE,
+    KernelContractError,
     RNG_DURING_CAPTURE,
 )
 
@@ -325,6 +326,8 @@ def meta_outputs(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
             return cached
     try:
         result = func(*to_meta(args), **{k: to_meta(v) for k, v in kwargs.items()})
+    except KernelContractError:
+        raise  # the kernel refuses these arguments (its fake implementation checked the contract): say so
     except (NotImplementedError, RuntimeError, TypeError):
         result = NO_META
     if key is not None:

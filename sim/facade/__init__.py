@@ -40,7 +40,8 @@ from typing import Any, Optional
 
 from sim.facade.runtime import FacadeRuntime, configure, configured, runtime
 
-__all__ = ["install", "uninstall", "is_installed", "configure", "configured", "runtime", "device", "NOTICE_VARIABLE",
+__all__ = ["install", "uninstall", "is_installed", "configure", "configured", "runtime", "device", "check_memory",
+           "NOTICE_VARIABLE",
            "notice_text", "real_torch_npu_location", "NPU_DEVICE_VARIABLE", "enable_npu_device_spelling",
            "npu_device_spelling_enabled"]
 
@@ -166,6 +167,16 @@ def is_installed() -> bool:
 def device() -> Any:
     """The SimDevice behind the facade (recorded ops, stats, fault plans)."""
     return runtime().device
+
+
+def check_memory(*, records: Any = None, workspaces: Any = None, graphs: tuple[Any, ...] = ()) -> Any:
+    """What the facade's captured graphs keep alive and what they need not
+    (`sim.memory_ledger.check_memory` on the facade's SimDevice): ``records`` and
+    ``workspaces`` map a graph (an ``NPUGraph``, a SimGraph or its name) to the parameter
+    records / workspace cache kept for it, e.g. vLLM Ascend's ``graph_params.attn_params[n]``."""
+    from sim.memory_ledger import check_memory as check
+
+    return check(runtime().device, records=records, workspaces=workspaces, graphs=graphs)
 
 
 FacadeRuntime = FacadeRuntime

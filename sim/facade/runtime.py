@@ -40,6 +40,7 @@ from ascendgraph.dynamo_gate import LazyDynamoDispatchMode
 from ascendgraph import ops as ag_ops
 from ascendgraph.errors import CaptureConstraintError
 from sim.device import SimDevice
+from sim.memory_ledger import beyond_pool_bytes
 from sim.recorder import wrapper_reentry
 from sim.streams import SimStream
 
@@ -127,13 +128,18 @@ class FacadeRuntime:
     # -- memory: a caching allocator keeps what it once held until empty_cache
     def note_memory(self) -> int:
         """Fold the current allocation into the reserve and return the allocation."""
-        allocated = int(self.device.memory_allocated())
+        allocated = self.allocated_bytes()
         self.reserved_bytes = max(self.reserved_bytes, allocated)
         return allocated
 
+    def allocated_bytes(self) -> int:
+        """The graph pools' bytes, plus what shared pools hold beyond their largest graph
+        because blocks stay held after capture (sim.memory_ledger.beyond_pool_bytes)."""
+        return int(self.device.memory_allocated()) + beyond_pool_bytes(self.device)
+
     def release_cache(self) -> None:
         """empty_cache: the reserve shrinks to what is allocated (graph pools stay)."""
-        self.reserved_bytes = int(self.device.memory_allocated())
+        self.reserved_bytes = self.allocated_bytes()
 
     # -- super kernel: CANN's aclsk API exists on Atlas A3 only
     @property

@@ -23,7 +23,7 @@ from vllm.compilation.monitor import set_cudagraph_capturing_enabled  # noqa: E4
 from vllm.config import CUDAGraphMode  # noqa: E402
 
 import vllm_ascend.ops  # noqa: E402,F401  (before attention_v1, as the model runner imports it)
-from ascendgraph.errors import CaptureConstraintError, GraphHang  # noqa: E402
+from ascendgraph.errors import CaptureConstraintError, GraphHang, KernelContractError  # noqa: E402
 from sim import facade  # noqa: E402
 from vllm_ascend.attention.attention_v1 import AscendAttentionBackend  # noqa: E402
 from vllm_ascend.compilation import acl_graph  # noqa: E402
@@ -197,12 +197,11 @@ def test_the_sinks_update_keeps_the_captured_block_table_so_fewer_requests_break
     # (3 and the dummy): 8 rows for a batch of 4, which the op doc forbids ("first dim must
     # equal B": torch-npu 2.13.0 _op_plugin_docs.py:8780), so the table refuses the update.
     # The simulator computes a task update's outputs with the fake kernel, whose contract
-    # check refuses; it reports that as an update it cannot re-issue, and the kernel log's
-    # independent re-check names the rule.
+    # check refuses with the rule's name; the kernel log's independent re-check names it too.
     run = FullGraphRun(sinks=True)
     run.capture()
     log = harness.KernelLog()
-    with log.recording(), pytest.raises(CaptureConstraintError, match="cannot be re-issued in a task update"):
+    with log.recording(), pytest.raises(KernelContractError, match="v2_block_table"):
         run.step(harness.Step(*STEPS[0], padded_to=SIZE), seed=0)
     # update_graph_params has no try/finally around graph_task_update_begin/_end: the refused
     # kernel leaves the update open, as a failing kernel would on a card. Close it.
