@@ -331,6 +331,14 @@ _FIA_RULES = (
                lambda a: a["key"].dtype == a["value"].dtype and a["key"].dtype in (*HALF, torch.int8),
                lambda a: f"key dtype {_dt(a['key'])}, value dtype {_dt(a['value'])}; page attention takes equal "
                          "float16/bfloat16/int8 caches"),
+    KernelRule(FIA, "paged_kv_layout", f"{DOCS}:8220, 8285 (page attention: the cache is (blocknum, blocksize, H) or, "
+               "for a BNSD or TND query only, (blocknum, KV_N, blocksize, D))",
+               lambda a: _paged(a) and _present("key")(a),
+               lambda a: a["key"].dim() == 3 or (a["key"].dim() == 4 and (a.get("input_layout") or "BSH") in
+                                                  ("BNSD", "BNSD_BSND", "TND")),
+               lambda a: f"key cache of shape {_shape(a['key'])} with input_layout={a.get('input_layout') or 'BSH'!r}; "
+                         "page attention takes (blocknum, blocksize, H), or (blocknum, KV_N, blocksize, D) with a "
+                         "BNSD or TND query"),
     KernelRule(FIA, "paged_kv_same_shape", f"{DOCS}:8220 (key and value shapes must agree)",
                lambda a: _paged(a) and _present("key", "value")(a), lambda a: _shape(a["key"]) == _shape(a["value"]),
                lambda a: f"key shape {_shape(a['key'])} != value shape {_shape(a['value'])}"),

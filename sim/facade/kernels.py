@@ -10,14 +10,16 @@ eagerly the CPU implementation runs, while a graph captures or a task update is
 collected the simulator computes outputs on the meta device, so the fake one runs.
 Either way a call a card would refuse is refused where it is issued.
 
-Two deliberate differences from the registered schemas, both invisible to callers:
+Two details where the wheel has two answers or none:
 
-* ``npu_fused_infer_attention_score.out`` is registered in libtorch_npu as
-  ``..., Tensor? workspace=None, Tensor[] out) -> (Tensor, Tensor)``. Here ``out`` is
-  annotated as written (``Tensor(a!)[] out``) and the op returns nothing, so the
-  simulator's recorder knows the kernel writes into ``out``; ``torch_npu.
-  npu_fused_infer_attention_score.out(...)`` (a `FacadeOpPacket`) still returns
-  ``(attention_out, softmax_lse)``.
+* ``npu_fused_infer_attention_score.out`` (and v2's) has two schemas in the wheel: the op
+  YAML's ``..., Tensor? workspace=None, Tensor(a!) attention_out, Tensor(b!) softmax_lse) ->
+  (Tensor(a!), Tensor(b!))`` (npu_native_functions_by_codegen.yaml:352, 364) and the string
+  libtorch_npu.so registers, ``..., Tensor? workspace=None, Tensor[] out) -> (Tensor, Tensor)``,
+  whose ``out=[attention_out, softmax_lse]`` is how vLLM Ascend and hw/ call it. The op here has
+  the YAML's schema (it says the kernel writes into its outputs, which the simulator's recorder
+  needs); ``torch_npu.npu_fused_infer_attention_score.out(...)`` (a `FacadeOpPacket`) takes
+  either spelling and returns ``(attention_out, softmax_lse)``.
 * The ATB ops ``_npu_reshape_and_cache`` / ``_npu_rotary_embedding`` have no schema string
   in the wheel (inferred from C++); the names here are descriptive, and like the real
   ones they are meant to be called with positional arguments only.
@@ -100,10 +102,14 @@ _PA_ARGS = (
     "Tensor block_table, Tensor context_lens"
 )
 
+# The .out overloads' tail (npu_native_functions_by_codegen.yaml:352, 364).
+_OUT_ARGS = ("Tensor? workspace=None, Tensor(a!) attention_out, Tensor(b!) softmax_lse) "
+             "-> (Tensor(a!), Tensor(b!))")
+
 # name (with overload) -> schema after the name; torch-npu 2.13.0 (see the module docstring).
 SCHEMAS: dict[str, str] = {
     FIA: f"({_FIA_ARGS}) -> (Tensor, Tensor)",
-    f"{FIA}.out": f"({_FIA_ARGS}, Tensor? workspace=None, Tensor(a!)[] out) -> ()",
+    f"{FIA}.out": f"({_FIA_ARGS}, {_OUT_ARGS}",
     "_npu_fused_infer_attention_score_get_max_workspace": f"({_FIA_ARGS}) -> Tensor",
     "_npu_fused_infer_attention_score_infer_output": (
         "(Tensor query, Tensor value, *, str input_layout=\"BSH\", Tensor? quant_scale2=None, "
@@ -145,7 +151,7 @@ SCHEMAS: dict[str, str] = {
     PAGED_ATTENTION: f"({_PA_ARGS}, Tensor(a!) out, Tensor? workspace=None) -> ()",
     "_npu_paged_attention_get_workspace": f"({_PA_ARGS}, Tensor out) -> Tensor",
     FIA_V2: f"({_FIA_V2_ARGS}) -> (Tensor, Tensor)",
-    f"{FIA_V2}.out": f"({_FIA_V2_ARGS}, Tensor? workspace=None, Tensor(a!)[] out) -> ()",
+    f"{FIA_V2}.out": f"({_FIA_V2_ARGS}, {_OUT_ARGS}",
     "_npu_fused_infer_attention_score_v2_get_max_workspace": f"({_FIA_V2_ARGS}) -> Tensor",
 }
 
@@ -178,6 +184,15 @@ def _bind(schema: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- implementations
+def _paged_cache(cache: Tensor, kv_heads: int) -> Tensor:
+    """A paged KV cache as [blocks, block_size, kv_heads, D], from either layout the op docs
+    allow a TND query (torch-npu 2.13.0 _op_plugin_docs.py:8220, 8285): (blocknum, blocksize, H)
+    or (blocknum, KV_N, blocksize, D)."""
+    if cache.dim() == 4:
+        return cache.permute(0, 2, 1, 3)
+    return cache.reshape(cache.shape[0], cache.shape[1], kv_heads, -1)
+
+
 def _fia_compute(a: dict[str, Any], out: Tensor) -> None:
     if a["input_layout"] != "TND" or a["block_table"] is None:
         raise NotImplementedError(
@@ -186,10 +201,7 @@ def _fia_compute(a: dict[str, Any], out: Tensor) -> None:
         )
     query, key, value = a["query"], a["key"], a["value"]
     kv_heads = int(a["num_key_value_heads"]) or int(a["num_heads"])
-    head_dim = query.shape[-1]
-    num_blocks, block_size = key.shape[0], key.shape[1]
-    key_cache = key.reshape(num_blocks, block_size, kv_heads, head_dim)
-    value_cache = value.reshape(num_blocks, block_size, kv_heads, -1)
+    key_cache, value_cache = _paged_cache(key, kv_heads), _paged_cache(value, kv_heads)
     ends = [int(v) for v in a["actual_seq_lengths"] or []]
     lens = [int(v) for v in a["actual_seq_lengths_kv"] or []]
     result = torch.zeros(query.shape, dtype=out.dtype)
@@ -212,12 +224,10 @@ def fia(a: dict[str, Any], fake: bool) -> Any:
     return attn, lse
 
 
-def fia_out(a: dict[str, Any], fake: bool) -> None:
-    out = a["out"]
-    if not isinstance(out, (list, tuple)) or len(out) != 2:
-        raise RuntimeError(f"{FIA}.out takes out=[attention_out, softmax_lse], got {out!r}")
+def fia_out(a: dict[str, Any], fake: bool) -> tuple[Tensor, Tensor]:
     if not fake:
-        _fia_compute(a, out[0])
+        _fia_compute(a, a["attention_out"])
+    return a["attention_out"], a["softmax_lse"]
 
 
 def fia_workspace(a: dict[str, Any], fake: bool) -> Tensor:
@@ -365,9 +375,8 @@ def _attend_v2(a: dict[str, Any], out: Tensor) -> None:
     heads = int(a["num_query_heads"])
     kv_heads = int(a["num_key_value_heads"]) or heads
     head_dim = query.shape[-1]
-    block_size = key.shape[1]
-    k_cache = key.reshape(key.shape[0], block_size, kv_heads, head_dim)
-    v_cache = value.reshape(value.shape[0], block_size, kv_heads, -1)
+    k_cache, v_cache = _paged_cache(key, kv_heads), _paged_cache(value, kv_heads)
+    block_size = k_cache.shape[1]
     window = int(a["pre_tokens"]) if int(a["sparse_mode"]) == 4 else None
     sink = a["learnable_sink"]
     scale = float(a["softmax_scale"])
@@ -410,12 +419,10 @@ def fia_v2(a: dict[str, Any], fake: bool) -> Any:
     return attn, lse
 
 
-def fia_v2_out(a: dict[str, Any], fake: bool) -> None:
-    out = a["out"]
-    if not isinstance(out, (list, tuple)) or len(out) != 2:
-        raise RuntimeError(f"{FIA_V2}.out takes out=[attention_out, softmax_lse], got {out!r}")
+def fia_v2_out(a: dict[str, Any], fake: bool) -> tuple[Tensor, Tensor]:
     if not fake:
-        _attend_v2(a, out[0])
+        _attend_v2(a, a["attention_out"])
+    return a["attention_out"], a["softmax_lse"]
 
 
 IMPLEMENTATIONS: dict[str, Callable[[dict[str, Any], bool], Any]] = {
@@ -503,9 +510,14 @@ class FacadeOpPacket:
         return self._packet.default(*args, **kwargs)
 
     def out(self, *args: Any, **kwargs: Any) -> tuple[Tensor, Tensor]:
-        self._packet.out(*args, **kwargs)
-        result = kwargs["out"]
-        return result[0], result[1]
+        """The ``.out`` overload, called as libtorch_npu registers it (``out=[attention_out,
+        softmax_lse]``) or with the op YAML's keywords (``attention_out=, softmax_lse=``)."""
+        if "out" in kwargs:
+            out = kwargs.pop("out")
+            if not isinstance(out, (list, tuple)) or len(out) != 2:
+                raise RuntimeError(f"{self.__name__}.out takes out=[attention_out, softmax_lse], got {out!r}")
+            kwargs["attention_out"], kwargs["softmax_lse"] = out
+        return self._packet.out(*args, **kwargs)
 
     def overloads(self) -> list[str]:
         return self._packet.overloads()

@@ -232,6 +232,46 @@ def test_every_facade_kernel_exists_in_the_wheel_and_its_keywords_are_schema_key
     assert keywords <= allowed, sorted(keywords - allowed)
 
 
+@pytest.mark.parametrize("name", sorted(set(facade_kernels.SCHEMAS) - set(ATB_KERNELS)))
+def test_every_facade_kernel_has_a_schema_of_the_wheel_verbatim(wheel: TorchNpuWheel, name: str) -> None:
+    # The op YAML's or the registered one (.out: the YAML's Tensor(a!) attention_out, Tensor(b!)
+    # softmax_lse; the registered Tensor[] out is the FacadeOpPacket's calling convention).
+    import torch
+
+    ours = str(torch._C.parse_schema(name + facade_kernels.SCHEMAS[name]))
+    theirs = {str(torch._C.parse_schema(text)) for text in wheel.schema_strings(name)}
+    assert theirs, f"{name}: no schema in the wheel"
+    assert ours in theirs, f"{ours}\nis none of\n" + "\n".join(sorted(theirs))
+
+
+def test_the_out_overloads_take_the_registered_out_list_and_the_yaml_keywords() -> None:
+    import torch
+
+    from sim import facade
+
+    facade.install(quiet=True)
+    try:
+        import torch_npu
+
+        query = torch.randn(2, 2, 16).bfloat16()
+        cache = torch.randn(2, 128, 32).bfloat16()
+
+        def call(**outs: object) -> tuple:
+            return torch_npu.npu_fused_infer_attention_score.out(
+                query, cache, cache, actual_seq_lengths=[1, 2], actual_seq_lengths_kv=[3, 5],
+                block_table=torch.tensor([[0], [1]], dtype=torch.int32), num_heads=2, num_key_value_heads=2,
+                input_layout="TND", block_size=128, scale=0.25, **outs)
+
+        attention_out, lse = torch.empty(2, 2, 16).bfloat16(), torch.empty(1)
+        listed = call(out=[attention_out, lse])
+        assert listed[0] is attention_out and listed[1] is lse  # returns the out tensors, as registered
+        again = torch.empty_like(attention_out)
+        named = call(attention_out=again, softmax_lse=torch.empty(1))
+        assert named[0] is again and torch.equal(again, attention_out)
+    finally:
+        facade.uninstall()
+
+
 def test_every_facade_module_level_name_exists_in_the_wheel(wheel: TorchNpuWheel) -> None:
     from sim.facade.modules import DEVICE_TYPE_ATTRIBUTE, FACADE_MARK, NPU_DTYPE_CODES, facade_modules
 
