@@ -8,7 +8,27 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any, Iterator
+
+import pytest
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
+
+
+@pytest.fixture
+def torch_npu() -> Iterator[Any]:
+    """The facade installed in place of torch_npu, on a fresh simulated NPU (reset again after
+    the test, so what a test leaves open stays with it)."""
+    from sim import facade
+
+    facade.install(quiet=True)
+    facade.configure()
+    try:
+        import torch_npu as module
+
+        yield module
+    finally:
+        facade.configure()
+        facade.uninstall()

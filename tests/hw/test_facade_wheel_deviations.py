@@ -5,27 +5,12 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import torch
 
 ERROR_CODE = r"\n\[ERROR\] \d{{4}}-\d\d-\d\d-\d\d:\d\d:\d\d \(PID:\d+, Device:0, RankID:-1\) ERR000{code:02d} PTA {meaning}$"
-
-
-@pytest.fixture
-def torch_npu() -> Iterator[Any]:
-    from sim import facade
-
-    facade.install(quiet=True)
-    facade.configure()
-    try:
-        import torch_npu as module
-
-        yield module
-    finally:
-        facade.configure()
-        facade.uninstall()
 
 
 def test_a_stream_rebuilt_from_its_id_triple_is_the_same_stream(torch_npu: Any) -> None:
