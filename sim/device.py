@@ -210,6 +210,32 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
     def torch_device(self) -> torch.device:
         return self._torch_device
 
+    def open_work(self) -> list[str]:
+        """What is open on this device right now, in words: a task update, a capture (and a
+        task group open in it). Empty when nothing is."""
+        found = []
+        if self._update is not None:
+            found.append(f"a task update of {self._update.group.name} on {self._update.stream}")
+        capture = self._capture
+        if capture is not None:
+            group = f", with a task group open on {capture.open_group[0]}" if capture.open_group is not None else ""
+            found.append(f"the capture of {capture.graph.name} on {capture.stream}{group}")
+        return found
+
+    def abandon_open_work(self) -> list[str]:
+        """Close whatever a caller left open, as leaving it by an exception does: the task
+        update is discarded (its group keeps its previous parameters), the capture is aborted
+        (`_abort_capture`: no graph, streams and pool bytes given back), and their modes come
+        off torch's mode stacks wherever they sit (`sim.mode_stack`), so later ops run eagerly
+        again. Returns what was open, in words (`open_work`)."""
+        found = self.open_work()
+        self.abandon_task_update()
+        capture = self._capture
+        if capture is not None:
+            self.abandon_task_group()
+            self._abort_capture(capture.graph)
+        return found
+
     def _check_alive(self) -> None:
         if self._lost_at is not None:
             raise DeviceLost(TEXT_DEVICE_LOST.format(site=self._lost_at))

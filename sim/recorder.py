@@ -57,6 +57,7 @@ from torch.overrides import TorchFunctionMode
 from ascendgraph.dynamo_gate import LazyDynamoDispatchMode
 
 from ascendgraph import ops as ag_ops
+from sim.mode_stack import reentered
 from sim.matmul import WIDENED_MATMULS, widened_matmul, widens
 from ascendgraph.errors import (
     CaptureConstraintError,
@@ -386,7 +387,7 @@ class _Mode(LazyDynamoDispatchMode):
         kwargs = kwargs or {}
         impl = ag_ops._WRAPPER_OPS.get(func)
         if impl is not None:
-            with self, wrapper_reentry():
+            with reentered(self), wrapper_reentry():
                 return impl(*args, **kwargs)
         return self.handle(func, args, kwargs)
 

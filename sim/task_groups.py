@@ -19,6 +19,7 @@ from sim.capture import TaskGroup, Update
 from sim.program import Segment
 from sim.faults import Action
 from sim.graph import CAPTURED, ReplayRun
+from sim.mode_stack import withdraw
 from sim.streams import SimStream
 from sim.tracing import TraceSpan
 
@@ -103,12 +104,30 @@ class TaskGroupMixin(_Parts):
         update.collector.__enter__()
         self._update = update
 
+    def abandon_task_update(self) -> None:
+        """Close the task update under way without applying it, as leaving it by an exception
+        does: its calls are discarded (the group keeps its previous parameters) and its
+        collector comes off torch's mode stack (`sim.mode_stack`). No-op when none is open."""
+        update = self._update
+        if update is None:
+            return
+        self._update = None
+        withdraw(update.collector)
+
+    def abandon_task_group(self) -> None:
+        """Close the task group open in the capture under way without making it a group (no
+        handle: its ops stay plain captured tasks), as leaving it by an exception does, so the
+        capture can still end. No-op when none is open."""
+        capture = self._capture
+        if capture is not None:
+            capture.open_group = None
+
     def task_update_end(self, stream: SimStream) -> None:
         update = self._update
         if update is None or update.stream is not stream:
             raise self._misuse("task_update_end", f"no task update is open on {stream}; call task_update_begin first")
         self._update = None
-        update.collector.__exit__(None, None, None)
+        withdraw(update.collector)
         self._check_alive()
         term = self._fault("task_update", stream_id=stream.stream_id)
         if term is not None and term.action is Action.SKIP_UPDATE:

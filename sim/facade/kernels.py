@@ -10,14 +10,16 @@ eagerly the CPU implementation runs, while a graph captures or a task update is
 collected the simulator computes outputs on the meta device, so the fake one runs.
 Either way a call a card would refuse is refused where it is issued.
 
-Two deliberate differences from the registered schemas, both invisible to callers:
+Two details where the wheel has two answers or none:
 
-* ``npu_fused_infer_attention_score.out`` is registered in libtorch_npu as
-  ``..., Tensor? workspace=None, Tensor[] out) -> (Tensor, Tensor)``. Here ``out`` is
-  annotated as written (``Tensor(a!)[] out``) and the op returns nothing, so the
-  simulator's recorder knows the kernel writes into ``out``; ``torch_npu.
-  npu_fused_infer_attention_score.out(...)`` (a `FacadeOpPacket`) still returns
-  ``(attention_out, softmax_lse)``.
+* ``npu_fused_infer_attention_score.out`` (and v2's) has two schemas in the wheel: the op
+  YAML's ``..., Tensor? workspace=None, Tensor(a!) attention_out, Tensor(b!) softmax_lse) ->
+  (Tensor(a!), Tensor(b!))`` (npu_native_functions_by_codegen.yaml:352, 364) and the string
+  libtorch_npu.so registers, ``..., Tensor? workspace=None, Tensor[] out) -> (Tensor, Tensor)``,
+  whose ``out=[attention_out, softmax_lse]`` is how vLLM Ascend and hw/ call it. The op here has
+  the YAML's schema (it says the kernel writes into its outputs, which the simulator's recorder
+  needs); ``torch_npu.npu_fused_infer_attention_score.out(...)`` (a `FacadeOpPacket`) takes
+  either spelling and returns ``(attention_out, softmax_lse)``.
 * The ATB ops ``_npu_reshape_and_cache`` / ``_npu_rotary_embedding`` have no schema string
   in the wheel (inferred from C++); the names here are descriptive, and like the real
   ones they are meant to be called with positional arguments only.
@@ -107,10 +109,14 @@ _PA_ARGS = (
     "Tensor block_table, Tensor context_lens"
 )
 
+# The .out overloads' tail (npu_native_functions_by_codegen.yaml:352, 364).
+_OUT_ARGS = ("Tensor? workspace=None, Tensor(a!) attention_out, Tensor(b!) softmax_lse) "
+             "-> (Tensor(a!), Tensor(b!))")
+
 # name (with overload) -> schema after the name; torch-npu 2.13.0 (see the module docstring).
 SCHEMAS: dict[str, str] = {
     FIA: f"({_FIA_ARGS}) -> (Tensor, Tensor)",
-    f"{FIA}.out": f"({_FIA_ARGS}, Tensor? workspace=None, Tensor(a!)[] out) -> ()",
+    f"{FIA}.out": f"({_FIA_ARGS}, {_OUT_ARGS}",
     "_npu_fused_infer_attention_score_get_max_workspace": f"({_FIA_ARGS}) -> Tensor",
     "_npu_fused_infer_attention_score_infer_output": (
         "(Tensor query, Tensor value, *, str input_layout=\"BSH\", Tensor? quant_scale2=None, "
@@ -152,7 +158,7 @@ SCHEMAS: dict[str, str] = {
     PAGED_ATTENTION: f"({_PA_ARGS}, Tensor(a!) out, Tensor? workspace=None) -> ()",
     "_npu_paged_attention_get_workspace": f"({_PA_ARGS}, Tensor out) -> Tensor",
     FIA_V2: f"({_FIA_V2_ARGS}) -> (Tensor, Tensor)",
-    f"{FIA_V2}.out": f"({_FIA_V2_ARGS}, Tensor? workspace=None, Tensor(a!)[] out) -> ()",
+    f"{FIA_V2}.out": f"({_FIA_V2_ARGS}, {_OUT_ARGS}",
     "_npu_fused_infer_attention_score_v2_get_max_workspace": f"({_FIA_V2_ARGS}) -> Tensor",
 }
 
@@ -201,11 +207,10 @@ def _fused(name: str, a: dict[str, Any], fake: bool) -> tuple[Tensor, Tensor]:
     return attn, lse
 
 
-def _fused_out(name: str, a: dict[str, Any], fake: bool) -> None:
-    """The ``.out`` kernel: writes out[0] (and, with the lse flag, out[1])."""
-    out = a["out"]
-    if not isinstance(out, (list, tuple)) or len(out) != 2:
-        raise RuntimeError(f"{name}.out takes out=[attention_out, softmax_lse], got {out!r}")
+def _fused_out(name: str, a: dict[str, Any], fake: bool) -> tuple[Tensor, Tensor]:
+    """The ``.out`` kernel: writes attention_out (and, with the lse flag, softmax_lse) and
+    returns both, as the registered overload does."""
+    out = (a["attention_out"], a["softmax_lse"])
     call = _fused_call(name, a)
     expected = lse_shape(call)
     if call.lse_flag and int(out[1].numel()) != math.prod(expected):
@@ -215,14 +220,15 @@ def _fused_out(name: str, a: dict[str, Any], fake: bool) -> None:
         )
     if not fake:
         call.run(out[0], out[1] if call.lse_flag else None)
+    return out
 
 
 def fia(a: dict[str, Any], fake: bool) -> Any:
     return _fused(FIA, a, fake)
 
 
-def fia_out(a: dict[str, Any], fake: bool) -> None:
-    _fused_out(FIA, a, fake)
+def fia_out(a: dict[str, Any], fake: bool) -> tuple[Tensor, Tensor]:
+    return _fused_out(FIA, a, fake)
 
 
 def _workspace(a: dict[str, Any], needed: int) -> Tensor:
@@ -465,8 +471,8 @@ def fia_v2(a: dict[str, Any], fake: bool) -> Any:
     return _fused(FIA_V2, a, fake)
 
 
-def fia_v2_out(a: dict[str, Any], fake: bool) -> None:
-    _fused_out(FIA_V2, a, fake)
+def fia_v2_out(a: dict[str, Any], fake: bool) -> tuple[Tensor, Tensor]:
+    return _fused_out(FIA_V2, a, fake)
 
 
 IMPLEMENTATIONS: dict[str, Callable[[dict[str, Any], bool], Any]] = {
@@ -554,9 +560,14 @@ class FacadeOpPacket:
         return self._packet.default(*args, **kwargs)
 
     def out(self, *args: Any, **kwargs: Any) -> tuple[Tensor, Tensor]:
-        self._packet.out(*args, **kwargs)
-        result = kwargs["out"]
-        return result[0], result[1]
+        """The ``.out`` overload, called as libtorch_npu registers it (``out=[attention_out,
+        softmax_lse]``) or with the op YAML's keywords (``attention_out=, softmax_lse=``)."""
+        if "out" in kwargs:
+            out = kwargs.pop("out")
+            if not isinstance(out, (list, tuple)) or len(out) != 2:
+                raise RuntimeError(f"{self.__name__}.out takes out=[attention_out, softmax_lse], got {out!r}")
+            kwargs["attention_out"], kwargs["softmax_lse"] = out
+        return self._packet.out(*args, **kwargs)
 
     def overloads(self) -> list[str]:
         return self._packet.overloads()

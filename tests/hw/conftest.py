@@ -20,6 +20,8 @@ if _HERE not in sys.path:
 
 @pytest.fixture
 def torch_npu() -> Iterator[Any]:
+    """The facade installed in place of torch_npu, on a fresh simulated NPU (reset again after
+    the test, so what a test leaves open stays with it)."""
     from sim import facade
 
     facade.install(quiet=True)
@@ -29,4 +31,5 @@ def torch_npu() -> Iterator[Any]:
 
         yield module
     finally:
+        facade.configure()
         facade.uninstall()
