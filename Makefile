@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ascendgraph-installed
 
-.PHONY: run test test-all bench parity parity-record vllm-ascend-env vllm-ascend ray mutation mutation-rules npu-device clean
+.PHONY: run test test-all typecheck bench parity parity-record vllm-ascend-env vllm-ascend ray mutation mutation-rules npu-device clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ run: $(STAMP)
 # worker takes queued tests from a busy one, so no core waits on the other at the end.
 test: $(STAMP) npu-device
 	$(PY) -m pytest -n auto --dist worksteal
+
+# The type checker over ascendgraph/, sim/ and hw/ ([tool.mypy] in pyproject.toml); .ci/run runs it.
+typecheck: $(STAMP)
+	$(PY) -m mypy
 
 # Everything that runs without an NPU: the default suite plus the slow tests (10,000-example fuzzing).
 test-all: $(STAMP) npu-device

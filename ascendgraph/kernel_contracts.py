@@ -64,6 +64,7 @@ __all__ = [
     "FIA_MASK_SIZE",
     "FIA_SPARSE_MODE",
     "CONFIG_RULES",
+    "SIMULATOR_MODEL_RULES",
 ]
 
 FIA = "npu_fused_infer_attention_score"
@@ -255,7 +256,49 @@ def _kv_heads(a: Mapping[str, Any]) -> int:
 
 
 def _head_dim(a: Mapping[str, Any]) -> int:
-    return int(a["query"].shape[-1])
+    """The query's D (:8064: D = H/N): its last axis, except in BSH (the schema's default
+    layout), whose last axis is H = N*D."""
+    last = int(a["query"].shape[-1])
+    if (a.get("input_layout") or "BSH") == "BSH":
+        return last // max(int(a.get("num_heads") or 1), 1)
+    return last
+
+
+def _int8_in(a: Mapping[str, Any], *names: str) -> bool:
+    return any(getattr(a.get(name), "dtype", None) == torch.int8 for name in names)
+
+
+def _query_dtype_ok(a: Mapping[str, Any]) -> bool:
+    """:8065: float16, bfloat16 or int8; the Q_S > 1 branch refuses an int8 query with page
+    attention (:8224), the Q_S == 1 branch int8 query, key and value together (:8272)."""
+    dtype = a["query"].dtype
+    if dtype in HALF:
+        return True
+    if dtype != torch.int8:
+        return False
+    if _q_s(a) > 1:
+        return not _paged(a)
+    return not _int8_in(a, "key") or not _int8_in(a, "value")
+
+
+def _describe_query_dtype(a: Mapping[str, Any]) -> str:
+    if a["query"].dtype != torch.int8:
+        return (f"query dtype is {_dt(a['query'])}; the fused attention takes float16, bfloat16 or int8 "
+                "(run the model in --dtype bfloat16)")
+    if _q_s(a) > 1:
+        return f"an int8 query with page attention (block_table) and Q_S={_q_s(a)} > 1; use float16 or bfloat16"
+    return "int8 query, key and value together with Q_S == 1; use a float16 or bfloat16 query"
+
+
+def _head_dim_alignment(a: Mapping[str, Any]) -> int:
+    """:8210 (the Q_S > 1 branch): 32 when query, key or value is int8, 16 when all are half."""
+    return 32 if _int8_in(a, "query", "key", "value") else 16
+
+
+def _kv_hidden_limit(a: Mapping[str, Any]) -> int:
+    """KV_N*D of the (blocknum, blocksize, H) cache layout: :8220 (Q_S > 1) refuses it "over
+    65535", :8287 (Q_S == 1) "over 64k"."""
+    return 65535 if _q_s(a) > 1 else 65536
 
 
 def _gqa_ok(a: Mapping[str, Any]) -> bool:
@@ -328,7 +371,7 @@ _V1_LINES = _FusedLines(
     lengths=f"{DOCS}:8082-8083 (outside TND one entry per batch, or one for all; each at most the S axis); "
             ":8222 (page attention: actual_seq_lengths_kv required)",
     full_mask=f"{DOCS}:8076 (bool/int8/uint8, contiguous); :8077-8080 (sparse_mode 0/1: (Q_S, KV_S), (B, KV_S) at "
-              "Q_S == 1, (1, Q_S, KV_S), (B, 1, Q_S, KV_S), (1, 1, Q_S, KV_S), S rounded up allowed); :8120 (sparse_mode "
+              "Q_S == 1, (1, Q_S, KV_S), (B, 1, Q_S, KV_S), (1, 1, Q_S, KV_S), S rounded up allowed); :8119 (sparse_mode "
               "1 needs the full mask); :8225-8226 (page attention: KV_S >= block_table columns * block_size)",
     band=f"{DOCS}:8200 (sparse_mode 4: pre_tokens >= -actual_seq_qlen, next_tokens >= -actual_seq_kvlen, pre_tokens "
          "+ next_tokens >= 0); the band's two edges must meet (npu_fusion_attention, :1645)",
@@ -557,10 +600,10 @@ V2_LAYOUTS = (*V1_LAYOUTS, "NTD", "TND_NTD", "NTD_TND", "BSH_NBSD", "BSND_NBSD",
 # --------------------------------------------------------------------------- the table
 
 _FIA_RULES = (
-    KernelRule(FIA, "query_dtype", f"{DOCS}:8065 (query float16/bfloat16/int8); :8224 (no int8 query with page attention)",
-               _present("query"), lambda a: a["query"].dtype in HALF,
-               lambda a: f"query dtype is {_dt(a['query'])}; the fused attention takes float16 or bfloat16 "
-                         "(run the model in --dtype bfloat16)"),
+    KernelRule(FIA, "query_dtype", f"{DOCS}:8065 (query float16/bfloat16/int8); :8224 (Q_S > 1, the branch opening "
+               "at :8201: no int8 query with page attention); :8272 (Q_S == 1, the branch at :8269: query, key and "
+               "value all int8 not supported)",
+               _present("query"), _query_dtype_ok, _describe_query_dtype),
     KernelRule(FIA, "query_contiguous", f"{DOCS}:8065 (query: non-contiguous tensors are not supported)",
                _present("query"), lambda a: _contiguous(a["query"]),
                lambda a: f"query of shape {_shape(a['query'])} is not contiguous"),
@@ -572,10 +615,19 @@ _FIA_RULES = (
                lambda a: a["key"].dtype == a["value"].dtype and a["key"].dtype in (*HALF, torch.int8),
                lambda a: f"key dtype {_dt(a['key'])}, value dtype {_dt(a['value'])}; page attention takes equal "
                          "float16/bfloat16/int8 caches"),
+    KernelRule(FIA, "paged_kv_layout", f"{DOCS}:8220, 8285 (page attention: the cache is (blocknum, blocksize, H) or, "
+               "for a BNSD or TND query only, (blocknum, KV_N, blocksize, D))",
+               lambda a: _paged(a) and _present("key")(a),
+               lambda a: a["key"].dim() == 3 or (a["key"].dim() == 4 and (a.get("input_layout") or "BSH") in
+                                                  ("BNSD", "BNSD_BSND", "TND")),
+               lambda a: f"key cache of shape {_shape(a['key'])} with input_layout={a.get('input_layout') or 'BSH'!r}; "
+                         "page attention takes (blocknum, blocksize, H), or (blocknum, KV_N, blocksize, D) with a "
+                         "BNSD or TND query"),
     KernelRule(FIA, "paged_kv_same_shape", f"{DOCS}:8220 (key and value shapes must agree)",
                lambda a: _paged(a) and _present("key", "value")(a), lambda a: _shape(a["key"]) == _shape(a["value"]),
                lambda a: f"key shape {_shape(a['key'])} != value shape {_shape(a['value'])}"),
-    KernelRule(FIA, "tnd_query_rank", f"{DOCS}:8113 (TND: query is [T, N, D])",
+    KernelRule(FIA, "tnd_query_rank", f"{DOCS}:8064 (the layout letters: T the tokens of all batches, N the heads, "
+               "D the head dim, so a TND query is [T, N, D]); :8113 (TND is an input_layout)",
                lambda a: _tnd(a) and _present("query")(a), lambda a: a["query"].dim() == 3,
                lambda a: f"TND query has shape {_shape(a['query'])}, not [T, N, D]"),
     KernelRule(FIA, "tnd_actual_seq_lengths", f"{DOCS}:8082 (TND: actual_seq_lengths required, cumulative, "
@@ -618,24 +670,35 @@ _FIA_RULES = (
                lambda a: f"the cache holds {int(a['key'].shape[0])} blocks but the KV lengths "
                          f"{_ints(a['actual_seq_lengths_kv'])} need {sum(_blocks_needed(a))} of {a['block_size']}"),
     KernelRule(FIA, "paged_block_size", PAGED_BLOCK_SIZE_SOURCE,
-               _paged, lambda a: paged_block_size_ok(a.get("block_size", 0), _q_s(a)),
-               lambda a: describe_paged_block_size(a.get("block_size", 0), _q_s(a))),
+               _paged, lambda a: paged_block_size_ok(a.get("block_size", 0), _q_s(a), int8_kv=_int8_in(a, "key")),
+               lambda a: describe_paged_block_size(a.get("block_size", 0), _q_s(a), int8_kv=_int8_in(a, "key"))),
     *_q_s_gt_1_limits(FIA, "", _q_s, _batch, "num_heads", f"{DOCS}:8203 (Q_S > 1, the branch opening at :8201: "
                       "the B axis at most 65536)", f"{DOCS}:8204 (Q_S > 1: the N axis at most 256)"),
     # No kv_len >= q_len rule: the op docs' sparse_mode 3 interception (:8248) belongs to the
     # int8-output list (:8244, "输出为int8 ... quant_offset2"), and the TND one (:8198) to the
     # D=192 branch (:8193-8199); neither is this call (bf16 out, D 128), and the rule refused
     # vLLM Ascend's own dummy request (kv_len 1 behind a longer padded query).
-    KernelRule(FIA, "head_dim_16_aligned", f"{DOCS}:8210 (float16/bfloat16: the D axis must be 16-aligned)",
-               _present("query"), lambda a: _head_dim(a) % 16 == 0 and _head_dim(a) <= 512,
-               lambda a: f"head_dim={_head_dim(a)}; the fused attention needs a multiple of 16 (<= 512)"),
+    KernelRule(FIA, "head_dim_16_aligned", f"{DOCS}:8210 (Q_S > 1, the branch opening at :8201: D 16-aligned when "
+               "query, key and value are float16/bfloat16, 32-aligned when one is int8; the Q_S == 1 branch at :8269 "
+               "asks no alignment)",
+               lambda a: _present("query")(a) and _q_s(a) > 1, lambda a: _head_dim(a) % _head_dim_alignment(a) == 0,
+               lambda a: f"head_dim={_head_dim(a)} with Q_S={_q_s(a)} > 1; the fused attention needs a multiple of "
+                         f"{_head_dim_alignment(a)}"),
+    KernelRule(FIA, "head_dim_limit", f"{DOCS}:8204 (Q_S > 1: the D axis at most 512); :8271 (Q_S == 1: the D axis "
+               "at most 512)",
+               _present("query"), lambda a: _head_dim(a) <= 512,
+               lambda a: f"head_dim={_head_dim(a)}; the fused attention takes at most 512"),
     KernelRule(FIA, "gqa_ratio", f"{DOCS}:8116 (num_heads divisible by num_key_value_heads, ratio <= 64)",
                _always, _gqa_ok,
                lambda a: f"num_heads={a.get('num_heads', 1)}, num_key_value_heads={_kv_heads(a)}: heads must be a "
                          "multiple of kv heads with at most 64 per kv head"),
-    KernelRule(FIA, "kv_hidden_limit", f"{DOCS}:8220, 8287 ((blocknum, blocksize, H) layout: KV_N*D > 65535 is rejected)",
-               lambda a: _paged(a) and _present("query")(a), lambda a: _kv_heads(a) * _head_dim(a) <= 65535,
-               lambda a: f"num_key_value_heads*head_dim={_kv_heads(a) * _head_dim(a)} exceeds 65535"),
+    KernelRule(FIA, "kv_hidden_limit", f"{DOCS}:8220 (Q_S > 1: a (blocknum, blocksize, H) cache with KV_N*D over "
+               "65535 is rejected; the (blocknum, KV_N, blocksize, D) layout is the way out); :8287 (Q_S == 1: over 64k)",
+               lambda a: _paged(a) and _present("query", "key")(a) and a["key"].dim() == 3,
+               lambda a: _kv_heads(a) * _head_dim(a) <= _kv_hidden_limit(a),
+               lambda a: f"num_key_value_heads*head_dim={_kv_heads(a) * _head_dim(a)} exceeds {_kv_hidden_limit(a)} "
+                         "in the (blocknum, blocksize, H) cache layout; use GQA or the (blocknum, KV_N, blocksize, D) "
+                         "layout"),
     KernelRule(FIA, "sparse_mode_range", f"{DOCS}:8212 (sparse_mode only 0-4)",
                _always, lambda a: int(a.get("sparse_mode", 0)) in (0, 1, 2, 3, 4),
                lambda a: f"sparse_mode={a.get('sparse_mode')} is not one of 0-4"),
@@ -894,10 +957,10 @@ _FIA_V2_RULES = (
                lambda a: f"block_table has {int(a['block_table'].shape[1])} columns but the longest KV length needs "
                          f"{max(_v2_blocks_needed(a), default=0)} blocks of {a['block_size']}"),
     KernelRule(FIA_V2, "v2_paged_block_size", f"{DOCS}:8776 (Q_S > 1, the branch at :8759: at least 128, at most "
-               "512, a multiple of 128); :8817 (Q_S == 1, the branch at :8806: 16-aligned for float16/bfloat16 KV); "
-               f"as v1's ({PAGED_BLOCK_SIZE_SOURCE})",
-               _paged, lambda a: paged_block_size_ok(a.get("block_size", 0), _v2_q_s(a)),
-               lambda a: describe_paged_block_size(a.get("block_size", 0), _v2_q_s(a))),
+               "512, a multiple of 128); :8817 (Q_S == 1, the branch at :8806: 16-aligned for float16/bfloat16 KV, "
+               f"32-aligned for int8 KV); as v1's ({PAGED_BLOCK_SIZE_SOURCE})",
+               _paged, lambda a: paged_block_size_ok(a.get("block_size", 0), _v2_q_s(a), int8_kv=_int8_in(a, "key")),
+               lambda a: describe_paged_block_size(a.get("block_size", 0), _v2_q_s(a), int8_kv=_int8_in(a, "key"))),
     *_q_s_gt_1_limits(FIA_V2, "v2_", _v2_q_s, _v2_batch, "num_query_heads",
                       f"{DOCS}:8761 (Q_S > 1, the branch opening at :8759: the B axis at most 65536); as v1's "
                       "q_s_gt_1_batch_limit", f"{DOCS}:8762 (Q_S > 1: the N axis at most 256); as v1's "
@@ -1073,6 +1136,11 @@ RULES: tuple[KernelRule, ...] = (
 )
 
 KERNELS: tuple[str, ...] = tuple(dict.fromkeys(rule.kernel for rule in RULES))
+
+# Rules whose limit is the simulator's model, not a card's (the workspace sizes of
+# ascendgraph/workspace_sizes.py): the simulator enforces them, hw's pre-check on a card
+# leaves them to CANN, which sized the workspace itself.
+SIMULATOR_MODEL_RULES = frozenset(rule.name for rule in RULES if rule.name.endswith("workspace_too_small"))
 
 # Rules a single kernel call cannot show, checked on the configuration (`ascendgraph.config`,
 # torch-free modules): name -> source.

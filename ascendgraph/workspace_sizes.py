@@ -71,8 +71,7 @@ def fused_attention_workspace_bytes(a: Mapping[str, Any], *, v2: bool = False) -
     if layout == "BSH":
         rows *= heads  # [B, S, N*D]: one row per (token, head)
     table: Optional[Any] = a.get("block_table")
-    paged = table is not None
-    if paged:
+    if table is not None:
         value_dim = int(value.shape[-1]) // kv_heads if value.dim() == 3 else int(value.shape[-1])
         kv_span = int(table.shape[-1]) * int(a.get("block_size", 0) or 0) if table.dim() == 2 else 0
     else:

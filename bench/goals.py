@@ -111,8 +111,8 @@ def print_goals(rows: list[dict[str, Any]]) -> None:
         verdict = {True: "met", False: "NOT met", None: ""}[row["met"]]
         print(f"   {row['figure']:<{width}}  {row['now']:<52}  goal {row['goal']:<24} {verdict}")
     if any(row["met"] is False for row in rows):
-        print("   where the time goes and what stands in the way of the goals not met: docs/bench.md "
-              "(\"Where the time goes\", \"What stands in the way\")")
+        print("   what each row measures: docs/bench.md (\"Sections\"); profile a row's command to see where its "
+              "time goes (python -X importtime, cProfile); what changed so far: CHANGELOG.md")
 
 
 def print_side_by_side(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> None:

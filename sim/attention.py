@@ -12,16 +12,16 @@ lines cited beside them):
 * query row ``i`` of a request sees key position ``j`` when ``0 <= j < kv_len`` and the
   sparse mode lets it (`Masking.visible`):
 
-  - ``sparse_mode`` 0 without a mask: every position (:8119; pre/next tokens ignored, :8213);
+  - ``sparse_mode`` 0 without a mask: every position (:8118; pre/next tokens ignored, :8213);
   - 0 with a mask: ``i - pre_tokens <= j <= i + next_tokens`` and the mask is False there
-    (:8119: "the part between pre_tokens and next_tokens is computed"; the band's origin is
+    (:8118: "the part between pre_tokens and next_tokens is computed"; the band's origin is
     the top-left corner, as npu_fusion_attention states for mode 0, :1637-1641);
-  - 1 (allMask): the mask is False there (:8120; pre/next ignored, :8215);
-  - 2 (leftUpCausal): ``j <= i`` (:8121);
-  - 3 (rightDownCausal): ``j <= i + kv_len - q_len`` (:8122, the diagonal ends at the
+  - 1 (allMask): the mask is False there (:8119; pre/next ignored, :8215);
+  - 2 (leftUpCausal): ``j <= i`` (:8120);
+  - 3 (rightDownCausal): ``j <= i + kv_len - q_len`` (:8121, the diagonal ends at the
     bottom-right corner);
   - 4 (band): ``i + o - pre_tokens <= j <= i + o + next_tokens`` with ``o = kv_len - q_len``
-    (:8123; the origin is the bottom-right corner, npu_fusion_attention :1645), so vLLM
+    (:8122; the origin is the bottom-right corner, npu_fusion_attention :1645), so vLLM
     Ascend's sliding window ``pre_tokens=w, next_tokens=0`` sees ``w + 1`` positions;
   - when the call's Q_S is 1 (the incremental branch) ``sparse_mode``, ``pre_tokens`` and
     ``next_tokens`` have no effect (:8110, 8111, 8117; v2 :8629, 8630, 8635): every position

@@ -98,7 +98,7 @@ def _set_flags_from_the_stack() -> None:
     seen: dict[int, int] = {}
     for position, mode in enumerate(stack):  # what each entry saved: the flags of the stack below it
         occurrence = seen[id(mode)] = seen.get(id(mode), -1) + 1
-        saved = [getattr(mode, name, None) for name in _SAVED]
+        saved: list[Any] = [getattr(mode, name, None) for name in _SAVED]
         if all(queue is not None and len(queue) == stack.count(mode) for queue in saved):
             for queue, value in zip(saved, _flags(stack[:position])):
                 queue[occurrence] = value

@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Sequence
 
-from ascendgraph.errors import ConfigError
+from ascendgraph.errors import ConfigError, RedispatchFailed
 
 __all__ = [
     "MODE_NONE",
@@ -245,12 +245,6 @@ def first_dispatch(num_tokens: int, *, uniform_decode: bool, dispatch: Dispatch,
         raise ConfigError(f"sequence parallelism needs the padded size {tokens} to be a multiple of tp={sp_tp}",
                           key="tensor_parallel_size")
     return StepPlan(mode, tokens, key)
-
-
-class RedispatchFailed(RuntimeError):
-    """The re-dispatch at the agreed size found no graph of the synced mode: vLLM's dispatcher
-    asserts there (``assert CUDAGraphMode.NONE in allowed_modes``, vllm/v1/cudagraph_dispatcher.py
-    in 0.27.1) and the rank stops."""
 
 
 def redispatch_after_sync(plan: StepPlan, sync: SyncResult, *, dp_rank: int, uniform_decode: bool,

@@ -213,7 +213,7 @@ class _Rank:
     def forward_collectives(self, padded: int, moe_tokens: int, global_bs: int) -> list[tuple[str, str, tuple, str, tuple]]:
         """The collectives of one forward (one representative layer): the TP all-reduce of
         the attention output, then MoE dispatch and combine on the EP group."""
-        calls = []
+        calls: list[tuple[str, str, tuple, str, tuple]] = []
         if self.layout.tp > 1:
             calls.append(("tp", "all_reduce", (padded, self.hidden), "bfloat16", ()))
         if self.moe and self.layout.ep > 1:

@@ -32,7 +32,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Optional, Sequence
 
-from ascendgraph.errors import ConfigError
+from ascendgraph.errors import ConfigError, OutOfKVBlocks
 
 __all__ = [
     "Request",
@@ -118,8 +118,8 @@ _CODAS = ("", "", "n", "r", "s", "t", "l", "m", "nd", "st")
 
 def sentence(rng: random.Random, words: int) -> str:
     """A capitalised sentence of ``words`` made-up words and a full stop: ``words + 1`` tokens.
-    (The prompts' meaning never mattered, only their lengths and a stable text per seed; this
-    replaced the Faker library, whose pytest plugin every pytest process of a user paid for.)"""
+    (A run's prompts need only their lengths and a stable text per seed, so the library makes
+    them up without a data package; the tests' multilingual prompts are tests/realistic_data.py.)"""
     text = " ".join(
         "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS) for _ in range(rng.randint(1, 3)))
         for _ in range(words)
@@ -157,10 +157,6 @@ class RequestStatus(enum.Enum):
     RUNNING = "running"
     FINISHED = "finished"
     FAILED = "failed"
-
-
-class OutOfKVBlocks(RuntimeError):
-    """The KV cache has no free block left (the engine sizes it so this cannot happen)."""
 
 
 class BlockAllocator:

@@ -123,7 +123,7 @@ def uninstall() -> None:
 
     for name, module in list(_saved.items()):
         if name == "torch.npu attribute":
-            torch.npu = module  # type: ignore[attr-defined]
+            torch.npu = module  # type: ignore[attr-defined]  # torch.npu is what the facade installs (torch has no npu attribute of its own)
         else:
             sys.modules[name] = module
     _saved.clear()
@@ -154,7 +154,7 @@ def enable_npu_device_spelling() -> None:
     if not npu_device_spelling_enabled():
         torch.utils.rename_privateuse1_backend("npu")
     if getattr(torch.Tensor, "npu", None) is not _tensor_npu:
-        torch.Tensor.npu = _tensor_npu  # type: ignore[attr-defined]
+        torch.Tensor.npu = _tensor_npu  # type: ignore[attr-defined]  # Tensor.npu is what the facade installs (torch_npu adds it on a node)
     from sim.facade.pinned import install_pinned_memory
 
     install_pinned_memory()  # torch now has an accelerator ("npu") whose pinned allocator it asks for

@@ -10,34 +10,41 @@ eagerly the CPU implementation runs, while a graph captures or a task update is
 collected the simulator computes outputs on the meta device, so the fake one runs.
 Either way a call a card would refuse is refused where it is issued.
 
-Two deliberate differences from the registered schemas, both invisible to callers:
+Two details where the wheel has two answers or none:
 
-* ``npu_fused_infer_attention_score.out`` is registered in libtorch_npu as
-  ``..., Tensor? workspace=None, Tensor[] out) -> (Tensor, Tensor)``. Here ``out`` is
-  annotated as written (``Tensor(a!)[] out``) and the op returns nothing, so the
-  simulator's recorder knows the kernel writes into ``out``; ``torch_npu.
-  npu_fused_infer_attention_score.out(...)`` (a `FacadeOpPacket`) still returns
-  ``(attention_out, softmax_lse)``.
+* ``npu_fused_infer_attention_score.out`` (and v2's) has two schemas in the wheel: the op
+  YAML's ``..., Tensor? workspace=None, Tensor(a!) attention_out, Tensor(b!) softmax_lse) ->
+  (Tensor(a!), Tensor(b!))`` (npu_native_functions_by_codegen.yaml:352, 364) and the string
+  libtorch_npu.so registers, ``..., Tensor? workspace=None, Tensor[] out) -> (Tensor, Tensor)``,
+  whose ``out=[attention_out, softmax_lse]`` is how vLLM Ascend and hw/ call it. The op here has
+  the YAML's schema (it says the kernel writes into its outputs, which the simulator's recorder
+  needs); ``torch_npu.npu_fused_infer_attention_score.out(...)`` (a `FacadeOpPacket`) takes
+  either spelling and returns ``(attention_out, softmax_lse)``.
 * The ATB ops ``_npu_reshape_and_cache`` / ``_npu_rotary_embedding`` have no schema string
   in the wheel (inferred from C++); the names here are descriptive, and like the real
   ones they are meant to be called with positional arguments only.
 
-The facade models the FIA call hw/ and vLLM Ascend make: TND layout over a paged KV cache
-(``block_table``), sparse_mode 3. Other layouts raise NotImplementedError.
+The fused attention (v1, v2, their ``.out`` and workspace queries) computes every sparse
+mode, mask, pre/next-token band, layout and length list the contract table accepts
+(`sim.facade.attention_calls` lays a call out, `sim.attention` computes it); what it does
+not model (quantisation, position bias, left padding, shared prefixes, MLA rope inputs, the
+NTD/NBSD layouts) raises NotImplementedError naming the argument. The workspace queries
+return `ascendgraph.workspace_sizes`' model, which the ``.out`` kernels check their
+workspace against (``workspace_too_small``). docs/facade.md, the kernel audit table, lists
+every argument of every kernel here and what the simulator does with it.
 
 The kernels of vLLM Ascend's A2/A3 graph paths (vllm_ascend/attention/attention_v1.py,
 vllm_ascend/device/device_op.py at 182b75ea) are here too:
 
 * ``npu_scatter_pa_kv_cache`` (the KV write; ``cache_mode="Norm"``, the ND cache
-  ``[blocks, block_size, kv_heads, D]``; the NZ layout is not modelled);
+  ``[blocks, block_size, kv_heads, D]``; the NZ layout and the compressed scene are not modelled);
 * ``_npu_paged_attention`` and ``_npu_paged_attention_get_workspace`` (ATB ops, the
   FULL_DECODE_ONLY decode branch: one query token per request); the names are the keywords
   vLLM Ascend passes, the order the C++ signature's in ``lib/libop_plugin_atb.so``;
 * ``npu_fused_infer_attention_score_v2`` with ``.out`` and
-  ``_npu_fused_infer_attention_score_v2_get_max_workspace`` (the sinks path): TND over a
-  paged cache, sparse_mode 3 (causal) or 4 (band: a sliding window of ``pre_tokens``), with
-  an optional ``learnable_sink`` (one logit per query head added to the softmax
-  denominator). Its ``.out`` is registered like v1's (``Tensor[] out``) and treated the same.
+  ``_npu_fused_infer_attention_score_v2_get_max_workspace`` (the sinks path), with an
+  optional ``learnable_sink`` (one logit per query head added to the softmax denominator).
+  Its ``.out`` is registered like v1's (``Tensor[] out``) and treated the same.
 """
 
 from __future__ import annotations
@@ -102,10 +109,14 @@ _PA_ARGS = (
     "Tensor block_table, Tensor context_lens"
 )
 
+# The .out overloads' tail (npu_native_functions_by_codegen.yaml:352, 364).
+_OUT_ARGS = ("Tensor? workspace=None, Tensor(a!) attention_out, Tensor(b!) softmax_lse) "
+             "-> (Tensor(a!), Tensor(b!))")
+
 # name (with overload) -> schema after the name; torch-npu 2.13.0 (see the module docstring).
 SCHEMAS: dict[str, str] = {
     FIA: f"({_FIA_ARGS}) -> (Tensor, Tensor)",
-    f"{FIA}.out": f"({_FIA_ARGS}, Tensor? workspace=None, Tensor(a!)[] out) -> ()",
+    f"{FIA}.out": f"({_FIA_ARGS}, {_OUT_ARGS}",
     "_npu_fused_infer_attention_score_get_max_workspace": f"({_FIA_ARGS}) -> Tensor",
     "_npu_fused_infer_attention_score_infer_output": (
         "(Tensor query, Tensor value, *, str input_layout=\"BSH\", Tensor? quant_scale2=None, "
@@ -147,7 +158,7 @@ SCHEMAS: dict[str, str] = {
     PAGED_ATTENTION: f"({_PA_ARGS}, Tensor(a!) out, Tensor? workspace=None) -> ()",
     "_npu_paged_attention_get_workspace": f"({_PA_ARGS}, Tensor out) -> Tensor",
     FIA_V2: f"({_FIA_V2_ARGS}) -> (Tensor, Tensor)",
-    f"{FIA_V2}.out": f"({_FIA_V2_ARGS}, Tensor? workspace=None, Tensor(a!)[] out) -> ()",
+    f"{FIA_V2}.out": f"({_FIA_V2_ARGS}, {_OUT_ARGS}",
     "_npu_fused_infer_attention_score_v2_get_max_workspace": f"({_FIA_V2_ARGS}) -> Tensor",
 }
 
@@ -196,11 +207,10 @@ def _fused(name: str, a: dict[str, Any], fake: bool) -> tuple[Tensor, Tensor]:
     return attn, lse
 
 
-def _fused_out(name: str, a: dict[str, Any], fake: bool) -> None:
-    """The ``.out`` kernel: writes out[0] (and, with the lse flag, out[1])."""
-    out = a["out"]
-    if not isinstance(out, (list, tuple)) or len(out) != 2:
-        raise RuntimeError(f"{name}.out takes out=[attention_out, softmax_lse], got {out!r}")
+def _fused_out(name: str, a: dict[str, Any], fake: bool) -> tuple[Tensor, Tensor]:
+    """The ``.out`` kernel: writes attention_out (and, with the lse flag, softmax_lse) and
+    returns both, as the registered overload does."""
+    out = (a["attention_out"], a["softmax_lse"])
     call = _fused_call(name, a)
     expected = lse_shape(call)
     if call.lse_flag and int(out[1].numel()) != math.prod(expected):
@@ -210,14 +220,15 @@ def _fused_out(name: str, a: dict[str, Any], fake: bool) -> None:
         )
     if not fake:
         call.run(out[0], out[1] if call.lse_flag else None)
+    return out
 
 
 def fia(a: dict[str, Any], fake: bool) -> Any:
     return _fused(FIA, a, fake)
 
 
-def fia_out(a: dict[str, Any], fake: bool) -> None:
-    _fused_out(FIA, a, fake)
+def fia_out(a: dict[str, Any], fake: bool) -> tuple[Tensor, Tensor]:
+    return _fused_out(FIA, a, fake)
 
 
 def _workspace(a: dict[str, Any], needed: int) -> Tensor:
@@ -258,7 +269,7 @@ def _norm_dims(gamma: Tensor) -> tuple[int, ...]:
 
 
 def _rstd(x: Tensor, gamma: Tensor, eps: float) -> Tensor:
-    """1 / rms over gamma's dims (kept as size 1: the reverse-rms output, :3452)."""
+    """1 / rms over gamma's dims (kept as size 1: the reverse-rms output, :3455)."""
     return torch.rsqrt(x.float().pow(2).mean(dim=_norm_dims(gamma), keepdim=True) + eps)
 
 
@@ -302,7 +313,7 @@ def _int8_only(kernel: str, name: str, value: Any) -> None:
 
 
 def _grouped_smooth(x: Tensor, smooth: Tensor, group_index: Optional[Tensor]) -> Tensor:
-    """x * smooth_scales in float32; with group_index (MoE, op docs :4682, :4695) the rows up to
+    """x * smooth_scales in float32; with group_index (MoE, op docs :4676, :4693) the rows up to
     group_index[g] (cumulative, over x's rows) use smooth_scales[g]."""
     if group_index is None:
         return x.float() * smooth.float()
@@ -318,7 +329,7 @@ def dynamic_quant(a: dict[str, Any], fake: bool) -> tuple[Tensor, Tensor]:
     _int8_only("npu_dynamic_quant", "dst_type", a["dst_type"])
     if a["quant_mode"] != "pertoken" or float(a["dst_type_max"]) != 0.0:
         raise NotImplementedError(
-            f"sim.facade models npu_dynamic_quant per token into int8 (op docs :4662-4666), got quant_mode="
+            f"sim.facade models npu_dynamic_quant per token into int8 (op docs :4660-4666), got quant_mode="
             f"{a['quant_mode']!r}, dst_type_max={a['dst_type_max']}"
         )
     if fake:
@@ -338,7 +349,7 @@ def _along(values: Optional[Tensor], x: Tensor, axis: int) -> Optional[Tensor]:
 
 def _quantize(x: Tensor, scales: Tensor, zero_points: Optional[Tensor], div_mode: bool) -> Tensor:
     """(x / scales) + zero_points, or (x * scales) + zero_points without div_mode (op docs
-    :11349-11351), rounded and clamped to int8."""
+    :11350-11352), rounded and clamped to int8."""
     if div_mode:
         return reference.quantize(x, scales, zero_points)
     y = x.float() * scales.float()
@@ -354,9 +365,11 @@ def quantize(a: dict[str, Any], fake: bool) -> Tensor:
         return torch.empty(x.shape, dtype=torch.int8, device=x.device)
     axis = int(a["axis"])
     div_mode = bool(a["div_mode"])
-    if not div_mode:  # the elementwise axis: -2, or else the last (:11370)
+    if not div_mode:  # the elementwise axis: -2, or else the last (:11378)
         axis = -2 if axis == -2 else -1
-    return _quantize(x, _along(a["scales"], x, axis), _along(a["zero_points"], x, axis), div_mode)
+    scales = _along(a["scales"], x, axis)
+    assert scales is not None, "npu_quantize takes a scales tensor (its signature has no default for it)"
+    return _quantize(x, scales, _along(a["zero_points"], x, axis), div_mode)
 
 
 def add_rms_norm_quant(a: dict[str, Any], fake: bool) -> tuple[Tensor, Tensor, Tensor]:
@@ -387,7 +400,7 @@ def add_rms_norm_dynamic_quant(a: dict[str, Any], fake: bool) -> tuple[Tensor, .
                 torch.empty(y2_shape, dtype=torch.int8, device=x1.device), torch.empty_like(x1),
                 x1.new_empty(rows, dtype=torch.float32), x1.new_empty(scale2_shape, dtype=torch.float32))
     x_sum = x1 + a["x2"]
-    y = _rms_norm(x_sum, a["gamma"], float(a["epsilon"]), a["beta"])  # beta: the norm's bias (:12203)
+    y = _rms_norm(x_sum, a["gamma"], float(a["epsilon"]), a["beta"])  # beta: the norm's bias (:12204)
 
     def quant(smooth: Optional[Tensor]) -> tuple[Tensor, Tensor]:
         return reference.dynamic_quant(y if smooth is None else y.float() * smooth.float())
@@ -458,8 +471,8 @@ def fia_v2(a: dict[str, Any], fake: bool) -> Any:
     return _fused(FIA_V2, a, fake)
 
 
-def fia_v2_out(a: dict[str, Any], fake: bool) -> None:
-    _fused_out(FIA_V2, a, fake)
+def fia_v2_out(a: dict[str, Any], fake: bool) -> tuple[Tensor, Tensor]:
+    return _fused_out(FIA_V2, a, fake)
 
 
 IMPLEMENTATIONS: dict[str, Callable[[dict[str, Any], bool], Any]] = {
@@ -547,9 +560,14 @@ class FacadeOpPacket:
         return self._packet.default(*args, **kwargs)
 
     def out(self, *args: Any, **kwargs: Any) -> tuple[Tensor, Tensor]:
-        self._packet.out(*args, **kwargs)
-        result = kwargs["out"]
-        return result[0], result[1]
+        """The ``.out`` overload, called as libtorch_npu registers it (``out=[attention_out,
+        softmax_lse]``) or with the op YAML's keywords (``attention_out=, softmax_lse=``)."""
+        if "out" in kwargs:
+            out = kwargs.pop("out")
+            if not isinstance(out, (list, tuple)) or len(out) != 2:
+                raise RuntimeError(f"{self.__name__}.out takes out=[attention_out, softmax_lse], got {out!r}")
+            kwargs["attention_out"], kwargs["softmax_lse"] = out
+        return self._packet.out(*args, **kwargs)
 
     def overloads(self) -> list[str]:
         return self._packet.overloads()

@@ -7,29 +7,14 @@ graphs"). The captures follow vLLM Ascend's FULL-graph attention (attention_v1.p
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator
+from typing import Any
 
-import pytest
 import torch
 
 from sim.memory_ledger import CAPTURED_OUTPUT, PARAMETER_RECORD, POOL_BLOCK, WORKSPACE
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCKS = 8, 2, 128, 128, 16
 MASK = torch.triu(torch.ones(2048, 2048, dtype=torch.bool), diagonal=1)
-
-
-@pytest.fixture
-def torch_npu() -> Iterator[Any]:
-    from sim import facade
-
-    facade.install(quiet=True)
-    facade.configure()
-    try:
-        import torch_npu as module
-
-        yield module
-    finally:
-        facade.uninstall()
 
 
 class Model:

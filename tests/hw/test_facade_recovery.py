@@ -11,7 +11,7 @@ import subprocess
 import sys
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -22,21 +22,6 @@ from hw import api
 from tests.inner_pytest import NO_HYPOTHESIS
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def torch_npu() -> Iterator[Any]:
-    from sim import facade
-
-    facade.install(quiet=True)
-    facade.configure()
-    try:
-        import torch_npu as module
-
-        yield module
-    finally:
-        facade.configure()
-        facade.uninstall()
 
 
 def simulator_modes() -> list[Any]:

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from ascendgraph import kernel_contracts
 from sim.facade import kernels as facade_kernels
-from tests.sim.attention_reference import fused_attention, paged_attention_decode
+from tests.sim.attention_reference import fused_attention
 
 facade_kernels.register()
 F = torch.ops.npu_facade
@@ -169,7 +169,7 @@ def check_against_reference(call: dict[str, Any], v2: bool) -> None:
     workspace = workspace_query(query, call["key"], call["value"], **args)
     out_buffer = torch.full_like(out, float("nan"))
     lse_buffer = torch.full_like(lse, float("nan")) if flag else torch.empty(1, dtype=query.dtype)
-    op.out(query, call["key"], call["value"], **args, workspace=workspace, out=[out_buffer, lse_buffer])
+    op.out(query, call["key"], call["value"], **args, workspace=workspace, attention_out=out_buffer, softmax_lse=lse_buffer)
     assert torch.equal(out_buffer, out)
     if flag:
         assert torch.equal(lse_buffer, lse)

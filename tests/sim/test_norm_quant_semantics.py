@@ -2,9 +2,9 @@
 for every argument they accept (torch-npu 2.13.0 ``torch_npu/_op_plugin_docs.py``).
 
 Each reference below is the docs' formula in plain float64 torch: RmsNorm over gamma's dims
-(:3447-3452), with the bias ``beta`` of the fused norms (:12203, :12305), ``npu_quantize``'s
-divide and multiply modes (:11349-11351, axis :11370), ``npu_dynamic_quant``'s smooth scales
-per MoE group (:4662-4666, :4682, :4695), and ATB's decode attention (one token per request
+(:3447-3455), with the bias ``beta`` of the fused norms (:12204, :12305), ``npu_quantize``'s
+divide and multiply modes (:11350-11352, axis :11377-11378), ``npu_dynamic_quant``'s smooth scales
+per MoE group (:4660-4666, :4676, :4693), and ATB's decode attention (one token per request
 over ``context_lens`` positions, vllm_ascend/attention/attention_v1.py@182b75ea:1265-1276).
 Hypothesis draws shapes and values; more examples under ``-m slow``.
 """

@@ -31,11 +31,16 @@ from vllm_ascend.compilation import acl_graph  # noqa: E402
 SIZE = 8
 
 
-@pytest.fixture(autouse=True)
-def fresh() -> None:
+def reset_for_a_test() -> None:
+    """What every test starts from: a fresh simulated NPU and vLLM Ascend's module state reset."""
     facade.configure()
     harness.reset_vllm_ascend_state()
     set_cudagraph_capturing_enabled(True)
+
+
+@pytest.fixture(autouse=True)
+def fresh() -> None:
+    reset_for_a_test()
 
 
 class FullGraphRun:
@@ -211,6 +216,25 @@ def test_the_sinks_update_keeps_the_captured_block_table_so_fewer_requests_break
     refused = [args for name, args in log.calls if name == "npu_fused_infer_attention_score_v2"
                and len(args["actual_seq_qlen"]) == 4]  # this step's batch: 3 requests and the dummy
     assert refused and all(tuple(args["block_table"].shape) == (SIZE, 2) for args in refused)  # the capture's rows
+
+
+def test_a_refusal_inside_update_graph_params_does_not_change_the_next_tests_numbers() -> None:
+    # The refusal above, then what the next test of the worker does: the per-test reset
+    # (`fresh`: sim.facade.configure) and a FULL run that must be bitwise eager. When the
+    # update's collector outlived the refusal on torch's dispatch stack, every later op of the
+    # worker returned uncomputed memory (11 tests failed with garbage kernel arguments).
+    refused = FullGraphRun(sinks=True)
+    refused.capture()
+    with pytest.raises(KernelContractError, match="v2_block_table"):
+        refused.step(harness.Step(*STEPS[0], padded_to=SIZE), seed=0)
+    reset_for_a_test()
+    run = FullGraphRun()
+    run.capture()
+    for index, (q_lens, kv_lens) in enumerate(STEPS[:2]):
+        step = harness.Step(q_lens, kv_lens, padded_to=SIZE)
+        run.step(step, seed=index)
+        run.eager_step(step, seed=index)
+        run.assert_equal(step)
 
 
 def test_a_device_tensors_value_read_during_capture_is_still_refused() -> None:

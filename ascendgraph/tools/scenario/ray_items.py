@@ -15,7 +15,7 @@ from __future__ import annotations
 import socket
 from typing import Any, Iterator, Sequence
 
-from ascendgraph.errors import ConfigError
+from ascendgraph.errors import ConfigError, RayTaskFailed
 from ascendgraph.tools.scenario.items import ItemResult, ScenarioItem, run_item
 
 __all__ = ["connect", "run_on_ray", "check_address", "RayTaskFailed", "PROBE_TIMEOUT_S"]
@@ -44,7 +44,7 @@ def check_address(address: str) -> None:
 
 def _ray() -> Any:
     try:
-        import ray
+        import ray  # type: ignore[import-not-found]  # the optional `ray` extra, absent from the test environment
     except ImportError:
         raise ConfigError("--ray needs Ray: pip install 'ascendgraph[ray]' (on every node of the cluster)",
                           key="ray") from None
@@ -64,10 +64,6 @@ def connect(address: str) -> tuple[Any, bool]:
         words = " ".join(str(exc).split())[:300] or type(exc).__name__
         raise ConfigError(f"--ray {address}: no Ray cluster could be joined: {words}; {_FIX}", key="ray") from None
     return ray, True
-
-
-class RayTaskFailed(RuntimeError):
-    """A task did not come back (a worker or node lost): the run failed (exit 1)."""
 
 
 def run_on_ray(items: Sequence[ScenarioItem], address: str, *, quiet: bool = True) -> Iterator[ItemResult]:
