@@ -48,7 +48,7 @@ vllm-ascend-env:
 	ln -sfn "$$(dirname "$$(dirname "$$(scripts/vllm-ascend-env.sh | tail -n 1)")")" .venv-vllm-ascend
 
 vllm-ascend: vllm-ascend-env
-	.venv-vllm-ascend/bin/python -m sim.facade --npu-device -- .venv-vllm-ascend/bin/python -m pytest -m vllm_ascend \
+	.venv-vllm-ascend/bin/python -m sim.facade -- .venv-vllm-ascend/bin/python -m pytest -m vllm_ascend \
 		tests/vllm_ascend -q -p no:cacheprovider -p no:warnings $(VLLM_ASCEND_PYTEST_ARGS)
 
 # Mutation testing (docs/testing.md), a habit and not CI (too slow for .ci/run).

@@ -43,6 +43,7 @@ from ascendgraph.errors import (
 )
 from sim import kernels
 from sim.pool_memory import GraphMemory
+from sim.npu_device.device_type import HOST_WORK
 from sim.static_addresses import tensors_in as _tensors_in
 from sim.recorder import (
     ALIAS,
@@ -234,7 +235,7 @@ class Capture:
         self.fresh_bytes = 0
         self.pool_blocks: list[Any] = []  # storages made outside the pool arena (held by the graph: sim.graph)
         self.memory = GraphMemory(graph.name)  # the pool blocks this capture is handed
-        self.on_arena = device.torch_device.type != "meta"
+        self.on_arena = device.torch_device.type == "cpu"  # another device type allocates raw pool blocks
         if self.on_arena:
             pool.arena.sweep()  # blocks freed since the last capture into the pool are handed out again
         self.fallback_ops = 0
@@ -270,6 +271,11 @@ class Capture:
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
         info = self.device._op_info(func)
         kind = info.kind
+        route = self.device.device_type.route(func, args, kwargs) if self.device.device_type is not None else None
+        if route is not None:  # host work runs now; a copy the host waits for cannot be captured
+            if route == HOST_WORK:
+                return func(*args, **kwargs)
+            raise self.host_sync_error(route)
         if self.open_group is not None:
             return self._dispatch_in_group(info, args, kwargs)
         if kind == OP:
@@ -312,6 +318,8 @@ class Capture:
         raise reject(kind, info.func, self.graph.name)
 
     def _allocate(self, meta: Tensor) -> Tensor:
+        if self.device.device_type is not None:  # its allocator takes a raw block of this pool (allocate_raw)
+            return self.device.device_type.allocate_like(meta)
         nbytes = meta.untyped_storage().nbytes() if meta.numel() else 0
         self.device._capture_malloc(self, nbytes)
         if self.on_arena and nbytes:
@@ -338,16 +346,22 @@ class Capture:
     def bind_program(self) -> None:
         """Point every recorded tensor that lies on a pool block at the block's program alias
         (module docstring): the records stop holding the captured code's tensors."""
-        if not self.on_arena or not self.memory.ranges:
+        device_type = self.device.device_type
+        if not (self.on_arena or device_type is not None) or not self.memory.ranges:
             return
         arena = self.pool.arena
         bound: dict[int, Tensor] = {}
+
+        def program_alias(value: Tensor) -> Optional[Tensor]:
+            if device_type is not None:  # a non-owning tensor of the device type over the block
+                return device_type.program_alias(arena, value)
+            return arena.program_tensor(value)
 
         def rebind(value: Any) -> Any:
             if isinstance(value, Tensor):
                 key = id(value)
                 if key not in bound:
-                    alias = arena.program_tensor(value) if type(value) is Tensor else None
+                    alias = program_alias(value) if type(value) is Tensor else None
                     bound[key] = value if alias is None else alias
                 return bound[key]
             if isinstance(value, tuple):
@@ -441,6 +455,11 @@ class Update:
 
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
         info = self.device._op_info(func)
+        route = self.device.device_type.route(func, args, kwargs) if self.device.device_type is not None else None
+        if route is not None:  # host work runs now; a copy the host waits for is no task
+            if route == HOST_WORK:
+                return func(*args, **kwargs)
+            raise CaptureConstraintError(HOST_SYNC_DURING_CAPTURE.format(what=route, graph=self.group.graph.name))
         if info.kind == ALIAS or info.kind == HOST:
             return func(*args, **kwargs)
         if info.kind == ALLOC:  # scratch memory of the update: not a re-issued task

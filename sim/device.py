@@ -87,6 +87,8 @@ OPTIONS = {
     "collectives in streams (default: HCCL_OP_EXPANSION_MODE of env)",
     "meta_tensors": "tensors live on the meta device: captures still count streams, pool bytes and "
     "virtual time, but no memory is held and nothing computes (planning only; default False)",
+    "torch_device": "the torch device the device's tensors live on: 'cpu' (default: CPU tensors stand for device "
+    "memory) or 'npu' (the torch_npu facade's simulated NPU, sim.npu_device; set device_type too)",
 }
 STREAM_ERROR_VARIANTS = ("207008", "el0009")
 
@@ -123,8 +125,9 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
         self.poison_capture_outputs = bool(options.get("poison_capture_outputs", True))
         self.allow_float32_attention = bool(options.get("allow_float32_attention", False))
         # Which tensors live in host memory: None means every tensor stands for device memory
-        # (the simulator's convention). The torch_npu facade answers with its pinned host copies
-        # (sim.facade.pinned): reading those during a capture is host work, not a device sync.
+        # (the simulator's convention). A device backing the npu device type (the torch_npu
+        # facade's) answers by the tensor's device: reading a CPU tensor during a capture is host
+        # work, not a device sync.
         self.host_memory: Optional[Callable[[torch.Tensor], bool]] = None
         self.contracts = kernels.ContractPolicy.from_options(
             allow_float32_attention=self.allow_float32_attention,
@@ -147,7 +150,10 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
 
         # meta_tensors (planning): same shapes, strides and byte counts, no storage, no compute.
         self.meta_tensors = bool(options.get("meta_tensors", False))
-        self._torch_device = torch.device("meta" if self.meta_tensors else "cpu")
+        self._torch_device = torch.device("meta" if self.meta_tensors else str(options.get("torch_device") or "cpu"))
+        # The torch device type this device backs (sim.npu_device.NpuDeviceType), or None for CPU
+        # tensors: captures and task updates ask it where an op's tensors live.
+        self.device_type: Optional[Any] = None
         self._stream_ids = itertools.count(0)
         self._default = SimStream(self, next(self._stream_ids), "stream 0 (default)")
         self._streams: list[SimStream] = [self._default]

@@ -4,11 +4,8 @@ CMD and every Python subprocess it starts find ``torch_npu`` in a directory put 
 PYTHONPATH (``sim/facade/shim``), whose package installs the facade; the project root is
 put on PYTHONPATH too, so ``sim`` is importable without an install. One line on stderr
 says the facade is active (and which installed torch_npu it shadows); the exit status
-is CMD's.
-
-``python -m sim.facade --npu-device -- CMD`` also spells PrivateUse1 "npu" in CMD
-(``torch.device("npu")`` constructs; see sim.facade's docstring): opt-in, because the
-rename cannot be undone and changes what ``device.type == "npu"`` means.
+is CMD's. "npu" is a torch device in CMD (`sim.npu_device`); ``--npu-device``, which once
+asked for that, is still accepted and changes nothing.
 """
 
 from __future__ import annotations
@@ -18,19 +15,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sim.facade import NOTICE_VARIABLE, NPU_DEVICE_VARIABLE, notice_text, real_torch_npu_location
+from sim.facade import NOTICE_VARIABLE, notice_text, real_torch_npu_location
 
 SHIM = Path(__file__).resolve().parent / "shim"
 ROOT = Path(__file__).resolve().parents[2]
-USAGE = ("usage: python -m sim.facade [--npu-device] -- CMD [ARG ...]  (runs CMD with the simulator's torch_npu "
-         "facade; --npu-device also spells PrivateUse1 \"npu\" so torch.device(\"npu\") constructs)")
+USAGE = "usage: python -m sim.facade -- CMD [ARG ...]  (runs CMD with the simulator's torch_npu facade)"
+LEGACY_FLAGS = ("--npu-device",)  # the npu device is the facade's normal behaviour now
 
 
-def facade_environment(environ: dict[str, str], *, npu_device: bool = False) -> dict[str, str]:
+def facade_environment(environ: dict[str, str]) -> dict[str, str]:
     """The environment CMD runs in."""
     env = dict(environ)
-    if npu_device:
-        env[NPU_DEVICE_VARIABLE] = "1"
     parts = [str(SHIM), str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(parts))
     env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"  # torch must not import a real torch_npu by itself
@@ -39,8 +34,7 @@ def facade_environment(environ: dict[str, str], *, npu_device: bool = False) -> 
 
 
 def main(argv: list[str]) -> int:
-    npu_device = bool(argv) and argv[0] == "--npu-device"
-    if npu_device:
+    while argv and argv[0] in LEGACY_FLAGS:
         argv = argv[1:]
     if argv and argv[0] == "--":
         argv = argv[1:]
@@ -49,7 +43,7 @@ def main(argv: list[str]) -> int:
         return 2 if not argv else 0
     print(notice_text(real_torch_npu_location()), file=sys.stderr, flush=True)
     try:
-        return subprocess.call(argv, env=facade_environment(dict(os.environ), npu_device=npu_device))
+        return subprocess.call(argv, env=facade_environment(dict(os.environ)))
     except FileNotFoundError:
         print(f"sim.facade: command not found: {argv[0]}", file=sys.stderr)
         return 127

@@ -27,7 +27,9 @@ __all__ = [
     "Stream", "Event", "ExternalEvent", "current_stream", "default_stream", "stream", "set_stream",
     "StreamContext", "NPUGraph", "graph", "graph_pool_handle", "is_current_stream_capturing",
     "graph_task_group_begin", "graph_task_group_end", "graph_task_update_begin", "graph_task_update_end",
-    "super_kernel_scope_begin", "super_kernel_scope_end", "make_graphed_callables",
+    "super_kernel_scope_begin", "super_kernel_scope_end", "make_graphed_callables", "manual_seed",
+    "manual_seed_all", "seed", "seed_all", "initial_seed", "get_rng_state", "set_rng_state",
+    "is_initialized",
 ]
 
 CAPTURE_ERROR_MODES = ("global", "thread_local", "relaxed")
@@ -75,7 +77,21 @@ def device_count() -> int:
 
 
 def set_device(device: Any) -> None:
-    runtime().current_index = _check_device(device)
+    from sim import npu_device
+
+    index = _check_device(device)
+    runtime().current_index = index
+    npu_device.extension().set_device(index)  # the device guard's current device (npu tensors' default index)
+
+
+def is_initialized() -> bool:
+    return True
+
+
+def _is_in_bad_fork() -> bool:
+    """torch.manual_seed seeds the npu device's generators through ``manual_seed_all`` when this
+    exists (torch/random.py ``_seed_custom_device``), as with torch_npu."""
+    return False
 
 
 def current_device() -> int:
@@ -93,37 +109,88 @@ def synchronize(device: Any = None) -> None:
 
 
 # --------------------------------------------------------------------------- memory
+# The simulated NPU's caching allocator (`sim.memory.DeviceMemory`): npu tensors and graph pools.
 def mem_get_info(device: Any = None) -> tuple[int, int]:
+    """(free, total): what the allocator does not hold, and the device's memory (aclrtGetMemInfo)."""
     _check_device(device)
     dev = _device()
     total = int(dev.profile.memory_bytes)
-    return total - int(dev.memory_allocated()), total
+    return total - int(dev.memory.reserved_bytes()), total
 
 
 def memory_allocated(device: Any = None) -> int:
     _check_device(device)
-    return runtime().note_memory()
+    return int(_device().memory.allocated_bytes())
 
 
 def memory_reserved(device: Any = None) -> int:
-    """A caching allocator's reserve (torch_npu/npu/memory.py:491 "memory managed by the
-    caching allocator"): at least what is allocated, and what was once allocated stays
-    reserved until empty_cache (the facade folds the allocation in at every memory query,
-    capture end and graph reset)."""
+    """Memory the caching allocator holds (torch_npu/npu/memory.py:491): at least what is
+    allocated; freed blocks stay reserved until empty_cache."""
     _check_device(device)
-    rt = runtime()
-    rt.note_memory()
-    return rt.reserved_bytes
+    return int(_device().memory.reserved_bytes())
 
 
 def empty_cache() -> None:
-    rt = runtime()
-    rt.device.empty_cache()
-    rt.release_cache()
+    _device().empty_cache()
 
 
 def host_empty_cache() -> None:
-    """Host (pinned) memory is not modelled: nothing to free."""
+    """Pinned host memory is returned when its tensor dies (the npu device's pinned allocator
+    caches nothing): nothing to free."""
+
+
+# --------------------------------------------------------------------------- random numbers
+# torch_npu/npu/random.py: the npu device's default generators (`sim.npu_device.default_generator`).
+def _generator(device: Any = None) -> Any:
+    from sim import npu_device
+
+    return npu_device.default_generator(_check_device(device if device != "npu" else None))
+
+
+def manual_seed(seed: int) -> None:
+    _generator().manual_seed(int(seed))
+
+
+def manual_seed_all(seed: int) -> None:
+    for index in range(device_count()):
+        _generator(index).manual_seed(int(seed))
+
+
+def seed() -> None:
+    _generator().seed()
+
+
+def seed_all() -> None:
+    for index in range(device_count()):
+        _generator(index).seed()
+
+
+def initial_seed() -> int:
+    return int(_generator().initial_seed())
+
+
+def get_rng_state(device: Any = "npu") -> torch.Tensor:
+    return _generator(device).get_state()
+
+
+def set_rng_state(new_state: torch.Tensor, device: Any = "npu") -> None:
+    _generator(device).set_state(new_state)
+
+
+class _DefaultGenerators:
+    """``torch.npu.default_generators``: one generator per device (a tuple in torch_npu)."""
+
+    def __getitem__(self, index: int) -> Any:
+        return _generator(index)
+
+    def __len__(self) -> int:
+        return device_count()
+
+    def __iter__(self) -> Any:
+        return iter([_generator(index) for index in range(device_count())])
+
+
+default_generators = _DefaultGenerators()
 
 
 # --------------------------------------------------------------------------- streams and events
@@ -364,16 +431,12 @@ class NPUGraph:
             raise CaptureConstraintError(CAPTURE_END_OTHER_STREAM)
         while rt.guarded:  # a task group left open: the simulator refuses and discards the capture
             rt.pop_guard()
-        try:
-            self._sim.capture_end()
-        finally:
-            rt.note_memory()
+        self._sim.capture_end()
 
     def replay(self) -> None:
         self._sim.replay()
 
     def reset(self) -> None:
-        runtime().note_memory()  # what the graph's pool held stays reserved until empty_cache
         self._sim.reset()
 
     def pool(self) -> SimPoolHandle:

@@ -77,19 +77,42 @@ def enable(cache_root: Optional[str] = None) -> _Device:
             torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True,
                                                                  for_packed_sequence=False)
         _DEVICE = _Device(extension)
-        if "torch.npu" not in sys.modules:  # torch imports torch.<device> at a device's first use
-            sys.modules["torch.npu"] = _device_module(extension)
+        if not hasattr(torch, DEVICE_TYPE):  # torch asks torch.<device> for a device's RNG and lazy init
+            module = _device_module(extension)
+            torch.npu = module  # type: ignore[attr-defined]
+            sys.modules["torch.npu"] = module
         return _DEVICE
 
 
 def _device_module(extension: ModuleType) -> ModuleType:
-    """A minimal ``torch.npu`` for the device without the facade (which brings torch_npu's)."""
+    """A minimal ``torch.npu`` while the torch_npu facade (which brings torch_npu's) is not
+    installed: what torch itself asks a device module for once "npu" is its accelerator
+    (``torch.random.fork_rng``, ``torch.manual_seed``, a device's lazy initialisation)."""
     module = ModuleType("torch.npu", "the simulated NPU's device module (sim.npu_device); the torch_npu facade "
-                                     "replaces it with torch_npu.npu")
-    module.is_available = lambda: True  # type: ignore[attr-defined]
-    module.device_count = extension.device_count  # type: ignore[attr-defined]
-    module.current_device = extension.current_device  # type: ignore[attr-defined]
-    module.set_device = extension.set_device  # type: ignore[attr-defined]
+                                     "puts torch_npu.npu in its place while it is installed")
+
+    def generator(device: Any = None) -> Any:
+        index = torch.device(device).index if isinstance(device, (str, torch.device)) else device
+        return extension.default_generator(extension.current_device() if index is None else int(index))
+
+    def manual_seed_all(seed: int) -> None:
+        for index in range(extension.device_count()):
+            extension.default_generator(index).manual_seed(int(seed))
+
+    attributes: dict[str, Any] = {
+        "is_available": lambda: True,
+        "is_initialized": lambda: True,
+        "_is_in_bad_fork": lambda: False,
+        "device_count": extension.device_count,
+        "current_device": extension.current_device,
+        "set_device": extension.set_device,
+        "manual_seed": lambda seed: generator().manual_seed(int(seed)),
+        "manual_seed_all": manual_seed_all,
+        "get_rng_state": lambda device="npu": generator(device).get_state(),
+        "set_rng_state": lambda new_state, device="npu": generator(device).set_state(new_state),
+    }
+    for name, value in attributes.items():
+        setattr(module, name, value)
     return module
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import itertools
 import threading
-import weakref
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from sim.npu_device import simulator
@@ -43,9 +42,11 @@ class Driver:
     def __init__(self) -> None:
         self._provider: Optional[Callable[[int], "SimDevice"]] = None
         self._lock = threading.RLock()
-        # address -> the simulated NPU that handed it out (weakly: a device that is gone has
-        # nothing left to give the memory back to).
-        self._owners: dict[int, "weakref.ReferenceType[SimDevice]"] = {}
+        # address -> the simulated NPU that handed it out and the block. Held strongly: the
+        # memory (the device's segments, a graph pool's) must outlive every tensor on it, even
+        # after the facade moved on to a fresh simulated NPU or the graph was reset.
+        self._owners: dict[int, "SimDevice"] = {}
+        self._blocks: dict[int, simulator.Block] = {}
         self._events: dict[int, "SimEvent"] = {}
         self._event_ids = itertools.count(1)
         self._weak: dict[int, simulator.WeakRecord] = {}  # token -> what a weak alias was made from
@@ -70,25 +71,26 @@ class Driver:
 
     def owner(self, address: int) -> Optional["SimDevice"]:
         """The simulated NPU whose memory ``address`` (a storage's base address) is."""
-        ref = self._owners.get(address)
-        return ref() if ref is not None else None
+        return self._owners.get(address)
 
     # ------------------------------------------------------------------ memory (the allocator)
     def malloc(self, nbytes: int, index: int) -> int:
         device = self.device(index)
-        address = simulator.allocate(device, int(nbytes))
+        block = simulator.allocate(device, int(nbytes))
+        address = block.address
         with self._lock:
-            self._owners[address] = weakref.ref(device)
+            self._owners[address] = device
+            self._blocks[address] = block
             self._generations[address] = abs(self._generations.get(address, 0)) + 1
         return address
 
     def free(self, address: int) -> None:
         with self._lock:
-            ref = self._owners.pop(address, None)
+            device = self._owners.pop(address, None)
+            block = self._blocks.pop(address, None)
             self._generations[address] = -abs(self._generations.get(address, 0))
-        device = ref() if ref is not None else None
-        if device is not None:
-            simulator.free(device, address)
+        if device is not None and block is not None:
+            simulator.free(device, block)
 
     # ------------------------------------------------------------------ weak aliases
     def weak_record(self, token: int) -> simulator.WeakRecord:

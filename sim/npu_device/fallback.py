@@ -91,6 +91,35 @@ def _argument_names(op: Any, args: tuple, kwargs: dict) -> list[tuple[str, Any]]
     return pairs
 
 
+def _scalar_tensor(value: Any) -> torch.Tensor:
+    """A Python number as the 0-dim CPU tensor torch would have wrapped it in (the dtype a wrapped
+    number promotes like: the default float / complex dtype, int64, bool)."""
+    if isinstance(value, bool):
+        return torch.tensor(value, dtype=torch.bool)
+    if isinstance(value, int):
+        return torch.tensor(value, dtype=torch.int64)
+    if isinstance(value, complex):
+        return torch.tensor(value, dtype=torch.complex64 if torch.get_default_dtype() == torch.float32
+                            else torch.complex128)
+    return torch.tensor(value, dtype=torch.get_default_dtype())
+
+
+def _numbers_as_tensors(op: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Tensor arguments that reached the fallback as Python numbers (torch hands a wrapped number,
+    ``t % 8``'s ``8``, to a Python kernel as the number) become tensors again."""
+    arguments = op._schema.arguments
+    fixed = list(args)
+    for index, value in enumerate(args):
+        if index < len(arguments) and isinstance(value, (int, float, complex)) and \
+                str(arguments[index].type) in ("Tensor", "Optional[Tensor]"):
+            fixed[index] = _scalar_tensor(value)
+    if kwargs:
+        types = {a.name: str(a.type) for a in arguments}
+        kwargs = {name: _scalar_tensor(value) if isinstance(value, (int, float, complex))
+                  and types.get(name) in ("Tensor", "Optional[Tensor]") else value for name, value in kwargs.items()}
+    return tuple(fixed), kwargs
+
+
 class Fallback:
     """The PrivateUse1 fallback (see the module docstring); one per process, like the driver."""
 
@@ -208,6 +237,7 @@ class Fallback:
 
     # ------------------------------------------------------------------ ops
     def run(self, op: Any, args: tuple, kwargs: dict) -> Any:
+        args, kwargs = _numbers_as_tensors(op, args, kwargs)
         self._check_devices(op, args, kwargs)
         if not any(True for _ in self._npu_devices(args, kwargs)):
             raise NotImplementedError(NO_FACTORY.format(op=op))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from sim import kernels
 from sim.pool_memory import DEAD_POOL_REFERENCE, POOL_BLOCK_REUSED, DeadWeakReference, PoolBlockReused
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -40,13 +41,35 @@ DEAD_WEAK_REFERENCE = (
 
 
 # ------------------------------------------------------------------ memory
-def allocate(device: "SimDevice", nbytes: int) -> int:
+class Block:
+    """What the driver keeps per block it handed out: the address and, for a block of a graph
+    pool, that pool, which holds the block's memory for as long as a tensor is on it."""
+
+    __slots__ = ("address", "pool")
+
+    def __init__(self, address: int, pool: Any) -> None:
+        self.address = address
+        self.pool = pool
+
+
+def allocate(device: "SimDevice", nbytes: int) -> Block:
     """A block of device memory for the current stream (the capture's pool while it captures)."""
-    return int(device.memory.allocate(nbytes, stream=device.current_stream()))
+    address = int(device.memory.allocate(nbytes, stream=device.current_stream()))
+    pool = None
+    if address and device.memory.block_at(address) is None:
+        # A graph-pool block. To replace: sim.memory frees it only while its pool is registered
+        # (a reset graph's private pool is not), so the pool is kept here with the block.
+        capture = getattr(device, "_capture", None)
+        pool = capture.pool if capture is not None else None
+    return Block(address, pool)
 
 
-def free(device: "SimDevice", address: int) -> None:
-    device.memory.free(address)
+def free(device: "SimDevice", block: Block) -> None:
+    if block.pool is not None and block.pool not in device._pools.values() and (
+            device._capture is None or device._capture.pool is not block.pool):
+        block.pool.arena.release_raw(block.address)  # its graph was reset: the pool outlives it for this block
+        return
+    device.memory.free(block.address)
 
 
 def allocated_bytes(device: "SimDevice") -> int:
@@ -106,6 +129,11 @@ def check_weak_reference(record: WeakRecord, op: str, current_generation: Callab
 
 # ------------------------------------------------------------------ queues, host reads
 def submit(device: "SimDevice", stream: "SimStream", work: Callable[[], None], label: str) -> None:
+    """Queue ``work`` on ``stream``; while the device is running a graph replay the kernels the
+    replay issues are the replay's own work and run where they stand."""
+    if kernels.replaying_now():
+        work()
+        return
     device.queues.submit(stream, work, label=label)
 
 

@@ -233,12 +233,12 @@ def test_every_facade_kernel_exists_in_the_wheel_and_its_keywords_are_schema_key
 
 
 def test_every_facade_module_level_name_exists_in_the_wheel(wheel: TorchNpuWheel) -> None:
-    from sim.facade.modules import DEVICE_TYPE_ATTRIBUTE, FACADE_MARK, NPU_DTYPE_CODES, facade_modules
+    from sim.facade.modules import FACADE_MARK, NPU_DTYPE_CODES, facade_modules
 
     top = facade_modules()["torch_npu"]
     missing = []
     for name in vars(top):
-        if name.startswith("__") or name in (FACADE_MARK, DEVICE_TYPE_ATTRIBUTE):
+        if name.startswith("__") or name == FACADE_MARK:
             continue
         if name in facade_kernels.SCHEMAS or name in ATB_KERNELS:
             continue  # checked above
