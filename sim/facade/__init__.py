@@ -99,6 +99,10 @@ def install(*, quiet: bool = False) -> None:
         _saved["torch.npu attribute"] = torch.npu
     modules.put_in_place()
     npu_device.attach(lambda index: runtime().device)  # npu:<index> is the facade's simulated NPU
+    from sim.facade.kernels import HOST_TENSOR_ARGUMENTS, NAMESPACE
+
+    for name, arguments in HOST_TENSOR_ARGUMENTS.items():
+        npu_device.allow_host_tensors(f"{NAMESPACE}::{name}", arguments)
     _installed = True
     if not quiet or shadowed:
         say_active(shadowed)

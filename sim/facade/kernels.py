@@ -438,6 +438,14 @@ IMPLEMENTATIONS: dict[str, Callable[[dict[str, Any], bool], Any]] = {
     f"{FIA_V2}.out": fia_v2_out,
     "_npu_fused_infer_attention_score_v2_get_max_workspace": fia_workspace,
 }
+# Tensor arguments a kernel reads on the host, so they stay CPU tensors beside npu ones: the
+# ATB paged attention's context_lens (torch-npu 2.13.0 torch_npu/npu/_npugraph_handlers/
+# simple_handler.py:21 re-binds it as the op's host argument 7 at a task update; vLLM Ascend
+# passes attn_metadata.seq_lens, built from the host seq_lens, attention_v1.py:1273@182b75ea).
+HOST_TENSOR_ARGUMENTS: dict[str, frozenset[str]] = {
+    PAGED_ATTENTION: frozenset({"context_lens"}),
+    "_npu_paged_attention_get_workspace": frozenset({"context_lens"}),
+}
 # Which contract-table entry checks each op (the infer-output helper takes a subset of FIA's
 # arguments and has no rules of its own).
 CONTRACT_KERNEL: dict[str, Optional[str]] = {

@@ -22,7 +22,7 @@ from __future__ import annotations
 import sys
 import threading
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Union
 
 import torch
 
@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from sim.device import SimDevice
 
 __all__ = ["enable", "enabled", "attach", "driver", "extension", "weak_alias", "default_generator", "pinned_bytes",
+           "allow_host_tensors",
            "NpuDeviceBuildError", "NoSimulatedNpu", "DEVICE_TYPE", "OTHER_BACKEND"]
 
 DEVICE_TYPE = "npu"
@@ -51,9 +52,16 @@ class _Device:
         self.extension = extension
         self.driver = Driver()
         extension.set_driver(self.driver)
-        self.fallback = Fallback(self.driver, extension)
+        self.generators: dict[int, Any] = {}  # index -> torch.Generator (one Python object per default generator)
+        self.fallback = Fallback(self.driver, extension, self.default_generator)
         self.library = torch.library.Library("_", "IMPL")
         self.library.fallback(self.fallback, dispatch_key="PrivateUse1")
+
+    def default_generator(self, index: int) -> Any:
+        generator = self.generators.get(index)
+        if generator is None:
+            generator = self.generators[index] = self.extension.default_generator(index)
+        return generator
 
 
 _LOCK = threading.Lock()
@@ -93,11 +101,11 @@ def _device_module(extension: ModuleType) -> ModuleType:
 
     def generator(device: Any = None) -> Any:
         index = torch.device(device).index if isinstance(device, (str, torch.device)) else device
-        return extension.default_generator(extension.current_device() if index is None else int(index))
+        return default_generator(extension.current_device() if index is None else int(index))
 
     def manual_seed_all(seed: int) -> None:
         for index in range(extension.device_count()):
-            extension.default_generator(index).manual_seed(int(seed))
+            default_generator(index).manual_seed(int(seed))
 
     attributes: dict[str, Any] = {
         "is_available": lambda: True,
@@ -126,15 +134,34 @@ def _device() -> _Device:
     return _DEVICE
 
 
-def attach(device: Union[None, "SimDevice", Callable[[int], "SimDevice"]]) -> None:
-    """Which simulated NPU serves ``npu:<index>``: a SimDevice (for every index), a callable
-    ``index -> SimDevice``, or None (none: making an npu tensor raises NoSimulatedNpu)."""
+def attach(device: Union[None, "SimDevice", Mapping[int, "SimDevice"], Callable[[int], "SimDevice"]]) -> None:
+    """Which simulated NPU serves ``npu:<index>``: a SimDevice (``npu:0``, the only device), a
+    mapping ``{index: SimDevice}`` (as many devices as entries, numbered from 0), a callable
+    ``index -> SimDevice`` (one device), or None (none: making an npu tensor raises
+    NoSimulatedNpu)."""
     state = _device()
-    if device is None or callable(device) and not hasattr(device, "current_stream"):
-        state.driver.attach(device)  # type: ignore[arg-type]
-    else:
+    if device is None:
+        state.driver.attach(None)
+        return
+    if isinstance(device, Mapping):
+        devices = dict(device)
+        if sorted(devices) != list(range(len(devices))):
+            raise ValueError(f"sim.npu_device.attach: device indices must be 0..{len(devices) - 1}, got {sorted(devices)}")
+        state.extension.set_device_count(len(devices))
+
+        def provider(index: int) -> "SimDevice":
+            if index not in devices:
+                raise RuntimeError("Invalid device id")
+            return devices[index]
+
+        state.driver.attach(provider)
+        return
+    state.extension.set_device_count(1)
+    if hasattr(device, "current_stream"):
         fixed = device
         state.driver.attach(lambda index: fixed)  # type: ignore[misc,return-value]
+    else:
+        state.driver.attach(device)  # type: ignore[arg-type]
 
 
 def driver() -> Driver:
@@ -143,6 +170,13 @@ def driver() -> Driver:
 
 def extension() -> ModuleType:
     return _device().extension
+
+
+def allow_host_tensors(op_name: str, arguments: frozenset[str]) -> None:
+    """Let the arguments ``arguments`` of the op ``op_name`` ("namespace::name") be host (CPU)
+    tensors next to npu ones: a kernel that reads them on the host (the ATB paged attention's
+    ``context_lens``). Every other CPU tensor beside npu tensors is refused in torch's words."""
+    _device().fallback.allow_host_tensors(op_name, frozenset(arguments))
 
 
 def weak_alias(tensor: torch.Tensor) -> torch.Tensor:
@@ -165,7 +199,7 @@ def weak_alias(tensor: torch.Tensor) -> torch.Tensor:
 
 def default_generator(index: int = 0) -> Any:
     """torch_npu's default generator of ``npu:<index>`` (``torch.npu.default_generators[index]``)."""
-    return _device().extension.default_generator(index)
+    return _device().default_generator(index)
 
 
 def pinned_bytes() -> int:

@@ -10,9 +10,13 @@ device, the kernel run on the device's memory.
 What happens to one op (`run`), at the moment the host issues it:
 
 * tensors of another device are refused in torch's words (a CPU tensor where an npu one is
-  needed: "Expected all tensors to be on the same device, ..."); 0-dim CPU tensors are scalars
-  and pass, as TensorIterator lets them; index tensors of indexing ops may live on the host;
-* tensors of two simulated NPUs in one op are refused (the simulator's words);
+  needed, an ``npu:1`` tensor beside ``npu:0`` ones: "Expected all tensors to be on the same
+  device, ..."); 0-dim CPU tensors are scalars and pass, as TensorIterator lets them; index
+  tensors of indexing ops, and the host arguments a kernel declares (`allow_host_tensors`:
+  the ATB paged attention's ``context_lens``), may live on the host;
+* the op runs on the simulated NPU that serves its tensors' device index now; a tensor made on
+  a simulated NPU the facade has since replaced (a fresh one per test) stays usable: its memory
+  lives as long as the tensor;
 * a weak alias (``torch_npu._C._weak_ref_tensor``) whose block was freed or handed out again
   is refused (`sim.npu_device.simulator.check_weak_reference`);
 * views get their metadata from the meta device and alias the input's storage;
@@ -47,7 +51,7 @@ from sim.npu_device.driver import Driver
 from sim.pool_memory import SCRATCH_ARGUMENTS
 from sim.recorder import NO_META, meta_outputs
 
-__all__ = ["Fallback", "DEVICE_MISMATCH", "TWO_SIMULATED_NPUS"]
+__all__ = ["Fallback", "DEVICE_MISMATCH"]
 
 aten = torch.ops.aten
 NPU = "npu"
@@ -58,11 +62,6 @@ NPU = "npu"
 DEVICE_MISMATCH = (
     "Expected all tensors to be on the same device, but got {argument} is on {device}, different from other "
     "tensors on {common} (when checking argument in method {method})"
-)
-TWO_SIMULATED_NPUS = (
-    "simulator: {op} uses tensors of two simulated NPUs ({first} and {second}): one of them was made on a simulated "
-    "NPU that has since been replaced (sim.facade.configure() gives the facade a fresh one). A card has one memory "
-    "per device; move the tensor with .cpu() and back, or make it again on the current simulated NPU"
 )
 NO_FACTORY = (
     "sim.npu_device: {op} creates a tensor on the npu device without a tensor argument, which the simulated NPU does "
@@ -123,9 +122,12 @@ def _numbers_as_tensors(op: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict
 class Fallback:
     """The PrivateUse1 fallback (see the module docstring); one per process, like the driver."""
 
-    def __init__(self, driver: Driver, extension: Any) -> None:
+    def __init__(self, driver: Driver, extension: Any, generator: Callable[[int], Any]) -> None:
         self.driver = driver
         self.ext = extension
+        self._generator = generator  # index -> the npu device's default generator
+        # Qualified op name -> arguments that may be host (CPU) tensors (`allow_host_tensors`).
+        self.host_arguments: dict[str, frozenset[str]] = {name: frozenset({"indices"}) for name in HOST_INDEX_OPS}
         self._special: dict[Any, Callable[..., Any]] = {
             aten._copy_from.default: self._copy_from,
             aten._copy_from_and_resize.default: self._copy_from_and_resize,
@@ -142,21 +144,23 @@ class Fallback:
         return self.run(op, args, kwargs)
 
     # ------------------------------------------------------------------ checks
+    def allow_host_tensors(self, op_name: str, arguments: frozenset[str]) -> None:
+        """Let ``op_name``'s ``arguments`` be host tensors (a kernel that reads them on the host)."""
+        self.host_arguments[op_name] = self.host_arguments.get(op_name, frozenset()) | arguments
+
     def _check_devices(self, op: Any, args: tuple, kwargs: dict) -> None:
-        common: Optional[torch.device] = None
-        host_index = op._schema.name in HOST_INDEX_OPS
+        common: Optional[torch.device] = next(self._npu_devices(args, kwargs), None)
+        host = self.host_arguments.get(op._schema.name, frozenset())
         for name, value in _argument_names(op, args, kwargs):
             values = value if isinstance(value, (list, tuple)) else (value,)
             for item in values:
                 if not isinstance(item, torch.Tensor):
                     continue
-                if item.device.type == NPU:
-                    common = common or item.device
+                if item.device == common:
                     continue
-                if item.device.type == "cpu" and (item.dim() == 0 or (host_index and name == "indices")):
+                if item.device.type == "cpu" and (item.dim() == 0 or name in host):
                     continue
-                first = common or next(self._npu_devices(args, kwargs), None)
-                raise RuntimeError(DEVICE_MISMATCH.format(argument=name, device=item.device, common=first,
+                raise RuntimeError(DEVICE_MISMATCH.format(argument=name, device=item.device, common=common,
                                                           method=_method_name(op)))
 
     @staticmethod
@@ -164,20 +168,13 @@ class Fallback:
         leaves, _ = tree_flatten((args, kwargs))
         return (leaf.device for leaf in leaves if isinstance(leaf, torch.Tensor) and leaf.device.type == NPU)
 
-    def _device_of(self, op: Any, bases: list[int]) -> Any:
-        """The simulated NPU the op runs on: the one that owns its tensors' memory."""
-        device = None
-        for base in bases:
-            if base == 0:
-                continue
-            owner = self.driver.owner(base)
-            if owner is None:
-                continue
-            if device is None:
-                device = owner
-            elif owner is not device:
-                raise RuntimeError(TWO_SIMULATED_NPUS.format(op=op, first=device, second=owner))
-        return device if device is not None else self.driver.device(0)
+    def _device_of(self, index: Optional[int], bases: list[int]) -> Any:
+        """The simulated NPU the op runs on: the one serving ``npu:<index>`` now (without one
+        attached, the one that made its tensors)."""
+        if self.driver.attached or not bases:
+            return self.driver.device(index or 0)
+        owner = next((self.driver.owner(base) for base in bases if base and self.driver.owner(base) is not None), None)
+        return owner if owner is not None else self.driver.device(index or 0)
 
     def _check_weak(self, op: Any, tokens: list[int], names: list[str]) -> None:
         for token, name in zip(tokens, names):
@@ -193,7 +190,7 @@ class Fallback:
         aliases, bases, weak = self.ext.cpu_aliases(tensors) if tensors else ([], [], [])
         if any(token >= 0 for token in weak):
             self._check_weak(op, weak, self._leaf_names(op, args, kwargs, positions))
-        device = self._device_of(op, bases)
+        device = self._device_of(tensors[0].device.index if tensors else None, bases)
         for position, alias in zip(positions, aliases):
             leaves[position] = alias
         cpu_args, cpu_kwargs = tree_unflatten(leaves, spec)
@@ -221,8 +218,7 @@ class Fallback:
         position = names.index("generator")
         generator = args[position] if position < len(args) else kwargs.get("generator")
         if generator is None:
-            index = next(self._npu_devices(args, kwargs)).index or 0
-            generator = self.ext.default_generator(index)
+            generator = self._generator(next(self._npu_devices(args, kwargs)).index or 0)
         state = generator.get_state()
         draw = torch.Generator()
         draw.set_state(state)
@@ -356,6 +352,8 @@ class Fallback:
     def _copy_from(self, source: torch.Tensor, destination: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
         """``destination.copy_(source)`` when either is an npu tensor."""
         source_npu, destination_npu = source.device.type == NPU, destination.device.type == NPU
+        if source_npu and destination_npu and source.device != destination.device:
+            return self._copy_between_devices(source, destination)
         npu_side = [t for t in (source, destination) if t.device.type == NPU]
         cpu_args, _, device = self._aliases(aten._copy_from.default, tuple(npu_side), {})
         aliases = iter(cpu_args)
@@ -381,6 +379,18 @@ class Fallback:
                 simulator.host_read(device, "a copy from the device to host memory (Tensor.cpu(), .to('cpu'), "
                                             ".tolist(), print)")
                 work()
+        return destination
+
+    def _copy_between_devices(self, source: torch.Tensor, destination: torch.Tensor) -> torch.Tensor:
+        """A copy from ``npu:i`` to ``npu:j``: two simulated NPUs (torch_npu copies between cards
+        too). Synchronous here: the host waits for the source's stream, then for the
+        destination's, and copies."""
+        (source_view,), _, source_device = self._aliases(aten._copy_from.default, (source,), {})
+        (destination_view,), _, destination_device = self._aliases(aten._copy_from.default, (destination,), {})
+        simulator.host_read(source_device, f"a copy from {source.device} to {destination.device}")
+        simulator.flush(destination_device, simulator.current_stream(destination_device),
+                        reason=f"a copy from {source.device} to {destination.device}")
+        destination_view.copy_(source_view)
         return destination
 
     def _copy_from_and_resize(self, source: torch.Tensor, destination: torch.Tensor) -> torch.Tensor:
