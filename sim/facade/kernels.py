@@ -49,6 +49,7 @@ from torch import Tensor
 
 from ascendgraph import reference
 from sim.facade.contracts import check
+from sim.npu_device.fallback import running_on_device
 import math
 
 from sim.kernels import paged_attention_ref, reshape_and_cache_ref
@@ -470,11 +471,21 @@ def _overload(name: str) -> Any:
     return getattr(getattr(getattr(torch.ops, NAMESPACE), base), overload or "default")
 
 
+NOT_ON_THE_HOST = (
+    "Could not run 'npu::{name}' with arguments from the 'CPU' backend: torch_npu registers its kernels for the "
+    "npu device only. Move the inputs to the device (tensor.to('npu'))"
+)
+
+
 def _make(name: str, fake: bool) -> Callable[..., Any]:
     implementation = IMPLEMENTATIONS[name]
     kernel = CONTRACT_KERNEL.get(name, name)
 
     def run(*args: Any, **kwargs: Any) -> Any:
+        # The implementation is registered for CPU tensors: the npu device runs it on CPU aliases
+        # of device memory. Called with host tensors only, torch_npu's dispatcher finds no kernel.
+        if not fake and not running_on_device():
+            raise NotImplementedError(NOT_ON_THE_HOST.format(name=name.partition(".")[0]))
         bound = _bind(_overload(name)._schema, args, kwargs)
         if kernel is not None:
             check(kernel, bound)

@@ -28,12 +28,13 @@ import torch
 
 from sim.npu_device.build import NpuDeviceBuildError, load_extension
 from sim.npu_device.driver import Driver, NoSimulatedNpu
+from sim.npu_device.fallback import running_on_device
 
 if TYPE_CHECKING:  # pragma: no cover
     from sim.device import SimDevice
 
 __all__ = ["enable", "enabled", "attach", "driver", "extension", "weak_alias", "default_generator", "pinned_bytes",
-           "allow_host_tensors",
+           "allow_host_tensors", "running_on_device",
            "NpuDeviceBuildError", "NoSimulatedNpu", "DEVICE_TYPE", "OTHER_BACKEND"]
 
 DEVICE_TYPE = "npu"

@@ -41,7 +41,9 @@ device this is a host read).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+import contextlib
+import contextvars
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
@@ -51,7 +53,24 @@ from sim.npu_device.driver import Driver
 from sim.pool_memory import SCRATCH_ARGUMENTS
 from sim.recorder import NO_META, meta_outputs
 
-__all__ = ["Fallback", "DEVICE_MISMATCH"]
+__all__ = ["Fallback", "DEVICE_MISMATCH", "running_on_device", "on_device"]
+
+_ON_DEVICE: contextvars.ContextVar[bool] = contextvars.ContextVar("sim_npu_device_on_device", default=False)
+
+
+def running_on_device() -> bool:
+    """Whether the code running is an npu op's CPU kernel on the device's memory (the
+    fallback's work), as opposed to a call the host made with CPU tensors."""
+    return _ON_DEVICE.get()
+
+
+@contextlib.contextmanager
+def on_device() -> Iterator[None]:
+    token = _ON_DEVICE.set(True)
+    try:
+        yield
+    finally:
+        _ON_DEVICE.reset(token)
 
 aten = torch.ops.aten
 NPU = "npu"
@@ -253,7 +272,8 @@ class Fallback:
         args, kwargs = self._seeded(op, args, kwargs)
         cpu_args, cpu_kwargs, device = self._aliases(op, args, kwargs)
         simulator.host_read(device, f"{op} ({reason})")
-        result = op(*cpu_args, **cpu_kwargs)
+        with on_device():
+            result = op(*cpu_args, **cpu_kwargs)
         return tree_map(lambda value: self._to_device(value) if isinstance(value, torch.Tensor) else value, result)
 
     def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -298,7 +318,8 @@ class Fallback:
         cpu_args, cpu_kwargs, device = self._aliases(op, args, kwargs)
 
         def work() -> None:
-            op(*cpu_args, **cpu_kwargs)
+            with on_device():
+                op(*cpu_args, **cpu_kwargs)
 
         simulator.submit(device, simulator.current_stream(device), work, label=str(op))
         if not schema.returns:
@@ -340,7 +361,8 @@ class Fallback:
         out_aliases = self.ext.cpu_aliases(out_leaves)[0] if out_leaves else []
 
         def work() -> None:
-            result = op(*cpu_args, **cpu_kwargs)
+            with on_device():
+                result = op(*cpu_args, **cpu_kwargs)
             results = [leaf for leaf in tree_flatten(result)[0] if isinstance(leaf, torch.Tensor)]
             for target, value in zip(out_aliases, results):
                 target.copy_(value)
