@@ -136,3 +136,21 @@ def test_torch_npu_seeding_reaches_the_npu_generators(torch_npu: Any) -> None:
     again = torch.rand(3, device="npu").tolist()
     torch_npu.npu.set_rng_state(state)
     assert torch.rand(3, device="npu").tolist() == again
+
+
+def test_non_blocking_from_pinned_memory_is_queued_and_from_pageable_memory_is_synchronous(torch_npu: Any) -> None:
+    # torch's rule: a non_blocking host-to-device copy is asynchronous only from pinned memory;
+    # from pageable memory the host waits for the copy (the stream's earlier work first).
+    npu = torch_npu.npu
+    event = npu.ExternalEvent()
+    side = npu.Stream()
+    target = torch.zeros(4, device="npu")
+    with npu.stream(side):
+        event.wait(side)  # the side stream is held until the record
+        target.copy_(torch.ones(4).pin_memory(), non_blocking=True)  # queued behind the wait: no waiting
+        assert not side.query()
+        with pytest.raises(GraphHang, match="external event"):
+            target.copy_(torch.full((4,), 2.0), non_blocking=True)  # pageable: the host waits for the stream
+    event.record(npu.current_stream())
+    side.synchronize()
+    assert target.tolist() == [1.0] * 4
