@@ -18,6 +18,7 @@ from sim import kernels
 from sim.capture import COPY_MANY, COPY_ONE, modes_off
 from sim.faults import Action
 from sim.graph import ReplayRun, SimGraph
+from sim.pool_memory import replaying_graph
 from sim.queues import EagerWait, QueuedEventOp
 from sim.streams import SimExternalEvent, SimStream
 
@@ -109,7 +110,7 @@ class ReplayMixin:
         # Replays inside this device's own capture are recorded (a child graph); any other
         # mode (an eager tracker, another device's capture) must not see graph tasks.
         quiet = modes_off() if self._capture is None else _NO_CONTEXT
-        with quiet, torch._C._AutoDispatchBelowADInplaceOrView(), kernels.replaying():
+        with quiet, torch._C._AutoDispatchBelowADInplaceOrView(), kernels.replaying(), replaying_graph(run.graph._memory):
             while index < count:
                 segment = segments[index]
                 if segment.groups and self.require_task_updates:

@@ -18,6 +18,7 @@ from sim.program import Segment
 from sim.faults import Action
 from sim.graph import CAPTURED, ReplayRun
 from sim.streams import SimStream
+from sim.pool_memory import enter_graph, leave_graph
 from sim.tracing import TraceSpan
 
 __all__ = ["TaskGroupMixin"]
@@ -93,6 +94,9 @@ class TaskGroupMixin:
             )
         update = Update(self, handle, stream)
         update.collector.__enter__()
+        # The re-issued ops take the group's place in the graph's program: weak references into the
+        # graph are checked there (`sim.pool_memory.GraphMemory.check_update`), not as eager reads.
+        update.in_graph = enter_graph(graph._memory)
         self._update = update
 
     def task_update_end(self, stream: SimStream) -> None:
@@ -101,6 +105,7 @@ class TaskGroupMixin:
             raise self._misuse("task_update_end", f"no task update is open on {stream}; call task_update_begin first")
         self._update = None
         update.collector.__exit__(None, None, None)
+        leave_graph(update.in_graph)
         self._check_alive()
         term = self._fault("task_update", stream_id=stream.stream_id)
         if term is not None and term.action is Action.SKIP_UPDATE:
@@ -110,6 +115,10 @@ class TaskGroupMixin:
         detail = update.mismatch(program.records)
         if detail is not None:
             raise CaptureConstraintError(TASK_UPDATE_MISMATCH.format(group=update.group.name, detail=detail))
+        memory = update.group.graph._memory
+        if memory is not None:  # weak references must hold their owner's data at the op's place
+            for record_index, (func, args, kwargs) in zip(update.group.record_indices, update.calls):
+                memory.check_update(func, args, kwargs, record_index)
         for record_index, (_, args, kwargs) in zip(update.group.record_indices, update.calls):
             program.replace(record_index, args, kwargs)
         update.group.updated_stamp = next(self._stamps)
