@@ -134,7 +134,7 @@ class ControlRecord:
 class TaskGroup:
     """The handle task_group_end returns: a run of records of one graph capture."""
 
-    __slots__ = ("graph", "generation", "index", "record_indices", "name", "updated_stamp")
+    __slots__ = ("graph", "generation", "index", "record_indices", "name", "updated_stamp", "issued_stamp")
 
     def __init__(self, graph: "SimGraph", generation: int, index: int, record_indices: list[int]) -> None:
         self.graph = graph
@@ -143,6 +143,7 @@ class TaskGroup:
         self.record_indices = record_indices
         self.name = f"task group {index} of {graph.name}"
         self.updated_stamp = 0  # the device's event counter at its last applied task update
+        self.issued_stamp = 0  # the same for the last update the host issued (it may not have run yet)
 
     def __repr__(self) -> str:
         return f"<{self.name}: {len(self.record_indices)} ops>"

@@ -87,6 +87,8 @@ OPTIONS = {
     "collectives in streams (default: HCCL_OP_EXPANSION_MODE of env)",
     "meta_tensors": "tensors live on the meta device: captures still count streams, pool bytes and "
     "virtual time, but no memory is held and nothing computes (planning only; default False)",
+    "lag": "when queued device work runs (sim.queues): 'device' (default, what a card does: when the host waits for "
+    "it) or 'immediate' (as soon as it is issued: the host waits for every item)",
 }
 STREAM_ERROR_VARIANTS = ("207008", "el0009")
 
@@ -153,7 +155,7 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
         self._streams: list[SimStream] = [self._default]
         self._capture_stream: Optional[SimStream] = None
         self._tls = threading.local()
-        self.queues = StreamQueues(_QueueRunner(self))
+        self.queues = StreamQueues(_QueueRunner(self), lag=str(options.get("lag", "device")))
         self._event_ids = itertools.count(1)
         self._graph_ids = itertools.count(1)
         self._pool_ids = itertools.count(1)
@@ -343,6 +345,17 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
         self.queues.flush(self._current(), reason=what)
         self._host_us = max(self._host_us, self._device_us)
 
+    def host_access(self, tensor: torch.Tensor, what: str, *, write: bool = False) -> None:
+        """The host is about to read (``write=True``: write) ``tensor``'s host memory: a queued
+        non-blocking copy that fills it (or reads it) and that nothing waited for is a
+        ``StreamOrderError`` (`sim.queues.StreamQueues.check_host_access`)."""
+        self.queues.check_host_access(tensor.data_ptr(), tensor.numel() * tensor.element_size(), what, write=write)
+
+    def capturing_stream(self) -> Optional[SimStream]:
+        """The stream a capture is recording on right now, or None."""
+        capture = self._capture
+        return capture.stream if capture is not None else None
+
     def weak_ref(self, tensor: torch.Tensor) -> torch.Tensor:
         """torch_npu's ``_weak_ref_tensor`` on the simulator. A tensor on a graph-pool block
         (a capture output) gets a `sim.pool_memory.PoolWeakTensor`: it does not keep the block
@@ -398,7 +411,7 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
 
     def stats(self) -> DeviceStats:
         pool_bytes = self._pool_bytes()
-        suspended = sum(1 for s in self.queues.busy_streams() for item in s.pending if isinstance(item, ReplayRun))
+        suspended = sum(1 for s in self.queues.busy_streams() for queued in s.pending if isinstance(queued.item, ReplayRun))
         return DeviceStats(
             streams_in_use=self._ledger.in_use,
             stream_limit=self._ledger.budget,
@@ -447,6 +460,12 @@ class _QueueRunner:
 
     def surface_stale(self) -> None:
         self._device._surface_stale()
+
+    def host_clock_us(self) -> float:
+        return self._device._host_us
+
+    def released(self, run: Any, event: Any) -> None:
+        self._device._stale_at_release(run, event)
 
 
 class _DeviceMemoryOwner(MemoryOwner):

@@ -19,6 +19,7 @@ from sim.faults import Action
 from sim.graph import CAPTURED, ReplayRun
 from sim.streams import SimStream
 from sim.pool_memory import enter_graph, leave_graph
+from sim.queues import Work
 from sim.tracing import TraceSpan
 
 __all__ = ["TaskGroupMixin"]
@@ -37,12 +38,38 @@ class TaskGroupMixin:
         it); the error surfaces at the next point the host hears from the device."""
         for group in segment.groups:
             if group.updated_stamp < run.stamp:
-                op = str(group.graph.program.records[group.record_indices[0]].func) if group.graph.program else "?"
-                self._stale.append(
-                    StaleGraphParams(
-                        STALE_GRAPH_PARAMS.format(replay=run.number, graph=run.graph.name, group=f"task group {group.index}", op=op)
-                    )
-                )
+                self._note_stale(run, group)
+
+    def _note_stale(self, run: ReplayRun, group: TaskGroup) -> None:
+        if group.index in run.reported:
+            return  # each stale group of a run is reported once
+        run.reported.add(group.index)
+        op = str(group.graph.program.records[group.record_indices[0]].func) if group.graph.program else "?"
+        self._stale.append(
+            StaleGraphParams(
+                STALE_GRAPH_PARAMS.format(replay=run.number, graph=run.graph.name, group=f"task group {group.index}", op=op)
+            )
+        )
+
+    def _stale_at_release(self, run: ReplayRun, event: object) -> None:
+        """The host issued the record that releases ``run``'s wait on ``event`` (the device runs
+        behind it): a task group that wait gates and that no update issued since the replay's
+        launch touched will run stale whatever comes next, since nothing the host issues from now
+        on is ordered before it. Noted here, where the host is (the replay, when it runs, skips it)."""
+        if not self.require_task_updates:
+            return
+        segments = run.program.segments
+        start = next((index for index in range(run.segment, len(segments))
+                      if segments[index].control is not None and segments[index].control.kind == "wait"
+                      and segments[index].control.event is event), None)
+        if start is None:
+            return
+        for segment in segments[start + 1:]:
+            for group in segment.groups:
+                if group.issued_stamp < run.stamp:
+                    self._note_stale(run, group)
+            if segment.control is not None and segment.control.kind == "wait":
+                break
 
     def _surface_stale(self) -> None:
         """Raise the first stale-parameter error noted so far (each is reported once)."""
@@ -119,13 +146,21 @@ class TaskGroupMixin:
         if memory is not None:  # weak references must hold their owner's data at the op's place
             for record_index, (func, args, kwargs) in zip(update.group.record_indices, update.calls):
                 memory.check_update(func, args, kwargs, record_index)
-        for record_index, (_, args, kwargs) in zip(update.group.record_indices, update.calls):
-            program.replace(record_index, args, kwargs)
-        update.group.updated_stamp = next(self._stamps)
+        group = update.group
+        stamp = next(self._stamps)  # the update's place among replay launches: when it was issued
+        group.issued_stamp = stamp
+        self.queues.check_update(group.graph, group.name, stream, f"the update issued after replay {group.graph.replays}")
+
+        def apply() -> None:  # the device side: the group's tasks take the new arguments
+            for record_index, (_, args, kwargs) in zip(group.record_indices, update.calls):
+                program.replace(record_index, args, kwargs)
+            group.updated_stamp = stamp
+
+        self.queues.issue(stream, Work(f"task update of {group.name}", apply))
         cost_us = self.cost.params.host_launch_us * len(update.calls)
         if self._profiling:
             self.trace_spans.append(
-                TraceSpan("task_update", f"update {update.group.name}", stream.stream_id, self._host_us, cost_us,
-                          update.group.graph.name)
+                TraceSpan("task_update", f"update {group.name}", stream.stream_id, self._host_us, cost_us,
+                          group.graph.name)
             )
         self._host_us += cost_us
