@@ -13,7 +13,10 @@ simulator adds is the device's *graph* behaviour, enforced the way torch_npu enf
 * a virtual clock (`sim.cost`) prices eager launches, graph launches and device tasks.
 
 All state lives on the device object: two devices in one process (or in pytest-xdist
-workers) never see each other.
+workers) never see each other. One exception is the eager kernels' contract policy outside
+every device scope: the kernels are process-wide (torch.library), so an eager kernel that runs
+outside ``track_eager`` / ``warmup_scope`` / ``kernel_policy`` takes the newest device's policy
+(`sim.kernels`).
 
 Pool-memory model: see `sim.pools`.
 
@@ -132,7 +135,7 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
             allow_float32_attention=self.allow_float32_attention,
             lazy_kernel_init=bool(options.get("lazy_kernel_init", True)),
         )
-        kernels.activate(self.contracts)  # eager kernels are process-wide: the newest device's policy
+        kernels.register(self.contracts)  # eager kernels in this device's scopes use it (`kernel_policy`)
         self.stream_error = str(options.get("stream_error", "207008")).lower()
         if self.stream_error not in STREAM_ERROR_VARIANTS:
             raise ConfigError(
@@ -192,7 +195,11 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
         """Turn on the declared float32 leniency (docs/decisions.md) on a device made without it."""
         self.allow_float32_attention = True
         self.contracts.lenient = self.contracts.lenient | kernels.FLOAT32_LENIENT_RULES
-        kernels.activate(self.contracts)
+
+    def kernel_policy(self) -> ContextManager[kernels.ContractPolicy]:
+        """Eager kernels of the block use this device's contract policy (its leniencies, its
+        lazy-initialisation record); `track_eager` and `warmup_scope` set it themselves."""
+        return kernels.contract_policy(self.contracts)
 
     # ------------------------------------------------------------------ basics
     @property
@@ -319,7 +326,7 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
         launched at their shapes (contracts checked, lazy initialisation marked) and their
         outputs only shaped, not computed (`sim.warmup`)."""
         self._check_alive()
-        return warmup_scope(self)
+        return _within(self.kernel_policy(), warmup_scope(self))
 
     def synchronize(self) -> None:
         """Wait for all streams. A replay suspended at an unrecorded ExternalEvent would
@@ -445,6 +452,12 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
     def __repr__(self) -> str:
         return f"<SimDevice #{self.uid} {self.profile.name}>"
 
+
+
+@contextmanager
+def _within(outer: ContextManager[Any], inner: ContextManager[Any]) -> Iterator[Any]:
+    with outer, inner as value:
+        yield value
 
 
 class _QueueRunner:

@@ -541,3 +541,29 @@ def test_a_reset_behind_a_suspended_replay_runs_after_the_replay_is_released():
     device.synchronize()
     assert stream.query()
 
+
+def test_eager_kernels_take_the_policy_of_the_device_whose_scope_they_run_in():
+    # The kernels are process-wide (torch.library); the leniency is per device inside a device's
+    # scopes: a device created later must not relax, or tighten, the kernels another device runs.
+    from ascendgraph import ops
+    from ascendgraph.errors import KernelContractError
+    from sim import SimDevice
+
+    x = torch.randn(4, 8)  # float32: dynamic_quant takes float16/bfloat16 only (relaxed by the leniency)
+    lenient = SimDevice(allow_float32_attention=True)
+    strict = SimDevice()  # the newest device
+    with lenient.track_eager():
+        ops.dynamic_quant(x)
+    with lenient.kernel_policy():
+        ops.dynamic_quant(x)
+    with pytest.raises(KernelContractError, match="input_dtype_half"):
+        with strict.track_eager():
+            ops.dynamic_quant(x)
+    with pytest.raises(KernelContractError, match="input_dtype_half"):
+        ops.dynamic_quant(x)  # outside every scope: the newest device's policy (strict), documented
+    later_lenient = SimDevice(allow_float32_attention=True)
+    with pytest.raises(KernelContractError, match="input_dtype_half"):
+        with strict.warmup_scope():  # the newest device relaxes nothing inside another device's scope
+            ops.dynamic_quant(x)
+    with later_lenient.warmup_scope():
+        ops.dynamic_quant(x)
