@@ -197,7 +197,7 @@ class CaptureMixin:
             )
         try:
             self._fault("capture_end", stream_id=self._ledger.in_use)
-            capture.bind_program()
+            capture.memory.finish()
             program = Program(capture.records, self.cost)
             program.mark_groups(capture.groups)
         except BaseException:

@@ -13,7 +13,10 @@ simulator adds is the device's *graph* behaviour, enforced the way torch_npu enf
 * a virtual clock (`sim.cost`) prices eager launches, graph launches and device tasks.
 
 All state lives on the device object: two devices in one process (or in pytest-xdist
-workers) never see each other.
+workers) never see each other. One exception is the eager kernels' contract policy outside
+every device scope: the kernels are process-wide (torch.library), so an eager kernel that runs
+outside ``track_eager`` / ``warmup_scope`` / ``kernel_policy`` takes the newest device's policy
+(`sim.kernels`).
 
 Pool-memory model: see `sim.pools`.
 
@@ -89,6 +92,8 @@ OPTIONS = {
     "virtual time, but no memory is held and nothing computes (planning only; default False)",
     "torch_device": "the torch device the device's tensors live on: 'cpu' (default: CPU tensors stand for device "
     "memory) or 'npu' (the torch_npu facade's simulated NPU, sim.npu_device; set device_type too)",
+    "lag": "when queued device work runs (sim.queues): 'device' (default, what a card does: when the host waits for "
+    "it) or 'immediate' (as soon as it is issued: the host waits for every item)",
 }
 STREAM_ERROR_VARIANTS = ("207008", "el0009")
 
@@ -133,7 +138,7 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
             allow_float32_attention=self.allow_float32_attention,
             lazy_kernel_init=bool(options.get("lazy_kernel_init", True)),
         )
-        kernels.activate(self.contracts)  # eager kernels are process-wide: the newest device's policy
+        kernels.register(self.contracts)  # eager kernels in this device's scopes use it (`kernel_policy`)
         self.stream_error = str(options.get("stream_error", "207008")).lower()
         if self.stream_error not in STREAM_ERROR_VARIANTS:
             raise ConfigError(
@@ -159,7 +164,7 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
         self._streams: list[SimStream] = [self._default]
         self._capture_stream: Optional[SimStream] = None
         self._tls = threading.local()
-        self.queues = StreamQueues(_QueueRunner(self))
+        self.queues = StreamQueues(_QueueRunner(self), lag=str(options.get("lag", "device")))
         self._event_ids = itertools.count(1)
         self._graph_ids = itertools.count(1)
         self._pool_ids = itertools.count(1)
@@ -196,7 +201,11 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
         """Turn on the declared float32 leniency (docs/decisions.md) on a device made without it."""
         self.allow_float32_attention = True
         self.contracts.lenient = self.contracts.lenient | kernels.FLOAT32_LENIENT_RULES
-        kernels.activate(self.contracts)
+
+    def kernel_policy(self) -> ContextManager[kernels.ContractPolicy]:
+        """Eager kernels of the block use this device's contract policy (its leniencies, its
+        lazy-initialisation record); `track_eager` and `warmup_scope` set it themselves."""
+        return kernels.contract_policy(self.contracts)
 
     # ------------------------------------------------------------------ basics
     @property
@@ -323,7 +332,7 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
         launched at their shapes (contracts checked, lazy initialisation marked) and their
         outputs only shaped, not computed (`sim.warmup`)."""
         self._check_alive()
-        return warmup_scope(self)
+        return _within(self.kernel_policy(), warmup_scope(self))
 
     def synchronize(self) -> None:
         """Wait for all streams. A replay suspended at an unrecorded ExternalEvent would
@@ -348,6 +357,17 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
         self._host_sync_check(what)
         self.queues.flush(self._current(), reason=what)
         self._host_us = max(self._host_us, self._device_us)
+
+    def host_access(self, tensor: torch.Tensor, what: str, *, write: bool = False) -> None:
+        """The host is about to read (``write=True``: write) ``tensor``'s host memory: a queued
+        non-blocking copy that fills it (or reads it) and that nothing waited for is a
+        ``StreamOrderError`` (`sim.queues.StreamQueues.check_host_access`)."""
+        self.queues.check_host_access(tensor.data_ptr(), tensor.numel() * tensor.element_size(), what, write=write)
+
+    def capturing_stream(self) -> Optional[SimStream]:
+        """The stream a capture is recording on right now, or None."""
+        capture = self._capture
+        return capture.stream if capture is not None else None
 
     def weak_ref(self, tensor: torch.Tensor) -> torch.Tensor:
         """torch_npu's ``_weak_ref_tensor`` on the simulator. A tensor on a graph-pool block
@@ -404,7 +424,7 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
 
     def stats(self) -> DeviceStats:
         pool_bytes = self._pool_bytes()
-        suspended = sum(1 for s in self.queues.busy_streams() for item in s.pending if isinstance(item, ReplayRun))
+        suspended = sum(1 for s in self.queues.busy_streams() for queued in s.pending if isinstance(queued.item, ReplayRun))
         return DeviceStats(
             streams_in_use=self._ledger.in_use,
             stream_limit=self._ledger.budget,
@@ -440,6 +460,12 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
 
 
 
+@contextmanager
+def _within(outer: ContextManager[Any], inner: ContextManager[Any]) -> Iterator[Any]:
+    with outer, inner as value:
+        yield value
+
+
 class _QueueRunner:
     """What `sim.queues.StreamQueues` needs from its device: run a replay, report stale parameters."""
 
@@ -453,6 +479,12 @@ class _QueueRunner:
 
     def surface_stale(self) -> None:
         self._device._surface_stale()
+
+    def host_clock_us(self) -> float:
+        return self._device._host_us
+
+    def released(self, run: Any, event: Any) -> None:
+        self._device._stale_at_release(run, event)
 
 
 class _DeviceMemoryOwner(MemoryOwner):

@@ -78,7 +78,8 @@ class GraphHold:
 class ReplayRun:
     """One launched replay: where it is in the program and what it waits for."""
 
-    __slots__ = ("graph", "program", "segment", "waiting_on", "perturb", "stamp", "number")
+    __slots__ = ("graph", "program", "segment", "waiting_on", "waited", "perturb", "stamp", "number", "ready_us",
+                 "reported")
 
     def __init__(self, graph: "SimGraph", program: "Program", stamp: int = 0) -> None:
         self.graph = graph
@@ -88,6 +89,9 @@ class ReplayRun:
         self.stamp = stamp  # the device's event counter at launch (task updates after it are fresh)
         self.number = graph.replays  # this graph's replay count, for messages
         self.perturb = 0.0  # a fault plan's perturb(x): added to the outputs when the run finishes
+        self.waited: Optional["SimExternalEvent"] = None  # the event it last suspended on
+        self.ready_us = 0.0  # the host clock from which its next segment may start (launch, or the record it waited for)
+        self.reported: set[int] = set()  # indexes of the task groups already reported stale for this run
 
 
 class SimGraph:

@@ -1,62 +1,107 @@
-"""Stream queues of the simulated device: the work each stream has been given and not yet run.
+"""Stream queues of the simulated device: the work each stream was given and has not run yet,
+run when something waits for it (the device lags the host), and the ordering hazards that lag
+makes observable.
 
 Theory of operation. A stream is an ordered queue of device work. What the host issues on a
-stream (a graph replay, an ExternalEvent record, wait or reset, a task update's device side, a
-non-blocking copy, or any `submit`-ted callable) is appended to the stream's queue; the queue
-runs from its head. An item that cannot run yet stops its stream, and everything behind it
-waits: an eager wait on an ExternalEvent nobody has recorded, a replay suspended at a captured
-wait. Recording the event lets the streams waiting on it go on (`wake`).
+stream — a graph replay, an ExternalEvent record, wait or reset, an Event record or wait, a
+task update's device side, a non-blocking copy, or any callable a device type `submit`s — is
+appended to the stream's queue. With ``lag="device"`` (the default, what a card does: the host
+never waits unless asked) nothing runs when it is issued. A stream's queue runs when the host
+waits for it: ``stream.synchronize()``, ``device.synchronize()``, ``event.synchronize()``, a
+host read of device memory (``device.host_read``), an eager kernel the simulator sees issued on
+that stream (it must not overtake the stream's queue), or another stream waiting on one of its
+events (the waiter pulls the recording stream up to the record). With ``lag="immediate"``
+every item runs as soon as it is issued, unless its stream is blocked (an unrecorded
+ExternalEvent wait): the host waits for each item.
 
-`StreamQueues` (``device.queues``) owns the queues:
+Ordering. Each queued item carries a vector clock: for every stream, the last item that is
+ordered before it — by stream order, by an Event record / wait pair, by an ExternalEvent record
+the host issued before a wait, or because the host synchronised with it before issuing (the
+host's own clock). Two items are *ordered* when one's position is within the other's clock;
+otherwise a card may run them either way round, and the hazards below are errors when issued
+(they do not depend on how fast the simulated device happens to be):
 
-* ``submit(stream, work, label=...)`` appends a callable to ``stream`` and runs the queue;
-* ``flush(stream=None, reason=...)`` runs a stream's queue (every stream's for None) as far as
-  it can go; when something is left that nothing queued can release (a wait on an event no
-  queued record sets), a device would block for ever: ``GraphHang`` names the stream and what
-  it waits on (``reason`` says who asked);
-* ``pending(stream=None)`` counts what is left.
+* an ExternalEvent recorded while nothing orders it after the wait/reset that consumed the
+  event's previous record (the replay launched for the previous step): on a card the record
+  can land first and be lost, and the next replay waits for ever — ``GraphHang``;
+* a task update not ordered after an earlier replay of its graph that may still run the group:
+  the update can land first, and that replay runs with the next step's parameters —
+  ``StreamOrderError``;
+* a host access to host memory a non-blocking copy still in a queue reads or writes (a read
+  of the destination before the copy filled it; a write of the source before the copy read
+  it) — ``StreamOrderError`` (`check_host_access`).
 
-Replays run through the `Runner` the device gives the queues (``advance(run, stream)``, which
-returns False when the replay suspends at a wait); event flags are set and cleared here, and a
-record queued behind a wait for that same event is a hang on a card (``GraphHang`` at the
-record: `check_record`).
+Each message names the stream, the event or buffer and the replay or step. Under
+``lag="immediate"`` the host waits for every item, so none of these can happen.
+
+Replays run through the `Runner` the device gives the queues (``advance(run, stream)``
+returns False when the replay suspends at a captured wait); ExternalEvent flags are set and
+cleared here. A record queued behind a wait for that same event can never run: ``GraphHang``
+at the record (`check_record`).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from itertools import count
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
+import torch
+
 from ascendgraph.errors import (
+    EVENT_RECORDED_BEFORE_CONSUMED,
     EXTERNAL_EVENT_NOT_RESET,
     GRAPH_HANG_REPLAY,
     GRAPH_HANG_STREAM,
+    HOST_ACCESS_BEFORE_COPY,
     RECORD_BEHIND_ITS_WAIT,
+    UPDATE_BEFORE_REPLAY,
     ConfigError,
     GraphHang,
+    StreamOrderError,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sim.streams import SimExternalEvent, SimStream
+    from sim.streams import SimEvent, SimExternalEvent, SimStream
 
-__all__ = ["StreamQueues", "Work", "EagerWait", "QueuedEventOp", "Runner"]
+__all__ = [
+    "LAG_MODES",
+    "StreamQueues",
+    "Queued",
+    "Work",
+    "EagerWait",
+    "QueuedEventOp",
+    "Marker",
+    "MarkerWait",
+    "Runner",
+]
+
+LAG_MODES = {
+    "device": "queued work runs when the host waits for it (a synchronize, a host read, an eager kernel on its stream, "
+    "a wait on one of its events): what a card does",
+    "immediate": "every item runs when it is issued unless its stream is blocked: the host waits for each item",
+}
+
+Clock = dict[int, int]  # stream id -> position of the last item ordered before
 
 
 class Work:
-    """A callable submitted to a stream (``queues.submit``)."""
+    """A callable submitted to a stream (``queues.submit``, a task update's device side, a copy)."""
 
-    __slots__ = ("label", "run")
+    __slots__ = ("label", "run", "host_writes", "host_reads")
 
     def __init__(self, label: str, run: Callable[[], None]) -> None:
         self.label = label
         self.run = run
+        self.host_writes: Optional[tuple[int, int]] = None  # host bytes [start, end) it writes (a D2H copy)
+        self.host_reads: Optional[tuple[int, int]] = None  # host bytes it reads (an H2D copy)
 
     def __repr__(self) -> str:
         return f"<Work {self.label}>"
 
 
 class EagerWait:
-    """An eager wait on an unrecorded ExternalEvent, blocking its stream."""
+    """An eager wait on an ExternalEvent: its stream goes on once the event is recorded."""
 
     __slots__ = ("event",)
 
@@ -65,8 +110,7 @@ class EagerWait:
 
 
 class QueuedEventOp:
-    """An eager ExternalEvent record or reset issued on a stream with work pending: like any
-    task on a stream, it takes effect when the stream reaches it."""
+    """An eager ExternalEvent record or reset: it takes effect when its stream reaches it."""
 
     __slots__ = ("kind", "event")
 
@@ -75,17 +119,67 @@ class QueuedEventOp:
         self.event = event
 
 
+class Marker:
+    """An Event recorded on a stream: done when the stream reaches it."""
+
+    __slots__ = ("event", "done")
+
+    def __init__(self, event: "Optional[SimEvent]") -> None:
+        self.event = event
+        self.done = False
+
+
+class MarkerWait:
+    """A stream waiting for a marker (``event.wait(stream)``, ``stream.wait_stream(other)``)."""
+
+    __slots__ = ("marker",)
+
+    def __init__(self, marker: "Queued") -> None:
+        self.marker = marker
+
+
+class Queued:
+    """One item in a stream's queue, with its place in the device's order."""
+
+    __slots__ = ("item", "seq", "stream", "position", "clock", "issued_us")
+
+    def __init__(self, item: Any, seq: int, stream: "SimStream", position: int, clock: Clock, issued_us: float) -> None:
+        self.item = item
+        self.seq = seq  # global issue order
+        self.stream = stream
+        self.position = position  # the stream's count of items issued, this one included
+        self.clock = clock  # what is ordered before it (module docstring)
+        self.issued_us = issued_us  # the host clock when it was issued
+
+    def ordered_before(self, clock: Clock) -> bool:
+        return self.position <= clock.get(self.stream.stream_id, 0)
+
+    def __repr__(self) -> str:
+        return f"<Queued #{self.seq} {self.item!r} on {self.stream}>"
+
+
 def waits_on(item: Any) -> "Optional[SimExternalEvent]":
     """The ExternalEvent a queued item is blocked on (None: it is not blocked on one)."""
     if isinstance(item, EagerWait):
         return item.event
-    if isinstance(item, (QueuedEventOp, Work)):
+    if isinstance(item, (QueuedEventOp, Work, Marker, MarkerWait)):
         return None
     return getattr(item, "waiting_on", None)
 
 
+def _records(item: Any, event: "SimExternalEvent") -> bool:
+    """Whether a queued item records ``event`` when it runs."""
+    if isinstance(item, QueuedEventOp):
+        return item.kind == "record" and item.event is event
+    program = getattr(item, "program", None)
+    return program is not None and any(
+        segment.control is not None and segment.control.kind == "record" and segment.control.event is event
+        for segment in program.segments[item.segment:]
+    )
+
+
 class Runner(Protocol):
-    """What the queues need from the device to run a replay and to report on the host."""
+    """What the queues need from the device."""
 
     def advance(self, run: Any, stream: "SimStream") -> bool:
         """Run a replay from where it stands; False when it suspends at a wait."""
@@ -93,32 +187,77 @@ class Runner(Protocol):
     def surface_stale(self) -> None:
         """Raise a stale-parameter error the replays noted (the host hears from the device)."""
 
+    def host_clock_us(self) -> float:
+        """The virtual host clock now."""
+
+    def released(self, run: Any, event: "SimExternalEvent") -> None:
+        """The host issued the record that releases ``run``'s wait on ``event``."""
+
+
+class _EventLedger:
+    """The records of one ExternalEvent the host issued, each with what consumes it (the replay
+    whose captured wait and reset it releases, or an eager reset)."""
+
+    __slots__ = ("records", "waiting", "last_record", "__weakref__")
+
+    def __init__(self) -> None:
+        self.records: list[list[Any]] = []  # the last two: [record, consumer or None, consumer's name]
+        self.waiting: deque[tuple[Queued, str]] = deque()  # consumers issued before the record they consume
+        self.last_record: Optional[Queued] = None
+
 
 class StreamQueues:
     """``device.queues``: per-stream queues of device work (module docstring)."""
 
-    def __init__(self, runner: Runner) -> None:
+    def __init__(self, runner: Runner, *, lag: str = "device") -> None:
+        if lag not in LAG_MODES:
+            raise ConfigError(
+                f"lag must be one of {', '.join(LAG_MODES)}, got {lag!r} ("
+                + "; ".join(f"{k}: {v}" for k, v in LAG_MODES.items()) + ")",
+                key="lag",
+            )
+        self.lag = lag
         self._runner = runner
         self._busy: set["SimStream"] = set()  # streams with something queued
+        self._seq = count(1)
+        self._positions: dict[int, int] = {}  # stream id -> items issued on it
+        self._clocks: dict[int, Clock] = {}  # stream id -> what its next item is ordered after
+        self._host: Clock = {}  # what the host knows has run
+        self._replays: dict[int, list[Queued]] = {}  # id(graph) -> its replays not known to have run
+        self._copies: list[Queued] = []  # queued work touching host memory
+        self._running = 0  # > 0 while queued work runs: it issues nothing of its own
+        self._active: set["SimStream"] = set()  # streams running right now (further up the call stack)
 
-    # -- the public interface
+    @property
+    def immediate(self) -> bool:
+        return self.lag == "immediate"
+
+    # ------------------------------------------------------------------ the public interface
     def submit(self, stream: "SimStream", work: Callable[[], None], *, label: str) -> None:
-        """Queue ``work`` on ``stream`` and run the stream as far as it can go."""
+        """Queue ``work`` on ``stream`` (it runs when the stream is waited for; at once with
+        ``lag="immediate"``)."""
         if not callable(work):
             raise ConfigError(f"queues.submit needs a callable, got {work!r} (label {label!r})", key="work")
-        self.append(stream, Work(label, work))
-        self.drain(stream)
+        self.issue(stream, Work(label, work))
 
     def flush(self, stream: "Optional[SimStream]" = None, *, reason: str) -> None:
-        """Run ``stream``'s queue (every stream's when None); GraphHang when it cannot finish."""
-        streams = [stream] if stream is not None else self.busy_streams()
+        """Run ``stream``'s queue (every stream's when None) to its end; ``GraphHang`` when it
+        cannot get there (a wait nothing queued releases). The host then knows it has run."""
+        streams = [stream] if stream is not None else self._by_head()
         for each in streams:
             if each.pending:
-                self.drain(each)
+                self._run_stream(each)
         self._runner.surface_stale()
         for each in streams:
             if each.pending:
                 raise self.hang(each, reason)
+        for each in streams:
+            self._host_joins(each)
+
+    def run(self, stream: "SimStream") -> None:
+        """Run ``stream``'s queue as far as it can go, without raising for what must wait."""
+        if stream.pending and not self._running:
+            self._run_stream(stream)
 
     def pending(self, stream: "Optional[SimStream]" = None) -> int:
         if stream is not None:
@@ -128,75 +267,341 @@ class StreamQueues:
     def busy_streams(self) -> list["SimStream"]:
         return list(self._busy)
 
-    # -- used by the device's replay and event code
-    def append(self, stream: "SimStream", item: Any) -> None:
-        stream.pending.append(item)
+    def copy(self, destination: torch.Tensor, source: torch.Tensor, *, stream: "SimStream",
+             destination_is_host: bool = False, source_is_host: bool = False, label: Optional[str] = None) -> None:
+        """A non-blocking copy on ``stream``: queued like any device work; while it is queued the
+        host memory it writes (``destination_is_host``) or reads (``source_is_host``) must not be
+        touched by the host (`check_host_access`)."""
+        work = Work(label or f"copy of {tuple(source.shape)} {str(source.dtype).replace('torch.', '')}",
+                    lambda: _copy(destination, source))
+        if destination_is_host:
+            work.host_writes = _span(destination)
+        if source_is_host:
+            work.host_reads = _span(source)
+        self.issue(stream, work)
+
+    def check_host_access(self, start: int, nbytes: int, what: str, *, write: bool = False) -> None:
+        """The host is about to read (or, ``write=True``, write) host bytes [start, start + nbytes):
+        a queued copy not known to have run that writes them (or reads them) is a
+        ``StreamOrderError``."""
+        end = start + nbytes
+        for queued in list(self._copies):
+            work = queued.item
+            if queued.ordered_before(self._host):
+                self._copies.remove(queued)
+                continue
+            span = work.host_writes if not write else (work.host_reads or work.host_writes)
+            if span is not None and span[0] < end and start < span[1]:
+                raise StreamOrderError(HOST_ACCESS_BEFORE_COPY.format(
+                    what=what, access="writes" if write else "reads", copy=work.label, stream=queued.stream,
+                    role="reads" if write and work.host_reads else "fills"))
+
+    # ------------------------------------------------------------------ issuing
+    def issue(self, stream: "SimStream", item: Any, *, after: Optional[Clock] = None) -> Queued:
+        """Append ``item`` to ``stream``'s queue (``after``: a clock it is also ordered after)."""
+        sid = stream.stream_id
+        position = self._positions.get(sid, 0) + 1
+        self._positions[sid] = position
+        clock = _join(self._clocks.get(sid, {}), self._host)
+        if after is not None:
+            clock = _join(clock, after)
+        queued = Queued(item, next(self._seq), stream, position, clock, self._runner.host_clock_us())
+        self._clocks[sid] = {**clock, sid: position}
+        if isinstance(item, Work) and (item.host_writes or item.host_reads):
+            self._copies.append(queued)
+        stream.pending.append(queued)
         self._busy.add(stream)
+        if self.immediate and not self._running:
+            self._run_stream(stream)
+            if not stream.pending:
+                self._host_joins(stream)
+        return queued
 
-    def drop(self, keep: Callable[[Any], bool]) -> None:
-        """Forget the queued items ``keep`` says no to (a reset graph's replays), then go on."""
-        for stream in self.busy_streams():
-            kept = [item for item in stream.pending if keep(item)]
-            if len(kept) != len(stream.pending):
-                stream.pending = deque(kept)
-                self.drain(stream)
+    def issue_replay(self, stream: "SimStream", run: Any) -> Queued:
+        """A replay launched on ``stream``: queued; it consumes one record of every ExternalEvent
+        its program resets."""
+        queued = self.issue(stream, run)
+        if not self.immediate:
+            self._replays.setdefault(id(run.graph), []).append(queued)
+            for event in _resets(run.program):
+                self._consumer(event, queued, f"replay {run.number} of {run.graph.name}")
+        return queued
 
+    def _consumer(self, event: "SimExternalEvent", queued: Queued, label: str) -> None:
+        """``queued`` resets ``event``: it consumes the oldest record nothing consumes yet, or the next one."""
+        ledger = self._ledger(event)
+        open_record = next((entry for entry in ledger.records if entry[1] is None), None)
+        if open_record is not None:
+            open_record[1:] = [queued, label]
+        else:
+            ledger.waiting.append((queued, label))
+
+    def clock_of(self, stream: "SimStream") -> Clock:
+        """What an item issued on ``stream`` now would be ordered after."""
+        return _join(self._clocks.get(stream.stream_id, {}), self._host)
+
+    def wait_for(self, stream: "SimStream", marker: Queued) -> None:
+        """``stream`` waits for ``marker`` (an Event recorded on another stream)."""
+        self.issue(stream, MarkerWait(marker), after={**marker.clock, marker.stream.stream_id: marker.position})
+
+    def tail(self, stream: "SimStream") -> Queued:
+        """A marker at the end of ``stream``'s queue (``wait_stream``)."""
+        return self.issue(stream, Marker(None))
+
+    def host_waited(self, marker: Queued, *, reason: str) -> None:
+        """The host waits for ``marker`` (``event.synchronize``): run up to it (``GraphHang`` when
+        nothing can get there); the host then knows everything before it ran."""
+        self._run_until(marker)
+        if not marker.item.done:
+            raise self.hang(marker.stream, reason)
+        self._runner.surface_stale()
+        self._host = _join(self._host, {**marker.clock, marker.stream.stream_id: marker.position})
+
+    def marker_done(self, marker: Queued) -> bool:
+        """Whether the device reached ``marker`` (``event.query``): it runs what it can first."""
+        self._run_until(marker)
+        return bool(marker.item.done)
+
+    # ------------------------------------------------------------------ ExternalEvents
+    def record_external(self, event: "SimExternalEvent", stream: "SimStream") -> None:
+        """An eager record of ``event`` on ``stream``: it must be ordered after whatever consumed
+        the event's previous record; then it is queued (the flag is set when the stream gets there)."""
+        self.check_record(event, stream)
+        ledger = self._ledger(event)
+        consumer = ledger.waiting[0] if ledger.waiting else None
+        if not self.immediate and ledger.records:
+            _, previous, previous_label = ledger.records[-1]
+            if previous is None:  # nothing issued in between consumes the previous record: the flag is still set
+                raise RuntimeError(EXTERNAL_EVENT_NOT_RESET.format(event=event))
+            if previous is not None and previous.stream is not stream and not previous.ordered_before(
+                    self.clock_of(stream)):
+                what = f"the record for {consumer[1]}" if consumer is not None else "its next record"
+                raise GraphHang(EVENT_RECORDED_BEFORE_CONSUMED.format(
+                    event=event, stream=stream, what=what, consumer=previous_label, consumer_stream=previous.stream))
+        queued = self.issue(stream, QueuedEventOp("record", event))
+        ledger.last_record = queued
+        if consumer is not None:
+            ledger.waiting.popleft()
+            ledger.records.append([queued, consumer[0], consumer[1]])
+        else:
+            ledger.records.append([queued, None, ""])
+        del ledger.records[:-2]
+        if consumer is not None and not self.immediate and hasattr(consumer[0].item, "program"):
+            self._runner.released(consumer[0].item, event)  # what it gates may run stale for sure
+            self._runner.surface_stale()
+
+    def reset_external(self, event: "SimExternalEvent", stream: "SimStream") -> None:
+        queued = self.issue(stream, QueuedEventOp("reset", event))
+        if not self.immediate:
+            self._consumer(event, queued, f"the reset on {stream}")
+
+    def wait_external(self, event: "SimExternalEvent", stream: "SimStream") -> None:
+        """An eager wait: ordered after the event's last record the host issued."""
+        record = self._ledger(event).last_record
+        after = {**record.clock, record.stream.stream_id: record.position} if record is not None else None
+        self.issue(stream, EagerWait(event), after=after)
+
+    def _ledger(self, event: "SimExternalEvent") -> _EventLedger:
+        ledger = event.ledger
+        if ledger is None:
+            ledger = event.ledger = _EventLedger()
+        return ledger
+
+    # ------------------------------------------------------------------ task updates
+    def check_update(self, graph: Any, group: str, stream: "SimStream", label: str) -> None:
+        """A task update of ``graph``'s ``group`` on ``stream``: every replay of the graph before the
+        latest must be ordered before it (the update is for the latest one)."""
+        if self.immediate:
+            return
+        replays = self._replays.get(id(graph))
+        if not replays:
+            return
+        clock = self.clock_of(stream)
+        replays[:] = [queued for queued in replays if not queued.ordered_before(clock) and queued.stream is not stream]
+        for queued in replays[:-1]:
+            raise StreamOrderError(UPDATE_BEFORE_REPLAY.format(
+                what=label, group=group, stream=stream, replay=f"replay {queued.item.number} of {graph.name}",
+                replay_stream=queued.stream))
+
+    # ------------------------------------------------------------------ running
     def hang(self, stream: "SimStream", reason: str) -> GraphHang:
         """The error for ``stream`` stopped at its head for ever (``reason``: who waited)."""
-        head = stream.pending[0]
+        head = stream.pending[0].item
         if isinstance(head, EagerWait):
             return GraphHang(GRAPH_HANG_STREAM.format(stream=stream, event=head.event))
-        if isinstance(head, (Work, QueuedEventOp)):  # cannot happen: these never stop a stream
+        if isinstance(head, MarkerWait):
+            return GraphHang(GRAPH_HANG_STREAM.format(stream=stream, event=f"an event recorded on {head.marker.stream} "
+                                                                             f"behind a wait that never ends ({reason})"))
+        if isinstance(head, (Work, QueuedEventOp, Marker)):  # cannot happen: these never stop a stream
             return GraphHang(GRAPH_HANG_STREAM.format(stream=stream, event=f"{head!r} ({reason})"))
         return GraphHang(GRAPH_HANG_REPLAY.format(graph=head.graph.name, event=head.waiting_on))
 
     def check_record(self, event: "SimExternalEvent", stream: "SimStream") -> None:
         """A record queued behind a wait for that same event can never run: a hang on a card."""
-        for item in stream.pending:
-            if waits_on(item) is event:
+        for queued in stream.pending:
+            item = queued.item
+            if waits_on(item) is event or _waits_before_recording(item, event):
                 blocked_by = f"replay of {item.graph.name}" if hasattr(item, "graph") else "an eager wait"
                 raise GraphHang(RECORD_BEHIND_ITS_WAIT.format(event=event, stream=stream, blocked_by=blocked_by))
 
     def set_flag(self, event: "SimExternalEvent") -> None:
-        """An ExternalEvent record takes effect: set the flag, let the streams waiting on it go on."""
+        """An ExternalEvent record takes effect: set the flag; waiting streams may go on."""
         if event.flag:
             raise RuntimeError(EXTERNAL_EVENT_NOT_RESET.format(event=event))
         event.flag = True
-        self.wake(event)
-        self._runner.surface_stale()
+        if self.immediate:
+            self.wake(event)
+            self._runner.surface_stale()
 
     def wake(self, event: "SimExternalEvent") -> None:
+        """Streams whose head waits on ``event`` go on (immediate: the host waits for everything)."""
+        if not self.immediate:
+            return
         for stream in self.busy_streams():
-            head = stream.pending[0] if stream.pending else None
+            head = stream.pending[0].item if stream.pending else None
             if head is not None and waits_on(head) is event:
-                self.drain(stream)
+                self._run_stream(stream)
+                if not stream.pending:
+                    self._host_joins(stream)
 
-    def drain(self, stream: "SimStream") -> None:
-        """Run ``stream``'s queue from its head until it is empty or its head must wait."""
+    def drop(self, keep: Callable[[Any], bool]) -> None:
+        """Forget the queued items ``keep`` says no to (a reset graph's replays)."""
+        for stream in self.busy_streams():
+            kept = [queued for queued in stream.pending if keep(queued.item)]
+            if len(kept) != len(stream.pending):
+                stream.pending = deque(kept)
+                if self.immediate:
+                    self._run_stream(stream)
+                if not stream.pending:
+                    self._busy.discard(stream)
+
+    def _by_head(self) -> list["SimStream"]:
+        return sorted((s for s in self._busy if s.pending), key=lambda s: s.pending[0].seq)
+
+    def _host_joins(self, stream: "SimStream") -> None:
+        self._host = _join(self._host, {**self._clocks.get(stream.stream_id, {}),
+                                        stream.stream_id: self._positions.get(stream.stream_id, 0)})
+
+    def _run_until(self, target: Queued) -> None:
+        stream = target.stream
+        if target in stream.pending:
+            self._run_stream(stream, until=target)
+
+    def _run_stream(self, stream: "SimStream", until: Optional[Queued] = None) -> bool:
+        """Run ``stream``'s queue from its head, pulling the streams its waits need; stop after
+        ``until`` ran. Returns whether the stream got there (empty, or past ``until``)."""
+        if stream in self._active:
+            return False  # already running further up: a wait cycle, or a record waking its own stream
+        self._active.add(stream)
         pending = stream.pending
-        while pending:
-            head = pending[0]
-            if isinstance(head, Work):
-                pending.popleft()
-                head.run()
-                continue
-            if isinstance(head, EagerWait):
-                if not head.event.flag:
-                    return
-                pending.popleft()
-                continue
-            if isinstance(head, QueuedEventOp):
-                pending.popleft()
-                if head.kind == "record":
-                    self.set_flag(head.event)
-                else:
-                    head.event.flag = False
-                continue
-            if head.waiting_on is not None:
-                if not head.waiting_on.flag:
-                    return
-                head.waiting_on = None
-            if not self._runner.advance(head, stream):
-                return
-            pending.popleft()
-        self._busy.discard(stream)
+        self._running += 1
+        try:
+            while pending:
+                queued = pending[0]
+                if not self._ready(queued.item):
+                    return False
+                if isinstance(queued.item, _ONE_SHOT):
+                    pending.popleft()  # taken off first: what it raises does not leave it to run again
+                    self._execute(queued, stream)
+                else:  # a replay leaves the queue once it finished (it may suspend, or fail half way)
+                    if not self._execute(queued, stream):
+                        return False
+                    pending.popleft()
+                if queued is until:
+                    return True
+            self._busy.discard(stream)
+            return True
+        finally:
+            self._running -= 1
+            self._active.discard(stream)
+
+    def _ready(self, item: Any) -> bool:
+        if isinstance(item, MarkerWait):
+            marker = item.marker
+            if marker in marker.stream.pending:
+                self._run_stream(marker.stream, until=marker)
+            return marker not in marker.stream.pending
+        event = waits_on(item)
+        if event is None or event.flag:
+            return True
+        self._pull(event)
+        return event.flag
+
+    def _pull(self, event: "SimExternalEvent") -> None:
+        """Run the stream holding the earliest queued record of ``event`` up to that record."""
+        candidates = [queued for stream in self.busy_streams() if stream not in self._active
+                      for queued in stream.pending if _records(queued.item, event)]
+        if candidates:
+            record = min(candidates, key=lambda queued: queued.seq)
+            self._run_stream(record.stream, until=record)
+
+    def _execute(self, queued: Queued, stream: "SimStream") -> bool:
+        item = queued.item
+        if isinstance(item, Work):
+            item.run()
+            return True
+        if isinstance(item, (EagerWait, MarkerWait)):
+            return True
+        if isinstance(item, Marker):
+            item.done = True
+            return True
+        if isinstance(item, QueuedEventOp):
+            if item.kind == "record":
+                item.event.recorded_us = queued.issued_us
+                self.set_flag(item.event)
+            else:
+                item.event.flag = False
+            return True
+        item.waiting_on = None  # a replay starting, or resuming: what it waited on is set
+        while not self._runner.advance(item, stream):
+            event = item.waiting_on
+            self._pull(event)
+            if not event.flag:
+                return False
+            item.waiting_on = None
+        return True
+
+
+_ONE_SHOT = (Work, EagerWait, QueuedEventOp, Marker, MarkerWait)
+
+
+def _resets(program: Any) -> list["SimExternalEvent"]:
+    """The ExternalEvents a captured program resets (each replay consumes one record of each)."""
+    events: list[SimExternalEvent] = []
+    for segment in program.segments:
+        control = segment.control
+        if control is not None and control.kind == "reset" and control.event not in events:
+            events.append(control.event)
+    return events
+
+
+def _waits_before_recording(item: Any, event: "SimExternalEvent") -> bool:
+    """Whether a queued replay that has not reached ``event`` yet will wait on it before it records it."""
+    program = getattr(item, "program", None)
+    if program is None:
+        return False
+    for segment in program.segments[item.segment:]:
+        control = segment.control
+        if control is not None and control.event is event:
+            return control.kind == "wait"
+    return False
+
+
+def _join(a: Clock, b: Clock) -> Clock:
+    if not b:
+        return dict(a)
+    joined = dict(a)
+    for key, value in b.items():
+        if joined.get(key, 0) < value:
+            joined[key] = value
+    return joined
+
+
+def _span(tensor: torch.Tensor) -> tuple[int, int]:
+    start = tensor.data_ptr()
+    return start, start + tensor.numel() * tensor.element_size()
+
+
+def _copy(destination: torch.Tensor, source: torch.Tensor) -> None:
+    with torch.no_grad():
+        destination.copy_(source)

@@ -422,6 +422,9 @@ class EagerTracker(_Mode):
         self.device = device
 
     def handle(self, func: Any, args: Any, kwargs: dict) -> Any:
+        stream = self.device.current_stream()
+        if stream.pending:  # an eager kernel must not overtake the work queued on its stream (sim.queues)
+            self.device.queues.run(stream)
         if func in WIDENED_MATMULS and widens(func, args, kwargs):
             out = widened_matmul(func, args, kwargs)  # half precision: float32 accumulation (sim.matmul)
         else:

@@ -18,7 +18,7 @@ from sim import kernels
 from sim.capture import COPY_MANY, COPY_ONE, modes_off
 from sim.faults import Action
 from sim.graph import ReplayRun, SimGraph
-from sim.queues import EagerWait, QueuedEventOp
+from sim.pool_memory import replaying_graph
 from sim.streams import SimExternalEvent, SimStream
 
 __all__ = ["ReplayMixin"]
@@ -39,13 +39,9 @@ class ReplayMixin:
         term = self._fault("event_record", stream_id=stream.stream_id)
         if term is not None and term.action is Action.HANG:
             return  # the record never reaches the device
-        if stream.pending:
-            # Stream order: the record runs after what the stream is blocked on. If that is
-            # a wait for this very event, the record can never run: a hang on the device.
-            self.queues.check_record(event, stream)
-            self.queues.append(stream, QueuedEventOp("record", event))
-            return
-        self.queues.set_flag(event)
+        # Stream order: the record runs after what the stream holds. If that is a wait for this
+        # very event, the record can never run: a hang on the device (`sim.queues`).
+        self.queues.record_external(event, stream)
 
     def _external_wait(self, event: SimExternalEvent, stream: Optional[SimStream]) -> None:
         self._check_alive()
@@ -54,9 +50,7 @@ class ReplayMixin:
         if capture is not None and stream is capture.stream:
             capture.control("wait", event)
             return
-        if event.flag and not stream.pending:
-            return
-        self.queues.append(stream, EagerWait(event))
+        self.queues.wait_external(event, stream)
 
     def _external_reset(self, event: SimExternalEvent, stream: Optional[SimStream]) -> None:
         self._check_alive()
@@ -65,10 +59,7 @@ class ReplayMixin:
         if capture is not None and stream is capture.stream:
             capture.control("reset", event)
             return
-        if stream.pending:  # stream order, as a record
-            self.queues.append(stream, QueuedEventOp("reset", event))
-            return
-        event.flag = False
+        self.queues.reset_external(event, stream)  # stream order, as a record
 
     # ------------------------------------------------------------------ graphs: replay
     def _replay(self, graph: SimGraph) -> None:
@@ -92,11 +83,8 @@ class ReplayMixin:
             run.perturb = term.value
         if term is not None and term.action is Action.HANG:
             run.waiting_on = SimExternalEvent(self, f"an injected hang at replay of {graph.name}")
-        if run.waiting_on is not None or stream.pending:
-            self.queues.append(stream, run)
-            return
-        if not self._advance(run, stream):
-            self.queues.append(stream, run)
+        run.ready_us = self._host_us
+        self.queues.issue_replay(stream, run)  # runs now under lag="immediate", else when waited for
         self._surface_stale()
 
     def _advance(self, run: ReplayRun, stream: SimStream) -> bool:
@@ -106,10 +94,13 @@ class ReplayMixin:
         index = run.segment
         recorded: list[SimExternalEvent] = []
         finished = True
+        if run.waited is not None:  # resumed: its wait ended when the record was issued
+            run.ready_us = max(run.ready_us, run.waited.recorded_us)
+            run.waited = None
         # Replays inside this device's own capture are recorded (a child graph); any other
         # mode (an eager tracker, another device's capture) must not see graph tasks.
         quiet = modes_off() if self._capture is None else _NO_CONTEXT
-        with quiet, torch._C._AutoDispatchBelowADInplaceOrView(), kernels.replaying():
+        with quiet, torch._C._AutoDispatchBelowADInplaceOrView(), kernels.replaying(), replaying_graph(run.graph._memory):
             while index < count:
                 segment = segments[index]
                 if segment.groups and self.require_task_updates:
@@ -120,7 +111,7 @@ class ReplayMixin:
                         target.copy_(result)
                     elif mode == COPY_MANY:
                         _copy_many(target, result)
-                start = max(self._device_us, self._host_us)
+                start = max(self._device_us, run.ready_us)
                 if self._profiling:
                     self._log_tasks(segment.kernels, start, stream.stream_id, run.graph.name)
                     self._mark_replay(run, stream, start)
@@ -132,13 +123,14 @@ class ReplayMixin:
                 event = control.event
                 if control.kind == "wait":
                     if not event.flag:
-                        run.waiting_on = event
+                        run.waiting_on = run.waited = event
                         finished = False
                         break
                 elif control.kind == "reset":
                     event.flag = False
                 else:
                     event.flag = True
+                    event.recorded_us = run.ready_us
                     recorded.append(event)
         run.segment = index
         if finished and run.perturb:

@@ -18,6 +18,8 @@ from sim.program import Segment
 from sim.faults import Action
 from sim.graph import CAPTURED, ReplayRun
 from sim.streams import SimStream
+from sim.pool_memory import enter_graph, leave_graph
+from sim.queues import Work
 from sim.tracing import TraceSpan
 
 __all__ = ["TaskGroupMixin"]
@@ -36,12 +38,38 @@ class TaskGroupMixin:
         it); the error surfaces at the next point the host hears from the device."""
         for group in segment.groups:
             if group.updated_stamp < run.stamp:
-                op = str(group.graph.program.records[group.record_indices[0]].func) if group.graph.program else "?"
-                self._stale.append(
-                    StaleGraphParams(
-                        STALE_GRAPH_PARAMS.format(replay=run.number, graph=run.graph.name, group=f"task group {group.index}", op=op)
-                    )
-                )
+                self._note_stale(run, group)
+
+    def _note_stale(self, run: ReplayRun, group: TaskGroup) -> None:
+        if group.index in run.reported:
+            return  # each stale group of a run is reported once
+        run.reported.add(group.index)
+        op = str(group.graph.program.records[group.record_indices[0]].func) if group.graph.program else "?"
+        self._stale.append(
+            StaleGraphParams(
+                STALE_GRAPH_PARAMS.format(replay=run.number, graph=run.graph.name, group=f"task group {group.index}", op=op)
+            )
+        )
+
+    def _stale_at_release(self, run: ReplayRun, event: object) -> None:
+        """The host issued the record that releases ``run``'s wait on ``event`` (the device runs
+        behind it): a task group that wait gates and that no update issued since the replay's
+        launch touched will run stale whatever comes next, since nothing the host issues from now
+        on is ordered before it. Noted here, where the host is (the replay, when it runs, skips it)."""
+        if not self.require_task_updates:
+            return
+        segments = run.program.segments
+        start = next((index for index in range(run.segment, len(segments))
+                      if segments[index].control is not None and segments[index].control.kind == "wait"
+                      and segments[index].control.event is event), None)
+        if start is None:
+            return
+        for segment in segments[start + 1:]:
+            for group in segment.groups:
+                if group.issued_stamp < run.stamp:
+                    self._note_stale(run, group)
+            if segment.control is not None and segment.control.kind == "wait":
+                break
 
     def _surface_stale(self) -> None:
         """Raise the first stale-parameter error noted so far (each is reported once)."""
@@ -93,6 +121,9 @@ class TaskGroupMixin:
             )
         update = Update(self, handle, stream)
         update.collector.__enter__()
+        # The re-issued ops take the group's place in the graph's program: weak references into the
+        # graph are checked there (`sim.pool_memory.GraphMemory.check_update`), not as eager reads.
+        update.in_graph = enter_graph(graph._memory)
         self._update = update
 
     def task_update_end(self, stream: SimStream) -> None:
@@ -101,6 +132,7 @@ class TaskGroupMixin:
             raise self._misuse("task_update_end", f"no task update is open on {stream}; call task_update_begin first")
         self._update = None
         update.collector.__exit__(None, None, None)
+        leave_graph(update.in_graph)
         self._check_alive()
         term = self._fault("task_update", stream_id=stream.stream_id)
         if term is not None and term.action is Action.SKIP_UPDATE:
@@ -110,13 +142,25 @@ class TaskGroupMixin:
         detail = update.mismatch(program.records)
         if detail is not None:
             raise CaptureConstraintError(TASK_UPDATE_MISMATCH.format(group=update.group.name, detail=detail))
-        for record_index, (_, args, kwargs) in zip(update.group.record_indices, update.calls):
-            program.replace(record_index, args, kwargs)
-        update.group.updated_stamp = next(self._stamps)
+        memory = update.group.graph._memory
+        if memory is not None:  # weak references must hold their owner's data at the op's place
+            for record_index, (func, args, kwargs) in zip(update.group.record_indices, update.calls):
+                memory.check_update(func, args, kwargs, record_index)
+        group = update.group
+        stamp = next(self._stamps)  # the update's place among replay launches: when it was issued
+        group.issued_stamp = stamp
+        self.queues.check_update(group.graph, group.name, stream, f"the update issued after replay {group.graph.replays}")
+
+        def apply() -> None:  # the device side: the group's tasks take the new arguments
+            for record_index, (_, args, kwargs) in zip(group.record_indices, update.calls):
+                program.replace(record_index, args, kwargs)
+            group.updated_stamp = stamp
+
+        self.queues.issue(stream, Work(f"task update of {group.name}", apply))
         cost_us = self.cost.params.host_launch_us * len(update.calls)
         if self._profiling:
             self.trace_spans.append(
-                TraceSpan("task_update", f"update {update.group.name}", stream.stream_id, self._host_us, cost_us,
-                          update.group.graph.name)
+                TraceSpan("task_update", f"update {group.name}", stream.stream_id, self._host_us, cost_us,
+                          group.graph.name)
             )
         self._host_us += cost_us

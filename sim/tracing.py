@@ -162,7 +162,7 @@ class TracingMixin:
         """Charge the eager ops issued in the block to the virtual clock (and the kernel
         log while profiling). Outside it eager ops are free: nothing intercepts them."""
         self._check_alive()
-        with EagerTracker(self):
+        with self.kernel_policy(), EagerTracker(self):
             yield
 
     @contextmanager

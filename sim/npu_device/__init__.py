@@ -52,7 +52,11 @@ class _Device:
 
         self.extension = extension
         self.driver = Driver()
+        self.driver._extension_weak_token = extension.weak_token
         extension.set_driver(self.driver)
+        from sim.pool_memory import register_weak_view_resolver
+
+        register_weak_view_resolver(self.driver.weak_view)  # a capture sees weak aliases of pool blocks
         self.generators: dict[int, Any] = {}  # index -> torch.Generator (one Python object per default generator)
         self.fallback = Fallback(self.driver, extension, self.default_generator)
         self.library = torch.library.Library("_", "IMPL")

@@ -13,7 +13,7 @@ ask this object three things:
   capture fails with the simulator's host-sync text), or None (a device op, captured);
 * `program_alias` — the alias of a graph-pool tensor a recorded program keeps: non-owning, so
   the block goes back to the pool when the captured code drops its tensor and a later capture
-  may be handed it, as on a card (`sim.capture.Capture.bind_program`).
+  may be handed it, as on a card (`sim.capture.Capture._bind`).
 """
 
 from __future__ import annotations
@@ -58,10 +58,12 @@ class NpuDeviceType:
     def allocate_like(self, meta: torch.Tensor) -> torch.Tensor:
         return torch.empty_strided(meta.size(), meta.stride(), dtype=meta.dtype, device=self.torch_device)
 
-    def program_alias(self, arena: Any, tensor: torch.Tensor) -> Optional[torch.Tensor]:
-        if tensor.device.type != NPU or arena.allocation_of(tensor) is None:
-            return None
-        return self._ext.weak_alias(tensor, -1)  # non-owning, unchecked: the program's own view of the block
+    def program_alias(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A recorded npu tensor on a graph-pool block, as the program keeps it: non-owning and
+        unchecked (the program's own view of the block)."""
+        if tensor.device.type != NPU:
+            return tensor
+        return self._ext.weak_alias(tensor, -1)
 
     def route(self, func: Any, args: tuple, kwargs: dict) -> Optional[str]:
         leaves, _ = tree_flatten((args, kwargs))

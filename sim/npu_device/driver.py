@@ -50,6 +50,7 @@ class Driver:
         self._events: dict[int, "SimEvent"] = {}
         self._event_ids = itertools.count(1)
         self._weak: dict[int, simulator.WeakRecord] = {}  # token -> what a weak alias was made from
+        self._extension_weak_token: Optional[Callable[[Any], int]] = None  # set with the extension
         self._weak_ids = itertools.count(1)
         # address -> how many times the allocator has handed it out (negative while it is free):
         # a weak alias made at one generation is dead at any other.
@@ -106,8 +107,17 @@ class Driver:
         self._weak[token] = simulator.weak_reference(device, tensor, address, self.generation(address), what)
         return token
 
-    def check_weak(self, token: int, op: str, *, scratch: bool = False) -> None:
-        simulator.check_weak_reference(self._weak[token], op, self.generation, scratch=scratch)
+    def check_weak(self, token: int, op: Any, *, role: str) -> None:
+        simulator.check_weak_reference(self._weak[token], op, self.generation, role=role)
+
+    def weak_view(self, tensor: Any) -> Any:
+        """The pool's weak reference a weak alias of a graph-pool block stands for (None for any
+        other tensor): `sim.pool_memory.weak_view` asks, so a capture checks it."""
+        token = self._extension_weak_token(tensor) if self._extension_weak_token is not None else -1
+        if token < 0:
+            return None
+        record = self._weak.get(token)
+        return record.checker if record is not None else None
 
     def copy_weak_token(self, token: int) -> int:
         copy = next(self._weak_ids)

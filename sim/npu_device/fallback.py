@@ -50,7 +50,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from sim.npu_device import simulator
 from sim.npu_device.driver import Driver
-from sim.pool_memory import SCRATCH_ARGUMENTS
+from sim.pool_memory import READ, argument_roles
 from sim.recorder import NO_META, meta_outputs
 
 __all__ = ["Fallback", "DEVICE_MISMATCH", "running_on_device", "on_device"]
@@ -196,9 +196,10 @@ class Fallback:
         return owner if owner is not None else self.driver.device(index or 0)
 
     def _check_weak(self, op: Any, tokens: list[int], names: list[str]) -> None:
+        _, roles = argument_roles(op)
         for token, name in zip(tokens, names):
             if token >= 0:
-                self.driver.check_weak(token, str(op), scratch=name in SCRATCH_ARGUMENTS)
+                self.driver.check_weak(token, op, role=roles.get(name, READ))
 
     # ------------------------------------------------------------------ aliases
     def _aliases(self, op: Any, args: tuple, kwargs: dict) -> tuple[Any, Any, Any]:

@@ -20,17 +20,16 @@ import weakref
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from sim import kernels
-from sim.pool_memory import DEAD_POOL_REFERENCE, POOL_BLOCK_REUSED, DeadWeakReference, PoolBlockReused
+from sim.pool_memory import READ, DeadWeakReference, PoolBlockReused, PoolWeakTensor
 
 if TYPE_CHECKING:  # pragma: no cover
     from sim.device import SimDevice
-    from sim.pool_memory import PoolAllocation
     from sim.streams import SimStream
 
 __all__ = [
     "allocate", "free", "allocated_bytes", "reserved_bytes", "empty_cache", "submit", "flush", "host_read",
     "current_stream", "set_current_stream", "stream_by_id", "new_stream", "WeakRecord", "weak_reference",
-    "check_weak_reference", "DeadWeakReference", "PoolBlockReused", "DEAD_WEAK_REFERENCE",
+    "check_weak_reference", "DeadWeakReference", "PoolBlockReused", "DEAD_WEAK_REFERENCE", "Block",
 ]
 
 DEAD_WEAK_REFERENCE = (
@@ -86,40 +85,35 @@ def empty_cache(device: "SimDevice") -> None:
 
 # ------------------------------------------------------------------ weak references
 class WeakRecord:
-    """What a weak alias was made from. A graph-pool block keeps its `PoolAllocation` (the pool's
-    checks: its graph reset, another graph wrote it since); a block of the device's own pool
-    keeps the allocator generation of its address (freed, or freed and handed out again)."""
+    """What a weak alias was made from. A graph-pool block gets the pool's own weak reference
+    (`sim.pool_memory.PoolWeakTensor`) as its checker: its graph reset, another allocation's
+    write since, the end of its graph's program; the capture's checks see it through
+    `sim.pool_memory.weak_view`. A block of the device's own pool keeps the allocator
+    generation of its address (freed, or freed and handed out again)."""
 
-    __slots__ = ("device", "address", "generation", "allocation", "what")
+    __slots__ = ("address", "generation", "checker", "what")
 
-    def __init__(self, device: "SimDevice", address: int, generation: int, allocation: Optional["PoolAllocation"],
-                 what: str) -> None:
-        self.device = weakref.ref(device)
+    def __init__(self, address: int, generation: int, checker: Optional[PoolWeakTensor], what: str) -> None:
         self.address = address
         self.generation = generation
-        self.allocation = allocation
+        self.checker = checker
         self.what = what
 
 
 def weak_reference(device: "SimDevice", tensor: Any, address: int, generation: int, what: str) -> WeakRecord:
-    return WeakRecord(device, address, generation, device.pool_allocation(tensor), what)
+    allocation = device.pool_allocation(tensor)
+    checker = PoolWeakTensor(tensor, allocation) if allocation is not None else None
+    return WeakRecord(address, generation, checker, what)
 
 
-def check_weak_reference(record: WeakRecord, op: str, current_generation: Callable[[int], int], *,
-                         scratch: bool = False) -> None:
-    """Raise when the memory behind a weak alias is not what the alias was made from any more:
-    DeadWeakReference (freed; a graph-pool block whose graph was reset) or PoolBlockReused
-    (another graph of the pool wrote the block since; not for a kernel's ``scratch`` argument,
-    which it writes before reading, `sim.pool_memory.SCRATCH_ARGUMENTS`)."""
-    allocation = record.allocation
-    if allocation is not None:
-        owner = allocation.owner
-        if not owner.alive:
-            raise DeadWeakReference(DEAD_POOL_REFERENCE.format(op=op, what=record.what, graph=owner.name))
-        stale = None if scratch else allocation.stale_by()
-        if stale is not None:
-            raise PoolBlockReused(POOL_BLOCK_REUSED.format(op=op, what=record.what, graph=owner.name,
-                                                           other=stale[0].name))
+def check_weak_reference(record: WeakRecord, op: Any, current_generation: Callable[[int], int], *,
+                         role: str = READ) -> None:
+    """Raise when the memory behind a weak alias is not what the alias was made from any more, for
+    an op using it as ``role`` (`sim.pool_memory.argument_roles`): DeadWeakReference (freed; a
+    graph-pool block whose graph was reset) or PoolBlockReused (another allocation wrote the
+    block since)."""
+    if record.checker is not None:
+        record.checker.resolve(str(op), role=role, func=op)
         return
     generation = current_generation(record.address)
     if generation != record.generation:
