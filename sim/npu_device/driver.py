@@ -93,6 +93,11 @@ class Driver:
         if device is not None and block is not None:
             simulator.free(device, block)
 
+    def keepers(self, addresses: list[int]) -> list[Any]:
+        """What keeps the memory at these base addresses mapped while queued work uses it."""
+        blocks = self._blocks
+        return [blocks[address].keeper for address in addresses if address in blocks]
+
     # ------------------------------------------------------------------ weak aliases
     def weak_record(self, token: int) -> simulator.WeakRecord:
         return self._weak[token]

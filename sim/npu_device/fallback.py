@@ -189,11 +189,17 @@ class Fallback:
 
     def _device_of(self, index: Optional[int], bases: list[int]) -> Any:
         """The simulated NPU the op runs on: the one serving ``npu:<index>`` now (without one
-        attached, the one that made its tensors)."""
-        if self.driver.attached or not bases:
-            return self.driver.device(index or 0)
-        owner = next((self.driver.owner(base) for base in bases if base and self.driver.owner(base) is not None), None)
-        return owner if owner is not None else self.driver.device(index or 0)
+        attached, the one that made its tensors). A tensor of a simulated NPU replaced since
+        gets the work its own device still has queued done first."""
+        owners = [owner for owner in (self.driver.owner(base) for base in bases if base) if owner is not None]
+        if self.driver.attached or not owners:
+            device = self.driver.device(index or 0)
+        else:
+            device = owners[0]
+        for owner in dict.fromkeys(owners):
+            if owner is not device and owner.queues.pending():
+                simulator.flush(owner, None, reason=f"a tensor of {owner!r} used on {device!r}")
+        return device
 
     def _check_weak(self, op: Any, tokens: list[int], names: list[str]) -> None:
         _, roles = argument_roles(op)
@@ -202,19 +208,22 @@ class Fallback:
                 self.driver.check_weak(token, op, role=roles.get(name, READ))
 
     # ------------------------------------------------------------------ aliases
-    def _aliases(self, op: Any, args: tuple, kwargs: dict) -> tuple[Any, Any, Any]:
-        """(CPU-alias args, kwargs, the simulated NPU): npu tensors replaced by CPU aliases."""
+    def _aliases(self, op: Any, args: tuple, kwargs: dict) -> tuple[Any, Any, Any, list[Any]]:
+        """(CPU-alias args, kwargs, the simulated NPU, keepers): npu tensors replaced by CPU
+        aliases that own nothing, and what keeps their memory mapped (the blocks' segments) for
+        work that runs later: a tensor the host frees meanwhile gives its block back at once, as
+        the caching allocator does, while the queued work still reads or writes the bytes."""
         leaves, spec = tree_flatten((args, kwargs))
         positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor) and leaf.device.type == NPU]
         tensors = [leaves[i] for i in positions]
-        aliases, bases, weak = self.ext.cpu_aliases(tensors) if tensors else ([], [], [])
+        aliases, bases, weak = self.ext.cpu_aliases(tensors, False) if tensors else ([], [], [])
         if any(token >= 0 for token in weak):
             self._check_weak(op, weak, self._leaf_names(op, args, kwargs, positions))
         device = self._device_of(tensors[0].device.index if tensors else None, bases)
         for position, alias in zip(positions, aliases):
             leaves[position] = alias
         cpu_args, cpu_kwargs = tree_unflatten(leaves, spec)
-        return cpu_args, cpu_kwargs, device
+        return cpu_args, cpu_kwargs, device, self.driver.keepers(bases)
 
     @staticmethod
     def _leaf_names(op: Any, args: tuple, kwargs: dict, positions: list[int]) -> list[str]:
@@ -271,7 +280,7 @@ class Fallback:
 
     def _synchronous(self, op: Any, args: tuple, kwargs: dict, *, reason: str) -> Any:
         args, kwargs = self._seeded(op, args, kwargs)
-        cpu_args, cpu_kwargs, device = self._aliases(op, args, kwargs)
+        cpu_args, cpu_kwargs, device, _ = self._aliases(op, args, kwargs)
         simulator.host_read(device, f"{op} ({reason})")
         with on_device():
             result = op(*cpu_args, **cpu_kwargs)
@@ -281,7 +290,7 @@ class Fallback:
         if tensor.device.type == NPU:
             return tensor
         out = torch.empty_strided(tensor.size(), tensor.stride(), dtype=tensor.dtype, device=NPU)
-        (alias,), _, _ = self.ext.cpu_aliases([out])
+        (alias,), _, _ = self.ext.cpu_aliases([out], True)
         alias.copy_(tensor)
         return out
 
@@ -316,9 +325,9 @@ class Fallback:
             if isinstance(target, torch.Tensor) and isinstance(result, torch.Tensor) and target.shape != result.shape:
                 target.resize_(result.shape)  # an out= tensor of the wrong size, as torch's resize_output
         args, kwargs = self._seeded(op, args, kwargs)
-        cpu_args, cpu_kwargs, device = self._aliases(op, args, kwargs)
+        cpu_args, cpu_kwargs, device, keep = self._aliases(op, args, kwargs)
 
-        def work() -> None:
+        def work(keep: list[Any] = keep) -> None:
             with on_device():
                 op(*cpu_args, **cpu_kwargs)
 
@@ -358,10 +367,11 @@ class Fallback:
         )
         out_leaves = [leaf for leaf in tree_flatten(outputs)[0] if isinstance(leaf, torch.Tensor)]
         args, kwargs = self._seeded(op, args, kwargs)
-        cpu_args, cpu_kwargs, device = self._aliases(op, args, kwargs)
-        out_aliases = self.ext.cpu_aliases(out_leaves)[0] if out_leaves else []
+        cpu_args, cpu_kwargs, device, keep = self._aliases(op, args, kwargs)
+        out_aliases, out_bases, _ = self.ext.cpu_aliases(out_leaves, False) if out_leaves else ([], [], [])
+        keep = keep + self.driver.keepers(out_bases)
 
-        def work() -> None:
+        def work(keep: list[Any] = keep) -> None:
             with on_device():
                 result = op(*cpu_args, **cpu_kwargs)
             results = [leaf for leaf in tree_flatten(result)[0] if isinstance(leaf, torch.Tensor)]
@@ -378,26 +388,30 @@ class Fallback:
         if source_npu and destination_npu and source.device != destination.device:
             return self._copy_between_devices(source, destination)
         npu_side = [t for t in (source, destination) if t.device.type == NPU]
-        cpu_args, _, device = self._aliases(aten._copy_from.default, tuple(npu_side), {})
+        cpu_args, _, device, keep = self._aliases(aten._copy_from.default, tuple(npu_side), {})
         aliases = iter(cpu_args)
         source_view = next(aliases) if source_npu else source
         destination_view = next(aliases) if destination_npu else destination
         stream = simulator.current_stream(device)
 
-        def work() -> None:
+        def work(keep: list[Any] = keep) -> None:
             destination_view.copy_(source_view)
 
         if source_npu and destination_npu:
             simulator.submit(device, stream, work, label="copy (device to device)")
         elif destination_npu:  # host to device
             if non_blocking and source.is_pinned():
-                simulator.submit(device, stream, work, label="copy (host to device, non_blocking from pinned memory)")
+                (destination_view,), _, _ = self.ext.cpu_aliases([destination], True)  # the queue holds it
+                simulator.copy(device, stream, destination_view, source_view, destination_is_host=False,
+                               source_is_host=True, label="copy (host to device, non_blocking from pinned memory)")
             else:  # synchronous, as torch's: from pageable memory the host waits for the stream
                 simulator.flush(device, stream, reason="a synchronous copy from host memory to the device")
                 work()
         else:  # device to host
             if non_blocking and destination.is_pinned():
-                simulator.submit(device, stream, work, label="copy (device to host, non_blocking into pinned memory)")
+                (source_view,), _, _ = self.ext.cpu_aliases([source], True)  # the queue holds it
+                simulator.copy(device, stream, destination_view, source_view, destination_is_host=True,
+                               source_is_host=False, label="copy (device to host, non_blocking into pinned memory)")
             else:
                 simulator.host_read(device, "a copy from the device to host memory (Tensor.cpu(), .to('cpu'), "
                                             ".tolist(), print)")
@@ -408,8 +422,8 @@ class Fallback:
         """A copy from ``npu:i`` to ``npu:j``: two simulated NPUs (torch_npu copies between cards
         too). Synchronous here: the host waits for the source's stream, then for the
         destination's, and copies."""
-        (source_view,), _, source_device = self._aliases(aten._copy_from.default, (source,), {})
-        (destination_view,), _, destination_device = self._aliases(aten._copy_from.default, (destination,), {})
+        (source_view,), _, source_device, _ = self._aliases(aten._copy_from.default, (source,), {})
+        (destination_view,), _, destination_device, _ = self._aliases(aten._copy_from.default, (destination,), {})
         simulator.host_read(source_device, f"a copy from {source.device} to {destination.device}")
         simulator.flush(destination_device, simulator.current_stream(destination_device),
                         reason=f"a copy from {source.device} to {destination.device}")
@@ -422,6 +436,6 @@ class Fallback:
         return self._copy_from(source, destination)
 
     def _local_scalar_dense(self, tensor: torch.Tensor) -> Any:
-        (alias,), _, device = self._aliases(aten._local_scalar_dense.default, (tensor,), {})
+        (alias,), _, device, _ = self._aliases(aten._local_scalar_dense.default, (tensor,), {})
         simulator.host_read(device, "Reading a tensor's value on the host (.item(), bool(t), int(t), float(t), `if t:`)")
         return alias.item()

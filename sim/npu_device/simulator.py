@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "allocate", "free", "allocated_bytes", "reserved_bytes", "empty_cache", "submit", "flush", "host_read",
-    "current_stream", "set_current_stream", "stream_by_id", "new_stream", "WeakRecord", "weak_reference",
+    "copy", "current_stream", "set_current_stream", "stream_by_id", "new_stream", "WeakRecord", "weak_reference",
     "check_weak_reference", "DeadWeakReference", "PoolBlockReused", "DEAD_WEAK_REFERENCE", "Block",
 ]
 
@@ -41,26 +41,33 @@ DEAD_WEAK_REFERENCE = (
 
 # ------------------------------------------------------------------ memory
 class Block:
-    """What the driver keeps per block it handed out: the address and, for a block of a graph
-    pool, that pool, which holds the block's memory for as long as a tensor is on it."""
+    """What the driver keeps per block it handed out: the address; for a block of a graph pool,
+    that pool, which holds the block's memory for as long as a tensor is on it; and what keeps
+    the block's bytes mapped (its segment) for device work queued on them."""
 
-    __slots__ = ("address", "pool")
+    __slots__ = ("address", "pool", "keeper")
 
-    def __init__(self, address: int, pool: Any) -> None:
+    def __init__(self, address: int, pool: Any, keeper: Any) -> None:
         self.address = address
         self.pool = pool
+        self.keeper = keeper
 
 
 def allocate(device: "SimDevice", nbytes: int) -> Block:
     """A block of device memory for the current stream (the capture's pool while it captures)."""
     address = int(device.memory.allocate(nbytes, stream=device.current_stream()))
-    pool = None
-    if address and device.memory.block_at(address) is None:
+    pool, keeper = None, None
+    block = device.memory.block_at(address) if address else None
+    if block is not None:
+        keeper = block.segment
+    elif address:
         # A graph-pool block. To replace: sim.memory frees it only while its pool is registered
         # (a reset graph's private pool is not), so the pool is kept here with the block.
         capture = getattr(device, "_capture", None)
         pool = capture.pool if capture is not None else None
-    return Block(address, pool)
+        allocation = pool.arena.live.get(address) if pool is not None else None
+        keeper = allocation.segment if allocation is not None else pool
+    return Block(address, pool, keeper)
 
 
 def free(device: "SimDevice", block: Block) -> None:
@@ -129,6 +136,17 @@ def submit(device: "SimDevice", stream: "SimStream", work: Callable[[], None], l
         work()
         return
     device.queues.submit(stream, work, label=label)
+
+
+def copy(device: "SimDevice", stream: "SimStream", destination: Any, source: Any, *, destination_is_host: bool,
+         source_is_host: bool, label: str) -> None:
+    """A non-blocking copy between pinned host memory and the device, queued on ``stream``; while
+    it is queued the host must not touch the host side (`sim.queues.StreamQueues.copy`)."""
+    if kernels.replaying_now():
+        destination.copy_(source)
+        return
+    device.queues.copy(destination, source, stream=stream, destination_is_host=destination_is_host,
+                       source_is_host=source_is_host, label=label)
 
 
 def flush(device: "SimDevice", stream: Optional["SimStream"], reason: str) -> None:

@@ -522,16 +522,18 @@ void set_device_count(int count) {
   g_device_count.store(count);
 }
 
-// A CPU tensor over the same bytes as an npu tensor (same offset, sizes, strides, dtype);
-// it keeps the npu storage alive. Tensors on one storage share one CPU storage, so the CPU
-// kernels see their aliasing (overlap checks, in-place views).
+// A CPU tensor over the same bytes as an npu tensor (same offset, sizes, strides, dtype).
+// Owning, it keeps the npu storage alive; not owning, it keeps nothing (the work the device
+// runs later must not keep a block allocated the host has freed: the caller keeps the memory
+// itself alive). Tensors on one storage share one CPU storage, so the CPU kernels see their
+// aliasing (overlap checks, in-place views).
 struct Aliases {
   std::vector<at::Tensor> tensors;
   std::vector<uintptr_t> bases;    // per tensor: the storage's base address (0: empty)
   std::vector<int64_t> weak;       // per tensor: the weak-alias token, or -1
 };
 
-Aliases cpu_aliases(const std::vector<at::Tensor>& tensors) {
+Aliases cpu_aliases(const std::vector<at::Tensor>& tensors, bool owning) {
   Aliases out;
   out.tensors.reserve(tensors.size());
   std::vector<std::pair<const c10::StorageImpl*, c10::Storage>> made;
@@ -547,9 +549,10 @@ Aliases cpu_aliases(const std::vector<at::Tensor>& tensors) {
       }
     }
     if (!cpu_storage) {
-      auto* keep = new c10::Storage(storage);
-      c10::DataPtr data(const_cast<void*>(storage.data()), keep,
-                        [](void* context) { delete static_cast<c10::Storage*>(context); }, c10::Device(c10::kCPU));
+      c10::DataPtr data = owning
+          ? c10::DataPtr(const_cast<void*>(storage.data()), new c10::Storage(storage),
+                         [](void* context) { delete static_cast<c10::Storage*>(context); }, c10::Device(c10::kCPU))
+          : c10::DataPtr(const_cast<void*>(storage.data()), c10::Device(c10::kCPU));
       cpu_storage = c10::Storage(c10::Storage::use_byte_size_t(), storage.nbytes(), std::move(data),
                                  /*allocator=*/nullptr, /*resizable=*/false);
       made.emplace_back(key, cpu_storage);
@@ -601,8 +604,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     check_index(static_cast<c10::DeviceIndex>(index));
     t_current_device = static_cast<c10::DeviceIndex>(index);
   });
-  m.def("cpu_aliases", [](const std::vector<at::Tensor>& tensors) {
-    auto aliases = cpu_aliases(tensors);
+  m.def("cpu_aliases", [](const std::vector<at::Tensor>& tensors, bool owning) {
+    auto aliases = cpu_aliases(tensors, owning);
     return py::make_tuple(aliases.tensors, aliases.bases, aliases.weak);
   });
   m.def("weak_alias", &weak_alias);
