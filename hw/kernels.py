@@ -45,7 +45,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
-from ascendgraph import ops
+from ascendgraph import kernel_contracts, ops
 from ascendgraph.dynamo_gate import defer_kernel_dynamo_guard
 from ascendgraph.errors import CaptureConstraintError
 from hw import api, reference, workspace
@@ -65,8 +65,10 @@ __all__ = [
 
 log = logging.getLogger("ascendgraph.hw.kernels")  # under the CLI's "ascendgraph" logger (its handler, its -v levels)
 
-HALF_DTYPES = (torch.float16, torch.bfloat16)
-NORM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# The kernels' dtype lists are the contract table's (one list per meaning): half precision, and
+# what the norm kernels also take (float32).
+HALF_DTYPES = kernel_contracts.HALF
+NORM_DTYPES = kernel_contracts.NORM
 FIA_MASK_SIZE = 2048  # sparse_mode 3 takes a compressed 2048 x 2048 causal mask
 FIA_SPARSE_MODE = 3  # "rightDownCausal": query token i of a request sees kv 0 .. kv_len - q_len + i
 # What "the kernel is missing" looks like when it is found only at its first call: torch_npu's
@@ -431,9 +433,10 @@ def _paged_attention(
         if slot is None:
             table = table.to(torch.int32)
         else:  # one static int32 copy, refreshed in place (captured and re-issued alike)
-            table = slot.get("block_table")
-            if table is None:
-                table = slot["block_table"] = torch.empty(block_table.shape, dtype=torch.int32, device=block_table.device)
+            held = slot.get("block_table")
+            if held is None:
+                held = slot["block_table"] = torch.empty(block_table.shape, dtype=torch.int32, device=block_table.device)
+            table = held
             table.copy_(block_table)
     keys = key_cache.view(num_blocks, block_size, kv_heads * head_dim)
     values = value_cache.view(num_blocks, block_size, kv_heads * head_dim)

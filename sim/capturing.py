@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 import weakref
 from contextlib import contextmanager
-from typing import Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional, cast
 
 import torch
 
@@ -42,12 +42,19 @@ from sim.tracing import TraceSpan
 __all__ = ["CaptureMixin"]
 
 
-class CaptureMixin:
+if TYPE_CHECKING:  # the type checker reads the mixin as a part of SimDevice (sim.device_parts)
+    from sim.device import SimDevice
+    from sim.device_parts import DeviceParts as _Parts
+else:
+    _Parts = object
+
+
+class CaptureMixin(_Parts):
     """Graph capture, pools, abort and release."""
 
     def new_graph(self, name: Optional[str] = None) -> SimGraph:
         self._check_alive()
-        return SimGraph(self, name or f"graph#{next(self._graph_ids)}")
+        return SimGraph(cast("SimDevice", self), name or f"graph#{next(self._graph_ids)}")
 
     def graph_pool_handle(self) -> SimPoolHandle:
         handle = SimPoolHandle(self.uid, next(self._pool_ids))
@@ -135,7 +142,7 @@ class CaptureMixin:
         if charge is None:
             raise self._stream_exhausted(self._ledger.in_use)
         capture = Capture(
-            self, graph, stream, charge=charge, pool=target,
+            cast("SimDevice", self), graph, stream, charge=charge, pool=target,
             poison=self.poison_capture_outputs, allow_rng=self.allow_rng_in_capture,
         )
         graph.generation += 1

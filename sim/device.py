@@ -39,7 +39,19 @@ from typing import Any, Callable, ContextManager, Iterator, Mapping, Optional, U
 
 import torch
 
-from ascendgraph.device import DeviceProfile, DeviceStats
+from ascendgraph.device import (
+    DeviceProfile,
+    DeviceStats,
+    FaultInjection,
+    Float32Attention,
+    HcclExpansionMode,
+    KernelLog,
+    KernelPrecheck,
+    StaticKernels,
+    SuperKernels,
+    VirtualClock,
+    WarmupScope,
+)
 from ascendgraph.errors import (
     GRAPH_HANG_REPLAY,
     GRAPH_HANG_STREAM,
@@ -102,6 +114,9 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
     """The CPU simulator device (see the module docstring)."""
 
     name = "sim"
+    # The optional capabilities of ascendgraph.device the simulator provides (the conformance suite checks them).
+    capabilities = (FaultInjection, KernelLog, VirtualClock, WarmupScope, StaticKernels, SuperKernels,
+                    HcclExpansionMode, Float32Attention, KernelPrecheck)
 
     def __init__(
         self,
@@ -124,7 +139,8 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
             raise ConfigError(f"stream_limit must be a positive integer, got {stream_limit!r}", key="stream_limit")
         self.uid = id(self)
         self.cost = cost_model or CostModel(self.sim_profile.cost)
-        self._env: Mapping[str, str] = options.get("env") if options.get("env") is not None else os.environ
+        env = options.get("env")
+        self._env: Mapping[str, str] = env if env is not None else os.environ
         self.seed = int(options.get("seed", 0))
         self.allow_rng_in_capture = bool(options.get("allow_rng_in_capture", False))
         self.poison_capture_outputs = bool(options.get("poison_capture_outputs", True))

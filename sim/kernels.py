@@ -441,7 +441,7 @@ def attention_workspace_ref(
 
 # --------------------------------------------------------------------------- registration
 
-_KERNELS = {
+_KERNELS: dict[str, Callable[..., Any]] = {
     "rms_norm": rms_norm_ref,
     "add_rms_norm": add_rms_norm_ref,
     "dynamic_quant": dynamic_quant_ref,

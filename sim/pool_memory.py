@@ -683,7 +683,7 @@ class PoolWeakTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, tensor: torch.Tensor, allocation: PoolAllocation) -> "PoolWeakTensor":
-        return torch.Tensor._make_wrapper_subclass(  # type: ignore[attr-defined]
+        return torch.Tensor._make_wrapper_subclass(
             cls, tensor.shape, strides=tensor.stride(), storage_offset=tensor.storage_offset(),
             dtype=tensor.dtype, device=tensor.device, requires_grad=False,
         )
@@ -731,18 +731,19 @@ class PoolWeakTensor(torch.Tensor):
                 last[allocation.segment] = allocation.stamp
         return self._alias
 
-    def data_ptr(self) -> int:  # type: ignore[override]
+    def data_ptr(self) -> int:
         return self._alias.data_ptr()
 
-    def untyped_storage(self) -> torch.UntypedStorage:  # type: ignore[override]
+    def untyped_storage(self) -> torch.UntypedStorage:
         return self._alias.untyped_storage()
 
-    def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
+    def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]  # torch's Tensor.__repr__ takes tensor_contents keyword-only too, unannotated
         state = "readable" if self.alive else "not readable"
         return f"PoolWeakTensor({self._what} of {self._allocation.owner.name}, {state})"
 
     @classmethod
-    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_dispatch__(  # type: ignore[override]  # torch declares it with a narrower signature than the dispatcher calls
+            cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         op = str(func)
         roles, by_name = argument_roles(func)
 

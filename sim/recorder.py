@@ -153,7 +153,7 @@ class OpInfo:
         self.mutating = bool(schema.is_mutable)
         self.arg_names = tuple(a.name for a in schema.arguments)
         self.arg_defaults = tuple(a.default_value if a.has_default_value() else None for a in schema.arguments)
-        alias_sets = {}
+        alias_sets: dict[Any, int] = {}
         for index, argument in enumerate(schema.arguments):
             if argument.alias_info is not None:
                 for name in argument.alias_info.before_set:
@@ -379,7 +379,7 @@ class _Mode(LazyDynamoDispatchMode):
         # Let torch.compile compile under the mode; its compiled ops still reach us.
         return True
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         impl = ag_ops._WRAPPER_OPS.get(func)
         if impl is not None:
@@ -476,7 +476,7 @@ class HostSyncGuard(TorchFunctionMode):
         self.on_sync = on_sync
         self.host_memory = host_memory  # tensors in host memory (SimDevice.host_memory): reading them waits for nothing
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         if self.host_memory is not None and args and isinstance(args[0], torch.Tensor) and self.host_memory(args[0]):
             return func(*args, **kwargs)

@@ -10,7 +10,7 @@ behind a wait for that same event is a hang on the device (GraphHang at the reco
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, cast
 
 import torch
 
@@ -26,7 +26,14 @@ __all__ = ["ReplayMixin"]
 _NO_CONTEXT = contextlib.nullcontext()
 
 
-class ReplayMixin:
+if TYPE_CHECKING:  # the type checker reads the mixin as a part of SimDevice (sim.device_parts)
+    from sim.device import SimDevice
+    from sim.device_parts import DeviceParts as _Parts
+else:
+    _Parts = object
+
+
+class ReplayMixin(_Parts):
     """ExternalEvent record / wait / reset, stream draining, and graph replay."""
 
     def _external_record(self, event: SimExternalEvent, stream: Optional[SimStream]) -> None:
@@ -82,7 +89,7 @@ class ReplayMixin:
         if term is not None and term.action is Action.PERTURB:
             run.perturb = term.value
         if term is not None and term.action is Action.HANG:
-            run.waiting_on = SimExternalEvent(self, f"an injected hang at replay of {graph.name}")
+            run.waiting_on = SimExternalEvent(cast("SimDevice", self), f"an injected hang at replay of {graph.name}")
         run.ready_us = self._host_us
         self.queues.issue_replay(stream, run)  # runs now under lag="immediate", else when waited for
         self._surface_stale()

@@ -6,6 +6,8 @@ graph_task_update_*).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ascendgraph.errors import (
     STALE_GRAPH_PARAMS,
     TASK_GROUP_MISUSE,
@@ -25,7 +27,13 @@ from sim.tracing import TraceSpan
 __all__ = ["TaskGroupMixin"]
 
 
-class TaskGroupMixin:
+if TYPE_CHECKING:  # the type checker reads the mixin as a part of SimDevice (sim.device_parts)
+    from sim.device_parts import DeviceParts as _Parts
+else:
+    _Parts = object
+
+
+class TaskGroupMixin(_Parts):
     """Open / close task groups while capturing; update them after capture; catch replays
     that execute a task group nobody updated (stale parameters)."""
 

@@ -9,7 +9,7 @@ task and a `TraceSpan` per capture, replay, wait and task update while profiling
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, NamedTuple, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, NamedTuple, Optional, cast
 
 import torch
 
@@ -107,7 +107,13 @@ def _member_records(task: Any, start: float, stream_id: int, graph: Optional[str
     return tuple(records)
 
 
-class TracingMixin:
+if TYPE_CHECKING:  # the type checker reads the mixin as a part of SimDevice (sim.device_parts)
+    from sim.device_parts import DeviceParts as _Parts
+else:
+    _Parts = object
+
+
+class TracingMixin(_Parts):
     """Kernel log, trace spans, eager pricing, profiling sessions, static and super kernels."""
 
     def _mark_replay(self, run: ReplayRun, stream: SimStream, start: float) -> None:
@@ -162,7 +168,7 @@ class TracingMixin:
         """Charge the eager ops issued in the block to the virtual clock (and the kernel
         log while profiling). Outside it eager ops are free: nothing intercepts them."""
         self._check_alive()
-        with self.kernel_policy(), EagerTracker(self):
+        with self.kernel_policy(), EagerTracker(cast("SimDevice", self)):  # a part of SimDevice (sim.device_parts)
             yield
 
     @contextmanager
@@ -172,7 +178,7 @@ class TracingMixin:
 
         (The Device protocol names this ``profile(...)``, which the ``profile`` attribute —
         the DeviceProfile — shadows on every device; hence the different name.)"""
-        session = SimProfileSession(self, output_dir, len(self.kernel_records), options)
+        session = SimProfileSession(cast("SimDevice", self), output_dir, len(self.kernel_records), options)
         previous = self._profiling
         self._profiling = True
         self._sessions += 1

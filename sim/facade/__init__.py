@@ -125,7 +125,7 @@ def uninstall() -> None:
 
     for name, module in list(_saved.items()):
         if name == "torch.npu attribute":
-            torch.npu = module  # type: ignore[attr-defined]
+            torch.npu = module  # type: ignore[attr-defined]  # torch.npu is what the facade installs (torch has no npu attribute of its own)
         else:
             sys.modules[name] = module
     _saved.clear()

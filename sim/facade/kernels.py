@@ -271,7 +271,9 @@ def quantize(a: dict[str, Any], fake: bool) -> Tensor:
     if fake:
         return torch.empty(x.shape, dtype=torch.int8, device=x.device)
     axis = int(a["axis"])
-    return reference.quantize(x, _along(a["scales"], x, axis), _along(a["zero_points"], x, axis))
+    scales = _along(a["scales"], x, axis)
+    assert scales is not None, "npu_quantize takes a scales tensor (its signature has no default for it)"
+    return reference.quantize(x, scales, _along(a["zero_points"], x, axis))
 
 
 def add_rms_norm_quant(a: dict[str, Any], fake: bool) -> tuple[Tensor, Tensor, Tensor]:

@@ -492,7 +492,7 @@ class graph:
             rt.default_capture_stream = rt.device.new_stream()
         if auto_dispatch_capture:
             raise NotImplementedError("sim.facade does not model auto_dispatch_capture (torch_npu's own update path)")
-        self.pool = () if pool is None else (pool,)
+        self.pool: tuple[Any, ...] = () if pool is None else (pool,)
         self.capture_stream = stream if stream is not None else _wrap(rt.default_capture_stream)
         self.stream_ctx = StreamContext(self.capture_stream)
         self.npu_graph = npu_graph
@@ -507,7 +507,7 @@ class graph:
         module.empty_cache()
         module.host_empty_cache()
         self.stream_ctx.__enter__()
-        self.npu_graph.capture_begin(*self.pool, capture_error_mode=self.capture_error_mode)
+        self.npu_graph.capture_begin(self.pool[0] if self.pool else None, capture_error_mode=self.capture_error_mode)
 
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
         self.npu_graph.capture_end()

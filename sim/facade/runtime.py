@@ -86,7 +86,7 @@ class TaskGroupGuard(LazyDynamoDispatchMode):
         super().__init__()
         self.where = where
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         impl = ag_ops._WRAPPER_OPS.get(func)
         if impl is not None:  # see the kernels the wrapper issues, not the wrapper
