@@ -22,7 +22,7 @@ from __future__ import annotations
 import sys
 import threading
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Union, cast
 
 import torch
 
@@ -162,11 +162,11 @@ def attach(device: Union[None, "SimDevice", Mapping[int, "SimDevice"], Callable[
         state.driver.attach(provider)
         return
     state.extension.set_device_count(1)
-    if hasattr(device, "current_stream"):
-        fixed = device
-        state.driver.attach(lambda index: fixed)  # type: ignore[misc,return-value]
-    else:
-        state.driver.attach(device)  # type: ignore[arg-type]
+    if callable(device) and not hasattr(device, "current_stream"):
+        state.driver.attach(device)
+        return
+    fixed = cast("SimDevice", device)
+    state.driver.attach(lambda index: fixed)
 
 
 def driver() -> Driver:
