@@ -44,6 +44,7 @@ from ascendgraph.errors import (
     CaptureConstraintError,
 )
 from sim import kernels
+from sim import pool_checks
 from sim.pool_memory import GraphMemory
 from sim.static_addresses import tensors_in as _tensors_in
 from sim.recorder import (
@@ -236,8 +237,7 @@ class Capture:
         self.super_kernel_scopes: list[str] = []  # names of the super_kernel_scope()s opened
         self.fresh_bytes = 0
         self.pool_blocks: list[Any] = []  # storages made outside the pool arena (held by the graph: sim.graph)
-        stamps = device._stamps
-        self.memory = GraphMemory(graph.name, lambda: next(stamps))  # the pool blocks this capture is handed
+        self.memory = GraphMemory(graph.name, device.virtual_clock.next_stamp)  # the pool blocks this capture is handed
         self.on_arena = device.torch_device.type != "meta"
         self.live: dict[int, Any] = {}  # the pool's handed-out blocks by address (its arena's), for rebinding
         if self.on_arena:
@@ -276,7 +276,7 @@ class Capture:
 
     # -- ops
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        info = self.device._op_info(func)
+        info = self.device.op_info(func)
         kind = info.kind
         if self.open_group is not None:
             return self._dispatch_in_group(info, args, kwargs)
@@ -321,9 +321,9 @@ class Capture:
 
     def _allocate(self, meta: Tensor) -> Tensor:
         nbytes = meta.untyped_storage().nbytes() if meta.numel() else 0
-        self.device._capture_malloc(self, nbytes)
+        self.device.captures.malloc(self, nbytes)
         if self.on_arena and nbytes:
-            real = self.pool.arena.allocate(meta, self.memory, next(self.device._stamps), self.stream.stream_id,
+            real = self.pool.arena.allocate(meta, self.memory, self.device.virtual_clock.next_stamp(), self.stream.stream_id,
                                             index=len(self.records))
         else:
             real = torch.empty_strided(meta.size(), meta.stride(), dtype=meta.dtype, device=self.device.torch_device)
@@ -337,8 +337,8 @@ class Capture:
         """A raw block of the capture's pool (``device.memory.allocate`` on the capturing stream):
         counted, consulted by the malloc failpoint, poisoned (all bits set: NaN in every float
         dtype) like a tensor's fresh block; freed by address."""
-        self.device._capture_malloc(self, nbytes)
-        allocation = self.pool.arena.take(nbytes, self.memory, next(self.device._stamps), self.stream.stream_id,
+        self.device.captures.malloc(self, nbytes)
+        allocation = self.pool.arena.take(nbytes, self.memory, self.device.virtual_clock.next_stamp(), self.stream.stream_id,
                                           raw=True, index=len(self.records))
         if self.poison:
             ctypes.memset(allocation.address, 0xFF, nbytes)
@@ -346,15 +346,15 @@ class Capture:
         return allocation.address
 
     def _append(self, func: Any, args: tuple, kwargs: dict, dests: Any) -> None:
-        """Record one op: check its pool reads and writes (`sim.pool_memory.GraphMemory.check_op`),
+        """Record one op: check its pool reads and writes (`sim.pool_checks.check_op`),
         then keep it on the blocks' program aliases, so the recording holds no block allocated and
         a block the captured code frees is handed out again inside this capture."""
         if self.live:
-            self.memory.check_op(func, args, kwargs, len(self.records))
+            pool_checks.check_op(self.memory, func, args, kwargs, len(self.records))
             args = self._bind(args)
             kwargs = {key: self._bind(value) for key, value in kwargs.items()}
             dests = [self._bind(dest) for dest in dests]
-        self.records.append(OpRecord(func, args, dict(kwargs), dests, self.device._current().stream_id))
+        self.records.append(OpRecord(func, args, dict(kwargs), dests, self.device.current_stream().stream_id))
 
     def _bind(self, value: Any) -> Any:
         """``value`` with every tensor on a live block of the pool replaced by the block's program alias."""
@@ -381,7 +381,7 @@ class Capture:
         kernels.on_capture(self.device.contracts, self.graph.name, info.func, args, kwargs)
         collective = collective_group(info.func, args, kwargs)
         if collective is not None:  # the graph holds the group's streams (sim.budget)
-            self.device._capture_collective(self, info.func, collective[0])
+            self.device.captures.collective(self, info.func, collective[0])
         made = materialize(info, args, kwargs, self._allocate)
         if made is None:
             return self._record_executed(info, args, kwargs)
@@ -449,7 +449,7 @@ class Update:
         self.in_graph: Any = None  # the token of `sim.pool_memory.enter_graph` while the update is open
 
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        info = self.device._op_info(func)
+        info = self.device.op_info(func)
         if info.kind == ALIAS or info.kind == HOST:
             return func(*args, **kwargs)
         if info.kind == ALLOC:  # scratch memory of the update: not a re-issued task
