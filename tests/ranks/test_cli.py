@@ -98,3 +98,47 @@ def test_the_api_exports_run_ranks_and_the_collective_errors():
     assert report.error is None and report.layout.world_size == 2
     for name in ("CollectiveMismatch", "CollectiveDeadlock", "CollectiveTimeout"):
         assert issubclass(getattr(ascendgraph, name), CollectiveError)
+
+
+@pytest.mark.parametrize("rule", ["rank=1:task_update=skip_update", "rank=1:replay=perturb(1.0)",
+                                  "rank=1:event_record=raise(207005)", "rank=1:"])
+def test_a_rank_rule_the_ranks_do_not_model_is_bad_input(capsys, rule):
+    # issue 33: each of these printed OK (the rule was accepted and ignored)
+    code = main(["run", "--num-layers", "1", "--requests", "2", "-tp", "2", "--faults", rule])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    assert "fault plan:" in captured.err and "rank=1:" in captured.err
+    assert len(captured.err.strip().splitlines()) == 1
+
+
+def test_a_rank_0_rule_with_one_rank_acts_on_the_engine(capsys):
+    # issue 33: with one rank the rule was dropped and the run passed
+    code = main(["run", "--num-layers", "1", "--requests", "2", "--faults", "rank=0:capture_begin=raise(207008)"])
+    captured = capsys.readouterr()
+    assert code == 1, captured.out
+
+
+def test_the_json_of_a_failed_multi_rank_run_has_the_error_at_the_top_level(capsys):
+    # issue 33: "error": null at the top level, the error only under ranks.error
+    code = main(["run", *SMALL, "-tp", "2", "--json", "--capture-agreement", "per_rank", "--on-capture-error", "eager",
+                 "--faults", "rank=1:capture_begin=1*off->raise(207008)"])
+    document = json.loads(capsys.readouterr().out)
+    assert code == 1
+    assert document["error"]["type"] == "CollectiveMismatch" and document["error"]["source"] == "ranks"
+    assert document["error"]["message"] == document["ranks"]["error"]["message"]
+
+
+def test_pipeline_parallelism_says_what_is_not_simulated(capsys):
+    # issue 36 item 4: `-pp 2` printed a bare OK with no pipeline communication
+    assert main(["run", *SMALL, "-pp", "2"]) == 0
+    assert "NOT SIMULATED: pipeline parallelism" in capsys.readouterr().out
+    assert main(["run", *SMALL, "-pp", "2", "--json"]) == 0
+    gaps = json.loads(capsys.readouterr().out)["ranks"]["not_simulated"]
+    assert len(gaps) == 1 and gaps[0].startswith("pipeline parallelism")
+
+
+def test_a_world_beyond_what_finishes_in_a_minute_is_refused(capsys):
+    # issue 33: -dp 4096 was inside the documented bound but grew quadratically (2048 ranks: 193 s)
+    code = main(["run", "--num-layers", "1", "--requests", "2", "-dp", "1024"])
+    captured = capsys.readouterr()
+    assert code == 2 and "1024 ranks is more than the 512 the simulator steps" in captured.err

@@ -91,7 +91,20 @@ def test_each_rule_catches_its_difference(other, rule):
 def test_graph_keys_must_match_at_replay():
     found = check_meeting({0: _fp(how=graph_how("FULL:4")), 1: _fp(how=graph_how("FULL:8"))})
     assert [v.rule for v in found] == ["same_graph_key"]
-    assert "#13688" in found[0].source
+    assert "_post_process_dp_padding" in found[0].source
+
+
+def test_the_mc2_skip_paths_uneven_decode_replays_meet():
+    # issue 36 item 4: FULL 4x4 on one rank and FULL 8x8 on another, both within global_bs / ep,
+    # is what vLLM Ascend's skip path is for (utils.py:1099-1112); same_graph_key refused it
+    def mc2(key, tokens, bs):
+        return Fingerprint("ep", (0, 1), 0, "mc2_dispatch", (tokens, 16), "bfloat16", graph_how(key),
+                           (("global_bs", bs),))
+
+    assert check_meeting({0: mc2("FULL:4x4", 4, 1024), 1: mc2("FULL:8x8", 8, 1024)}) == []
+    assert [v.rule for v in check_meeting({0: mc2("FULL:4x4", 4, 8), 1: mc2("FULL:8x8", 8, 8)})] == ["mc2_token_counts"]
+    assert [v.rule for v in check_meeting({0: mc2("FULL:4x4", 4, 0), 1: mc2("FULL:8x8", 8, 0)})] == [
+        "same_graph_key", "mc2_token_counts"]
 
 
 def test_mc2_token_counts_follow_global_bs():
@@ -233,3 +246,25 @@ def test_rank_prefixed_rules_go_to_their_rank():
 def test_bad_rank_prefixes_are_refused(spec, match):
     with pytest.raises(ConfigError, match=match):
         split_rank_faults(spec, 4)
+
+
+@pytest.mark.parametrize("rule, what", [
+    ("rank=1:task_update=skip_update", "no attention parameter update"),
+    ("rank=1:event_record=raise(207005)", "records no events"),
+    ("rank=1:replay=perturb(1.0)", "compute no tensors"),
+    ("rank=1:", "has no rule after the rank prefix"),
+    ("rank=1:  ", "has no rule after the rank prefix"),
+])
+def test_a_rank_rule_no_rank_acts_on_is_refused_naming_what_is_not_modelled(rule, what):
+    # issue 33: these were accepted and ignored (the run printed OK)
+    with pytest.raises(ConfigError, match=what):
+        split_rank_faults(rule, 2)
+
+
+def test_with_one_rank_rank_0_rules_go_to_the_engine():
+    from ascendgraph.parallel.rank_faults import engine_rules
+
+    # issue 33: `--faults "rank=0:capture_begin=raise(207008)"` with one rank was dropped
+    assert engine_rules("rank=0:capture_begin=raise(207008)", 1) == "capture_begin=raise(207008)"
+    assert engine_rules("rank=0:task_update=skip_update; replay=delay(1)", 1) == "replay=delay(1); task_update=skip_update"
+    assert engine_rules("rank=1:replay=hang", 2) is None  # the rank simulation's, not the engine's
