@@ -44,6 +44,7 @@ from ascendgraph.errors import (
     CaptureConstraintError,
 )
 from sim import kernels
+from sim import pool_checks
 from sim.pool_memory import GraphMemory
 from sim.npu_device.device_type import HOST_WORK
 from sim.static_addresses import tensors_in as _tensors_in
@@ -237,8 +238,7 @@ class Capture:
         self.super_kernel_scopes: list[str] = []  # names of the super_kernel_scope()s opened
         self.fresh_bytes = 0
         self.pool_blocks: list[Any] = []  # storages made outside the pool arena (held by the graph: sim.graph)
-        stamps = device._stamps
-        self.memory = GraphMemory(graph.name, lambda: next(stamps))  # the pool blocks this capture is handed
+        self.memory = GraphMemory(graph.name, device.virtual_clock.next_stamp)  # the pool blocks this capture is handed
         self.on_arena = device.torch_device.type != "meta"
         self.live: dict[int, Any] = {}  # the pool's handed-out blocks by address (its arena's), for rebinding
         if self.on_arena:
@@ -277,7 +277,7 @@ class Capture:
 
     # -- ops
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        info = self.device._op_info(func)
+        info = self.device.op_info(func)
         kind = info.kind
         route = self.device.device_type.route(func, args, kwargs) if self.device.device_type is not None else None
         if route is not None:  # host work runs now; a copy the host waits for cannot be captured
@@ -329,9 +329,9 @@ class Capture:
         if self.device.device_type is not None:  # its allocator takes a raw block of this pool (allocate_raw)
             return self.device.device_type.allocate_like(meta)
         nbytes = meta.untyped_storage().nbytes() if meta.numel() else 0
-        self.device._capture_malloc(self, nbytes)
+        self.device.captures.malloc(self, nbytes)
         if self.on_arena and nbytes:
-            real = self.pool.arena.allocate(meta, self.memory, next(self.device._stamps), self.stream.stream_id,
+            real = self.pool.arena.allocate(meta, self.memory, self.device.virtual_clock.next_stamp(), self.stream.stream_id,
                                             index=len(self.records))
         else:
             real = torch.empty_strided(meta.size(), meta.stride(), dtype=meta.dtype, device=self.device.torch_device)
@@ -345,8 +345,8 @@ class Capture:
         """A raw block of the capture's pool (``device.memory.allocate`` on the capturing stream):
         counted, consulted by the malloc failpoint, poisoned (all bits set: NaN in every float
         dtype) like a tensor's fresh block; freed by address."""
-        self.device._capture_malloc(self, nbytes)
-        allocation = self.pool.arena.take(nbytes, self.memory, next(self.device._stamps), self.stream.stream_id,
+        self.device.captures.malloc(self, nbytes)
+        allocation = self.pool.arena.take(nbytes, self.memory, self.device.virtual_clock.next_stamp(), self.stream.stream_id,
                                           raw=True, index=len(self.records))
         if self.poison:
             ctypes.memset(allocation.address, 0xFF, nbytes)
@@ -354,15 +354,15 @@ class Capture:
         return allocation.address
 
     def _append(self, func: Any, args: tuple, kwargs: dict, dests: Any) -> None:
-        """Record one op: check its pool reads and writes (`sim.pool_memory.GraphMemory.check_op`),
+        """Record one op: check its pool reads and writes (`sim.pool_checks.check_op`),
         then keep it on the blocks' program aliases, so the recording holds no block allocated and
         a block the captured code frees is handed out again inside this capture."""
         if self.live:
-            self.memory.check_op(func, args, kwargs, len(self.records))
+            pool_checks.check_op(self.memory, func, args, kwargs, len(self.records))
             args = self._bind(args)
             kwargs = {key: self._bind(value) for key, value in kwargs.items()}
             dests = [self._bind(dest) for dest in dests]
-        self.records.append(OpRecord(func, args, dict(kwargs), dests, self.device._current().stream_id))
+        self.records.append(OpRecord(func, args, dict(kwargs), dests, self.device.current_stream().stream_id))
 
     def _bind(self, value: Any) -> Any:
         """``value`` with every tensor on a live block of the pool replaced by the block's program alias."""
@@ -394,7 +394,7 @@ class Capture:
         kernels.on_capture(self.device.contracts, self.graph.name, info.func, args, kwargs)
         collective = collective_group(info.func, args, kwargs)
         if collective is not None:  # the graph holds the group's streams (sim.budget)
-            self.device._capture_collective(self, info.func, collective[0])
+            self.device.captures.collective(self, info.func, collective[0])
         made = materialize(info, args, kwargs, self._allocate)
         if made is None:
             return self._record_executed(info, args, kwargs)
@@ -462,7 +462,7 @@ class Update:
         self.in_graph: Any = None  # the token of `sim.pool_memory.enter_graph` while the update is open
 
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        info = self.device._op_info(func)
+        info = self.device.op_info(func)
         route = self.device.device_type.route(func, args, kwargs) if self.device.device_type is not None else None
         if route is not None:  # host work runs now; a copy the host waits for is no task
             if route == HOST_WORK:

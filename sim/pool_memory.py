@@ -12,7 +12,7 @@ captures it is why vLLM captures its sizes largest-first into one pool and weak-
 graph output (``vllm/compilation/cuda_graph.py``, ``CUDAGraphWrapper.__call__``:
 ``weak_ref_tensors``): the pool costs about its largest graph.
 
-What. A `PoolArena` is one pool's `sim.memory.BlockPool` plus what its blocks are used for. A
+Theory of operation. A `PoolArena` is one pool's `sim.memory.BlockPool` plus what its blocks are used for. A
 block handed to a capture is seen through two aliases over the same bytes, each with its own
 torch storage (``frombuffer`` over a ctypes view that keeps the segment alive):
 
@@ -44,11 +44,10 @@ counts against whoever else was handed the bytes: there is no exemption.
 
 Where it is checked:
 
-* inside a capture, op by op in recording order (`GraphMemory.check_op`): a weak reference read
+* inside a capture, op by op in recording order (`sim.pool_checks`): a weak reference read
   after this capture handed its block to another allocation, and any read of an allocation a
   write through a weak reference overwrote since its own last write, fail the capture with
-  `PoolBlockReused`. A task update's re-issued arguments are checked at their op's place
-  (`GraphMemory.check_update`);
+  `PoolBlockReused`. A task update's re-issued arguments are checked at their op's place;
 * when a capture ends, each of its allocations is noted as intact or not at the end of the
   program (what a weak reference to a graph output reads after a replay);
 * at run time (`PoolWeakTensor.resolve`), across graphs: another graph of the pool that wrote
@@ -96,8 +95,6 @@ __all__ = [
     "replaying_graph",
     "enter_graph",
     "leave_graph",
-    "weak_view",
-    "register_weak_view_resolver",
 ]
 
 READ, WRITE, UPDATE = "read", "write", "update"  # how an op uses an argument: reads, writes whole first, reads then writes
@@ -150,20 +147,10 @@ POOL_BLOCK_REUSED = (
     "capture) after {graph} last did: a card reads {other}'s data there, silently (a use-after-free through the shared graph pool). Read "
     "{graph}'s outputs right after its replay, before another graph of the pool replays, or copy them out"
 )
-REUSED_IN_CAPTURE = (
-    "simulator: {op} (op {index} of the capture of {graph}) reads {what}, but its block was handed to {other} "
-    "and written there first (no one else may write a block between its owner's write and a read): on a card "
-    "it reads {other}'s data, silently (a use-after-free through the graph pool). {fix}"
-)
 REUSED_AT_GRAPH_END = (
     "simulator: {op} reads a weak reference ({what}) to a block of {graph} that {other} took over later in the same "
     "capture: after a replay the block holds {other}'s data, and a card reads it silently. Keep a strong reference "
     "to the tensor until its last use in the captured region, or copy it out"
-)
-FIX_WEAK_READ = "Keep a strong reference to the tensor for as long as it is used (weak-reference it after its last use)."
-FIX_CLOBBERED = (
-    "A write through a weak reference (a kernel's out= or workspace) overwrote it: keep a strong reference to that "
-    "buffer until the capture's last use of it (vLLM Ascend weak-references its workspaces after the capture)."
 )
 
 
@@ -299,192 +286,12 @@ class GraphMemory:
             runs.append(allocation)
         arena.writers.setdefault(allocation.segment, {})[self] = None
 
-    # -- the capture's check, op by op
-    def check_op(self, func: Any, args: tuple, kwargs: dict, index: int) -> None:
-        """An op recorded at ``index`` of this capture: refuse a read of bytes someone else wrote
-        since their owner did, then note what its writes through weak references overwrite."""
-        roles, by_name = argument_roles(func)
-        weak_writes: list[PoolAllocation] = []
-        strong_writes: list[torch.Tensor] = []
-        check_strong = self.clobbered > 0
-        for position, value in enumerate(args):
-            role = roles[position] if position < len(roles) else READ
-            self._check_value(func, value, role, index, check_strong, weak_writes, strong_writes)
-        for name, value in kwargs.items():
-            self._check_value(func, value, by_name.get(name, READ), index, check_strong, weak_writes, strong_writes)
-        if weak_writes:
-            self._check_overlap(func, args, kwargs, weak_writes, index)
-        for tensor in strong_writes:
-            allocation = self._own(tensor)
-            if allocation is not None and allocation.clobbered is not None:
-                allocation.clobbered = None
-                self.clobbered -= 1
-                allocation.arena.content_of(allocation.segment).take(
-                    allocation.start, allocation.start + allocation.size, allocation)
-        for weak in weak_writes:
-            self._weak_write(weak, func, index)
-
-    def _check_value(self, func: Any, value: Any, role: str, index: int, check_strong: bool,
-                     weak_writes: list, strong_writes: list) -> None:
-        if isinstance(value, (list, tuple)):
-            for item in value:
-                self._check_value(func, item, role, index, check_strong, weak_writes, strong_writes)
-            return
-        weak = weak_view(value)
-        if weak is not None:
-            value = weak
-            allocation = value._allocation
-            if allocation.arena is not self.arena and self.arena is not None:
-                return  # another pool's block: only the run-time check applies
-            if role != WRITE:
-                taken = allocation.overwritten.get(self.serial)
-                if taken is not None:
-                    raise PoolBlockReused(REUSED_IN_CAPTURE.format(
-                        op=func, index=index, graph=self.name, what=f"a weak reference ({value._what})",
-                        other=taken[1], fix=FIX_WEAK_READ))
-                if allocation.clobbered is not None:
-                    raise PoolBlockReused(REUSED_IN_CAPTURE.format(
-                        op=func, index=index, graph=self.name, what=f"a weak reference ({value._what})",
-                        other=allocation.clobbered[1], fix=FIX_CLOBBERED))
-            if role != READ:
-                weak_writes.append(allocation)
-            return
-        if not isinstance(value, torch.Tensor):
-            return
-        if role == WRITE:
-            if check_strong:
-                strong_writes.append(value)
-            return
-        if check_strong:
-            allocation = self._own(value)
-            if allocation is not None and allocation.clobbered is not None:
-                raise PoolBlockReused(REUSED_IN_CAPTURE.format(
-                    op=func, index=index, graph=self.name, what=f"{allocation.describe()}",
-                    other=allocation.clobbered[1], fix=FIX_CLOBBERED))
-            if role == UPDATE:
-                strong_writes.append(value)
-
-    def _check_overlap(self, func: Any, args: tuple, kwargs: dict, weak_writes: list, index: int) -> None:
-        """A kernel writing through a weak reference into bytes one of its own inputs was handed
-        reads a corrupted input on a card. (Its outputs there are noted as overwritten: their next
-        read is refused.)"""
-        roles, by_name = argument_roles(func)
-        named = [(roles[p] if p < len(roles) else READ, v) for p, v in enumerate(args)]
-        named += [(by_name.get(n, READ), v) for n, v in kwargs.items()]
-        for role, value in named:
-            if role == WRITE:
-                continue
-            for tensor in _tensors((value,), {}):
-                allocation = self._own(tensor)
-                if allocation is None:
-                    continue
-                for weak in weak_writes:
-                    if weak is not allocation and weak.segment is allocation.segment and \
-                            weak.start < allocation.start + allocation.size and allocation.start < weak.start + weak.size:
-                        raise PoolBlockReused(REUSED_IN_CAPTURE.format(
-                            op=func, index=index, graph=self.name, what=allocation.describe(),
-                            other=f"its own write through a weak reference ({weak.describe()})", fix=FIX_CLOBBERED))
-
-    def _own(self, tensor: torch.Tensor) -> Optional["PoolAllocation"]:
-        arena = self.arena
-        if arena is None or type(tensor) is not torch.Tensor:
-            return None
-        allocation = arena.live.get(tensor.untyped_storage().data_ptr())
-        return allocation if allocation is not None and allocation.owner is self else None
-
-    def _weak_write(self, weak: "PoolAllocation", func: Any, index: int) -> None:
-        """A write at ``index`` through a weak reference to ``weak``'s block: whoever was handed
-        those bytes since loses its data until it writes them again."""
-        what = f"{func}'s write through a weak reference ({weak.describe()})"
-        for other in weak.arena.content_of(weak.segment).take(weak.start, weak.start + weak.size, weak):
-            if other.owner is not self:
-                continue
-            if weak.arena.live.get(other.address) is other:
-                if other.clobbered is None:
-                    other.clobbered = (index, what)
-                    self.clobbered += 1
-            else:
-                other.overwritten.setdefault(self.serial, (index, what))
-        weak.overwritten.pop(self.serial, None)  # the bytes hold weak's data again
-        if weak.owner is not self:
-            self.writes(weak)  # this graph's replays write another graph's block
-
-    def finish(self) -> None:
-        """The capture ended: note which allocations still hold their data at the program's end."""
-        for allocation in self.allocations:
-            taken = allocation.overwritten.get(self.serial)
-            if taken is not None:
-                allocation.end_note = taken[1]
-            elif allocation.clobbered is not None:
-                allocation.end_note = allocation.clobbered[1]
-        self.clobbered = 0
-
-    def check_update(self, func: Any, args: tuple, kwargs: dict, index: int) -> None:
-        """A task update re-issues ``func`` at record ``index``: its weak references must hold their
-        owner's data at that place of the program."""
-        roles, by_name = argument_roles(func)
-        named = [(roles[p] if p < len(roles) else READ, v) for p, v in enumerate(args)]
-        named += [(by_name.get(n, READ), v) for n, v in kwargs.items()]
-        for role, value in named:
-            for weak in _weak_tensors(value):
-                allocation = weak._allocation
-                if role != READ and allocation.owner is not self and allocation.arena is self.arena:
-                    self.writes(allocation)  # this graph's replays now write another graph's block
-                if role == WRITE or allocation.owner is not self:
-                    continue
-                taken = allocation.overwritten.get(self.serial)
-                if taken is not None and taken[0] <= index:
-                    raise PoolBlockReused(REUSED_IN_CAPTURE.format(
-                        op=func, index=index, graph=self.name, what=f"a weak reference ({weak._what})",
-                        other=taken[1], fix=FIX_WEAK_READ))
-
-
-# Weak references that are plain tensors: a device type's non-owning alias (sim.npu_device's
-# torch_npu._C._weak_ref_tensor) is a weak view of a pool block like a PoolWeakTensor. The device
-# type registers a resolver that answers with the PoolWeakTensor standing for such a tensor.
-_WEAK_VIEW_RESOLVERS: list[Callable[[torch.Tensor], Optional["PoolWeakTensor"]]] = []
-
-
-def register_weak_view_resolver(resolver: Callable[[torch.Tensor], Optional["PoolWeakTensor"]]) -> None:
-    if resolver not in _WEAK_VIEW_RESOLVERS:
-        _WEAK_VIEW_RESOLVERS.append(resolver)
-
-
-def weak_view(value: Any) -> Optional["PoolWeakTensor"]:
-    """The weak reference into pool memory ``value`` is (itself, or what a resolver says a plain
-    tensor is), or None."""
-    if isinstance(value, PoolWeakTensor):
-        return value
-    if _WEAK_VIEW_RESOLVERS and type(value) is torch.Tensor:
-        for resolver in _WEAK_VIEW_RESOLVERS:
-            found = resolver(value)
-            if found is not None:
-                return found
-    return None
-
-
-def _tensors(args: tuple, kwargs: dict) -> Iterator[torch.Tensor]:
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, (list, tuple)):
-            yield from (item for item in value if type(item) is torch.Tensor)
-        elif type(value) is torch.Tensor:
-            yield value
-
 
 def _reads_after_the_program(func: Any) -> bool:
     """Whether an op on a weak reference outside its graph reads the data the graph's program
     left there: torch's own ops do (or an unnamed read); a custom kernel is a re-issue (see resolve)."""
     name = getattr(getattr(func, "_schema", None), "name", "aten::")
     return name.startswith(("aten::", "prims::"))
-
-
-def _weak_tensors(value: Any) -> Iterator["PoolWeakTensor"]:
-    weak = weak_view(value)
-    if weak is not None:
-        yield weak
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _weak_tensors(item)
 
 
 def _stamps_of_its_own() -> Callable[[], int]:
@@ -683,7 +490,7 @@ class PoolWeakTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, tensor: torch.Tensor, allocation: PoolAllocation) -> "PoolWeakTensor":
-        return torch.Tensor._make_wrapper_subclass(
+        return torch.Tensor._make_wrapper_subclass(  # type: ignore[attr-defined]
             cls, tensor.shape, strides=tensor.stride(), storage_offset=tensor.storage_offset(),
             dtype=tensor.dtype, device=tensor.device, requires_grad=False,
         )
@@ -710,7 +517,7 @@ class PoolWeakTensor(torch.Tensor):
         graph's program counts for torch's own ops (``func``: reading a graph's data after its
         replay); a custom kernel handed weak references outside a replay is a task update's
         re-issue on its way to the update (hw opens the update only once the kernel's pre-check
-        passed), which `GraphMemory.check_update` checks at the kernel's place."""
+        passed), which `sim.pool_checks.check_update` checks at the kernel's place."""
         allocation = self._allocation
         owner = allocation.owner
         if not owner.alive:
@@ -731,19 +538,18 @@ class PoolWeakTensor(torch.Tensor):
                 last[allocation.segment] = allocation.stamp
         return self._alias
 
-    def data_ptr(self) -> int:
+    def data_ptr(self) -> int:  # type: ignore[override]
         return self._alias.data_ptr()
 
-    def untyped_storage(self) -> torch.UntypedStorage:
+    def untyped_storage(self) -> torch.UntypedStorage:  # type: ignore[override]
         return self._alias.untyped_storage()
 
-    def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]  # torch's Tensor.__repr__ takes tensor_contents keyword-only too, unannotated
+    def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
         state = "readable" if self.alive else "not readable"
         return f"PoolWeakTensor({self._what} of {self._allocation.owner.name}, {state})"
 
     @classmethod
-    def __torch_dispatch__(  # type: ignore[override]  # torch declares it with a narrower signature than the dispatcher calls
-            cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         op = str(func)
         roles, by_name = argument_roles(func)
 

@@ -14,25 +14,11 @@ events (the waiter pulls the recording stream up to the record). With ``lag="imm
 every item runs as soon as it is issued, unless its stream is blocked (an unrecorded
 ExternalEvent wait): the host waits for each item.
 
-Ordering. Each queued item carries a vector clock: for every stream, the last item that is
-ordered before it — by stream order, by an Event record / wait pair, by an ExternalEvent record
-the host issued before a wait, or because the host synchronised with it before issuing (the
-host's own clock). Two items are *ordered* when one's position is within the other's clock;
-otherwise a card may run them either way round, and the hazards below are errors when issued
-(they do not depend on how fast the simulated device happens to be):
-
-* an ExternalEvent recorded while nothing orders it after the wait/reset that consumed the
-  event's previous record (the replay launched for the previous step): on a card the record
-  can land first and be lost, and the next replay waits for ever — ``GraphHang``;
-* a task update not ordered after an earlier replay of its graph that may still run the group:
-  the update can land first, and that replay runs with the next step's parameters —
-  ``StreamOrderError``;
-* a host access to host memory a non-blocking copy still in a queue reads or writes (a read
-  of the destination before the copy filled it; a write of the source before the copy read
-  it) — ``StreamOrderError`` (`check_host_access`).
-
-Each message names the stream, the event or buffer and the replay or step. Under
-``lag="immediate"`` the host waits for every item, so none of these can happen.
+Ordering. Each queued item carries what is ordered before it; when the host issues an item that
+nothing orders after work a card might still run first — an ExternalEvent record before the
+previous replay's wait and reset, a task update before the previous replay, a host access to a
+buffer a queued copy has not filled — it is a named error, whatever the device's speed
+(`sim.stream_order`). Under ``lag="immediate"`` the host waits for every item, so none can happen.
 
 Replays run through the `Runner` the device gives the queues (``advance(run, stream)``
 returns False when the replay suspends at a captured wait); ExternalEvent flags are set and
@@ -49,17 +35,14 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 import torch
 
 from ascendgraph.errors import (
-    EVENT_RECORDED_BEFORE_CONSUMED,
     EXTERNAL_EVENT_NOT_RESET,
     GRAPH_HANG_REPLAY,
     GRAPH_HANG_STREAM,
-    HOST_ACCESS_BEFORE_COPY,
     RECORD_BEHIND_ITS_WAIT,
-    UPDATE_BEFORE_REPLAY,
     ConfigError,
     GraphHang,
-    StreamOrderError,
 )
+from sim.stream_order import Clock, StreamOrder, upto
 
 if TYPE_CHECKING:  # pragma: no cover
     from sim.streams import SimEvent, SimExternalEvent, SimStream
@@ -81,8 +64,6 @@ LAG_MODES = {
     "a wait on one of its events): what a card does",
     "immediate": "every item runs when it is issued unless its stream is blocked: the host waits for each item",
 }
-
-Clock = dict[int, int]  # stream id -> position of the last item ordered before
 
 
 class Work:
@@ -194,18 +175,6 @@ class Runner(Protocol):
         """The host issued the record that releases ``run``'s wait on ``event``."""
 
 
-class _EventLedger:
-    """The records of one ExternalEvent the host issued, each with what consumes it (the replay
-    whose captured wait and reset it releases, or an eager reset)."""
-
-    __slots__ = ("records", "waiting", "last_record", "__weakref__")
-
-    def __init__(self) -> None:
-        self.records: list[list[Any]] = []  # the last two: [record, consumer or None, consumer's name]
-        self.waiting: deque[tuple[Queued, str]] = deque()  # consumers issued before the record they consume
-        self.last_record: Optional[Queued] = None
-
-
 class StreamQueues:
     """``device.queues``: per-stream queues of device work (module docstring)."""
 
@@ -220,11 +189,7 @@ class StreamQueues:
         self._runner = runner
         self._busy: set["SimStream"] = set()  # streams with something queued
         self._seq = count(1)
-        self._positions: dict[int, int] = {}  # stream id -> items issued on it
-        self._clocks: dict[int, Clock] = {}  # stream id -> what its next item is ordered after
-        self._host: Clock = {}  # what the host knows has run
-        self._replays: dict[int, list[Queued]] = {}  # id(graph) -> its replays not known to have run
-        self._copies: list[Queued] = []  # queued work touching host memory
+        self.order = StreamOrder()
         self._running = 0  # > 0 while queued work runs: it issues nothing of its own
         self._active: set["SimStream"] = set()  # streams running right now (further up the call stack)
 
@@ -252,7 +217,7 @@ class StreamQueues:
             if each.pending:
                 raise self.hang(each, reason)
         for each in streams:
-            self._host_joins(each)
+            self.order.host_waited_for(each)
 
     def run(self, stream: "SimStream") -> None:
         """Run ``stream``'s queue as far as it can go, without raising for what must wait."""
@@ -284,37 +249,21 @@ class StreamQueues:
         """The host is about to read (or, ``write=True``, write) host bytes [start, start + nbytes):
         a queued copy not known to have run that writes them (or reads them) is a
         ``StreamOrderError``."""
-        end = start + nbytes
-        for queued in list(self._copies):
-            work = queued.item
-            if queued.ordered_before(self._host):
-                self._copies.remove(queued)
-                continue
-            span = work.host_writes if not write else (work.host_reads or work.host_writes)
-            if span is not None and span[0] < end and start < span[1]:
-                raise StreamOrderError(HOST_ACCESS_BEFORE_COPY.format(
-                    what=what, access="writes" if write else "reads", copy=work.label, stream=queued.stream,
-                    role="reads" if write and work.host_reads else "fills"))
+        self.order.check_host_access(start, nbytes, what, write=write)
 
     # ------------------------------------------------------------------ issuing
     def issue(self, stream: "SimStream", item: Any, *, after: Optional[Clock] = None) -> Queued:
         """Append ``item`` to ``stream``'s queue (``after``: a clock it is also ordered after)."""
-        sid = stream.stream_id
-        position = self._positions.get(sid, 0) + 1
-        self._positions[sid] = position
-        clock = _join(self._clocks.get(sid, {}), self._host)
-        if after is not None:
-            clock = _join(clock, after)
+        position, clock = self.order.place(stream, after)
         queued = Queued(item, next(self._seq), stream, position, clock, self._runner.host_clock_us())
-        self._clocks[sid] = {**clock, sid: position}
         if isinstance(item, Work) and (item.host_writes or item.host_reads):
-            self._copies.append(queued)
+            self.order.note_copy(queued)
         stream.pending.append(queued)
         self._busy.add(stream)
         if self.immediate and not self._running:
             self._run_stream(stream)
             if not stream.pending:
-                self._host_joins(stream)
+                self.order.host_waited_for(stream)
         return queued
 
     def issue_replay(self, stream: "SimStream", run: Any) -> Queued:
@@ -322,27 +271,12 @@ class StreamQueues:
         its program resets."""
         queued = self.issue(stream, run)
         if not self.immediate:
-            self._replays.setdefault(id(run.graph), []).append(queued)
-            for event in _resets(run.program):
-                self._consumer(event, queued, f"replay {run.number} of {run.graph.name}")
+            self.order.note_replay(queued, _resets(run.program))
         return queued
-
-    def _consumer(self, event: "SimExternalEvent", queued: Queued, label: str) -> None:
-        """``queued`` resets ``event``: it consumes the oldest record nothing consumes yet, or the next one."""
-        ledger = self._ledger(event)
-        open_record = next((entry for entry in ledger.records if entry[1] is None), None)
-        if open_record is not None:
-            open_record[1:] = [queued, label]
-        else:
-            ledger.waiting.append((queued, label))
-
-    def clock_of(self, stream: "SimStream") -> Clock:
-        """What an item issued on ``stream`` now would be ordered after."""
-        return _join(self._clocks.get(stream.stream_id, {}), self._host)
 
     def wait_for(self, stream: "SimStream", marker: Queued) -> None:
         """``stream`` waits for ``marker`` (an Event recorded on another stream)."""
-        self.issue(stream, MarkerWait(marker), after={**marker.clock, marker.stream.stream_id: marker.position})
+        self.issue(stream, MarkerWait(marker), after=upto(marker))
 
     def tail(self, stream: "SimStream") -> Queued:
         """A marker at the end of ``stream``'s queue (``wait_stream``)."""
@@ -355,7 +289,7 @@ class StreamQueues:
         if not marker.item.done:
             raise self.hang(marker.stream, reason)
         self._runner.surface_stale()
-        self._host = _join(self._host, {**marker.clock, marker.stream.stream_id: marker.position})
+        self.order.host_waited_until(marker)
 
     def marker_done(self, marker: Queued) -> bool:
         """Whether the device reached ``marker`` (``event.query``): it runs what it can first."""
@@ -367,61 +301,29 @@ class StreamQueues:
         """An eager record of ``event`` on ``stream``: it must be ordered after whatever consumed
         the event's previous record; then it is queued (the flag is set when the stream gets there)."""
         self.check_record(event, stream)
-        ledger = self._ledger(event)
-        consumer = ledger.waiting[0] if ledger.waiting else None
-        if not self.immediate and ledger.records:
-            _, previous, previous_label = ledger.records[-1]
-            if previous is None:  # nothing issued in between consumes the previous record: the flag is still set
-                raise RuntimeError(EXTERNAL_EVENT_NOT_RESET.format(event=event))
-            if previous is not None and previous.stream is not stream and not previous.ordered_before(
-                    self.clock_of(stream)):
-                what = f"the record for {consumer[1]}" if consumer is not None else "its next record"
-                raise GraphHang(EVENT_RECORDED_BEFORE_CONSUMED.format(
-                    event=event, stream=stream, what=what, consumer=previous_label, consumer_stream=previous.stream))
+        consumer = None if self.immediate else self.order.check_record(event, stream)
         queued = self.issue(stream, QueuedEventOp("record", event))
-        ledger.last_record = queued
-        if consumer is not None:
-            ledger.waiting.popleft()
-            ledger.records.append([queued, consumer[0], consumer[1]])
-        else:
-            ledger.records.append([queued, None, ""])
-        del ledger.records[:-2]
-        if consumer is not None and not self.immediate and hasattr(consumer[0].item, "program"):
+        if self.immediate:
+            return
+        self.order.note_record(event, queued, consumer)
+        if consumer is not None and hasattr(consumer[0].item, "program"):
             self._runner.released(consumer[0].item, event)  # what it gates may run stale for sure
             self._runner.surface_stale()
 
     def reset_external(self, event: "SimExternalEvent", stream: "SimStream") -> None:
         queued = self.issue(stream, QueuedEventOp("reset", event))
         if not self.immediate:
-            self._consumer(event, queued, f"the reset on {stream}")
+            self.order.note_consumer(event, queued, f"the reset on {stream}")
 
     def wait_external(self, event: "SimExternalEvent", stream: "SimStream") -> None:
         """An eager wait: ordered after the event's last record the host issued."""
-        record = self._ledger(event).last_record
-        after = {**record.clock, record.stream.stream_id: record.position} if record is not None else None
-        self.issue(stream, EagerWait(event), after=after)
+        self.issue(stream, EagerWait(event), after=None if self.immediate else self.order.last_record(event))
 
-    def _ledger(self, event: "SimExternalEvent") -> _EventLedger:
-        ledger = event.ledger
-        if ledger is None:
-            ledger = event.ledger = _EventLedger()
-        return ledger
-
-    # ------------------------------------------------------------------ task updates
     def check_update(self, graph: Any, group: str, stream: "SimStream", label: str) -> None:
-        """A task update of ``graph``'s ``group`` on ``stream``: every replay of the graph before the
-        latest must be ordered before it (the update is for the latest one)."""
-        if self.immediate:
-            return
-        replays = self._replays.get(id(graph))
-        if not replays:
-            return
-        clock = self.clock_of(stream)
-        replays[:] = [queued for queued in replays if not queued.ordered_before(clock) and queued.stream is not stream]
-        for queued in replays[:-1]:
-            raise StreamOrderError(UPDATE_BEFORE_REPLAY.format(
-                what=label, group=group, stream=stream, replay=f"replay {queued.item.number} of {graph.name}",
-                replay_stream=queued.stream))
+        """A task update of ``graph``'s ``group`` on ``stream``: ordered after every earlier replay
+        but the latest (`sim.stream_order`)."""
+        if not self.immediate:
+            self.order.check_update(graph, group, stream, label)
 
     # ------------------------------------------------------------------ running
     def hang(self, stream: "SimStream", reason: str) -> GraphHang:
@@ -462,7 +364,7 @@ class StreamQueues:
             if head is not None and waits_on(head) is event:
                 self._run_stream(stream)
                 if not stream.pending:
-                    self._host_joins(stream)
+                    self.order.host_waited_for(stream)
 
     def drop(self, keep: Callable[[Any], bool]) -> None:
         """Forget the queued items ``keep`` says no to (a reset graph's replays)."""
@@ -477,10 +379,6 @@ class StreamQueues:
 
     def _by_head(self) -> list["SimStream"]:
         return sorted((s for s in self._busy if s.pending), key=lambda s: s.pending[0].seq)
-
-    def _host_joins(self, stream: "SimStream") -> None:
-        self._host = _join(self._host, {**self._clocks.get(stream.stream_id, {}),
-                                        stream.stream_id: self._positions.get(stream.stream_id, 0)})
 
     def _run_until(self, target: Queued) -> None:
         stream = target.stream
@@ -585,16 +483,6 @@ def _waits_before_recording(item: Any, event: "SimExternalEvent") -> bool:
         if control is not None and control.event is event:
             return control.kind == "wait"
     return False
-
-
-def _join(a: Clock, b: Clock) -> Clock:
-    if not b:
-        return dict(a)
-    joined = dict(a)
-    for key, value in b.items():
-        if joined.get(key, 0) < value:
-            joined[key] = value
-    return joined
 
 
 def _span(tensor: torch.Tensor) -> tuple[int, int]:

@@ -429,8 +429,8 @@ class EagerTracker(_Mode):
             out = widened_matmul(func, args, kwargs)  # half precision: float32 accumulation (sim.matmul)
         else:
             out = func(*args, **kwargs)
-        if self.device._op_info(func).launches_kernel:
-            self.device._charge_eager(func, args, kwargs, out)
+        if self.device.op_info(func).launches_kernel:
+            self.device.charge_eager(func, args, kwargs, out)
         return out
 
 

@@ -44,7 +44,7 @@ class SimStream:
 
     def wait_stream(self, stream: "SimStream") -> None:
         """Order this stream's later work after everything issued on ``stream`` so far."""
-        self._device._check_alive()
+        self._device.check_alive()
         if stream is self:
             return
         queues = self._device.queues
@@ -62,7 +62,7 @@ class SimStream:
         return not self.pending
 
     def synchronize(self) -> None:
-        self._device._synchronize_streams([self], what=f"{self}.synchronize()")
+        self._device.synchronize_stream(self)
 
     def __repr__(self) -> str:
         return self.name
@@ -89,7 +89,7 @@ class SimEvent:
         from sim.queues import Marker
 
         device = self._device
-        device._check_alive()
+        device.check_alive()
         self.recorded = True
         stream = stream or device.current_stream()
         if stream is device.capturing_stream():
@@ -99,7 +99,7 @@ class SimEvent:
     def wait(self, stream: Optional[SimStream] = None) -> None:
         """``stream``'s later work waits until the device reached this event's record."""
         device = self._device
-        device._check_alive()
+        device.check_alive()
         stream = stream or device.current_stream()
         if self.marker is not None and stream is not device.capturing_stream():
             device.queues.wait_for(stream, self.marker)
@@ -108,7 +108,7 @@ class SimEvent:
         return self.marker is None or self._device.queues.marker_done(self.marker)
 
     def synchronize(self) -> None:
-        self._device._host_sync_check(f"{self.name}.synchronize()")
+        self._device.check_host_sync(f"{self.name}.synchronize()")
         if self.marker is not None:
             self._device.queues.host_waited(self.marker, reason=f"{self.name}.synchronize()")
 
@@ -133,13 +133,13 @@ class SimExternalEvent:
         self.ledger: Any = None  # its records and their consumers (`sim.queues`)
 
     def record(self, stream: Optional[SimStream] = None) -> None:
-        self._device._external_record(self, stream)
+        self._device.replays.record_external(self, stream)
 
     def wait(self, stream: Optional[SimStream] = None) -> None:
-        self._device._external_wait(self, stream)
+        self._device.replays.wait_external(self, stream)
 
     def reset(self, stream: Optional[SimStream] = None) -> None:
-        self._device._external_reset(self, stream)
+        self._device.replays.reset_external(self, stream)
 
     def __repr__(self) -> str:
         return self.name

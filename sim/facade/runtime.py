@@ -142,7 +142,7 @@ class FacadeRuntime:
     # -- streams: torch_npu's set_stream is not a context, so the facade sets the
     # simulator's current stream directly (it is the device's per-thread slot).
     def set_current(self, stream: SimStream) -> None:
-        self.device._tls.stream = None if stream is self.device.default_stream() else stream
+        self.device.set_current_stream(stream)
 
     # -- task-group guard
     def push_guard(self, where: str) -> None:

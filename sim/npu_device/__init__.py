@@ -54,7 +54,7 @@ class _Device:
         self.driver = Driver()
         self.driver._extension_weak_token = extension.weak_token
         extension.set_driver(self.driver)
-        from sim.pool_memory import register_weak_view_resolver
+        from sim.pool_checks import register_weak_view_resolver
 
         register_weak_view_resolver(self.driver.weak_view)  # a capture sees weak aliases of pool blocks
         self.generators: dict[int, Any] = {}  # index -> torch.Generator (one Python object per default generator)

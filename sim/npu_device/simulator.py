@@ -61,9 +61,9 @@ def allocate(device: "SimDevice", nbytes: int) -> Block:
     if block is not None:
         keeper = block.segment
     elif address:
-        # A graph-pool block. To replace: sim.memory frees it only while its pool is registered
-        # (a reset graph's private pool is not), so the pool is kept here with the block.
-        capture = getattr(device, "_capture", None)
+        # A graph-pool block: sim.memory frees it only while its pool is registered (a reset
+        # graph's private pool is not), so the pool is kept here with the block.
+        capture = device.capture_in_progress()
         pool = capture.pool if capture is not None else None
         allocation = pool.arena.live.get(address) if pool is not None else None
         keeper = allocation.segment if allocation is not None else pool
@@ -71,8 +71,9 @@ def allocate(device: "SimDevice", nbytes: int) -> Block:
 
 
 def free(device: "SimDevice", block: Block) -> None:
-    if block.pool is not None and block.pool not in device._pools.values() and (
-            device._capture is None or device._capture.pool is not block.pool):
+    capture = device.capture_in_progress()
+    if block.pool is not None and block.pool not in device.pools.all() and (
+            capture is None or capture.pool is not block.pool):
         block.pool.arena.release_raw(block.address)  # its graph was reset: the pool outlives it for this block
         return
     device.memory.free(block.address)
@@ -164,16 +165,14 @@ def current_stream(device: "SimDevice") -> "SimStream":
 
 
 def stream_by_id(device: "SimDevice", stream_id: int) -> "SimStream":
-    for stream in device._streams:  # to replace: the simulator has no public lookup of streams by id yet
-        if stream.stream_id == stream_id:
-            return stream
-    raise RuntimeError(f"sim.npu_device: stream {stream_id} does not exist on {device!r}")
+    stream = device.stream_by_id(stream_id)
+    if stream is None:
+        raise RuntimeError(f"sim.npu_device: stream {stream_id} does not exist on {device!r}")
+    return stream
 
 
 def set_current_stream(device: "SimDevice", stream: "SimStream") -> None:
-    # to replace: SimDevice has no public setter of the per-thread current stream yet (torch_npu's
-    # set_stream is not a context manager, so device.stream() does not fit)
-    device._tls.stream = None if stream is device.default_stream() else stream
+    device.set_current_stream(stream)
 
 
 def new_stream(device: "SimDevice") -> "SimStream":

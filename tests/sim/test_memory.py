@@ -146,10 +146,10 @@ def test_a_capturing_stream_allocates_from_its_graph_pool_and_reuses_freed_block
 def test_captures_sharing_a_pool_reuse_each_others_freed_blocks():
     device = SimDevice()
     pool = device.graph_pool_handle()
-    held = []
+    held, graphs = [], []
     for _ in range(2):
-        graph = device.new_graph()
-        with device.graph(graph, pool=pool):
+        graphs.append(device.new_graph())  # alive: a pool whose graphs are all gone gives its memory back
+        with device.graph(graphs[-1], pool=pool):
             held.append(device.memory.allocate(4096))
         device.memory.free(held[-1])  # freed after the capture: back to the pool, not the device
     assert held[0] == held[1]

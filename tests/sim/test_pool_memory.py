@@ -43,7 +43,7 @@ def test_a_later_capture_reuses_the_blocks_an_earlier_one_freed():
     del out  # as vLLM does: only a weak reference to the output is kept
     second, out2 = capture(device, lambda: x * 3, pool=pool)
     assert overlaps(block_range(out2), first_output)
-    arena = device._pools[pool.pool_id].arena
+    arena = device.pools.get(pool).arena
     assert arena.reserved_bytes == arena.segments[0].nbytes  # one segment served both graphs
     first.replay()
     assert torch.equal(weak, torch.full((N,), 2.0))
@@ -162,7 +162,7 @@ def test_the_pool_of_graphs_captured_largest_first_costs_the_largest_graph():
         device.weak_ref(out)
         total += 2 * 4 * size
         del out
-    arena = device._pools[pool.pool_id].arena
+    arena = device.pools.get(pool).arena
     assert arena.reserved_bytes == 2 * 4 * 768 * N  # the first graph's two blocks, split for every later one
     assert arena.reserved_bytes < total / 1.8
 
@@ -190,13 +190,13 @@ def test_a_pool_whose_graphs_are_all_reset_gives_its_memory_back():
     del out
     second, out2 = capture(device, lambda: x * 3, pool=pool)
     first.reset()
-    assert device._pools[pool.pool_id].arena_bytes > 0  # second still lives
+    assert device.pools.get(pool).arena_bytes > 0  # second still lives
     second.reset()
-    assert device._pools[pool.pool_id].arena_bytes > 0  # out2 still holds its block
+    assert device.pools.get(pool).arena_bytes > 0  # out2 still holds its block
     del out2
     third = capture(device, lambda: x * 4, pool=pool)[0]  # its output is dropped at once
     third.reset()
-    assert device._pools[pool.pool_id].arena_bytes == 0
+    assert device.pools.get(pool).arena_bytes == 0
 
 
 @torch.library.custom_op("agtest_pool::use_scratch", mutates_args=("workspace",))
