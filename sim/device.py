@@ -108,13 +108,9 @@ class SimDevice:
         self.poison_capture_outputs = bool(options.get("poison_capture_outputs", True))
         self.allow_float32_attention = bool(options.get("allow_float32_attention", False))
         self.require_task_updates = bool(options.get("require_task_updates", True))
-        # Which tensors live in host memory: None means every tensor stands for device memory
-        # (the simulator's convention). A device backing the npu device type (the torch_npu
-        # facade's) answers by the tensor's device: reading a CPU tensor during a capture is host
-        # work, not a device sync.
+        # Which tensors live in host memory (None: every tensor stands for device memory), and the
+        # torch device type the device backs (None: CPU tensors; the facade's: sim.npu_device).
         self.host_memory: Optional[Callable[[torch.Tensor], bool]] = None
-        # The torch device type this device backs (sim.npu_device.NpuDeviceType), or None for CPU
-        # tensors: captures and task updates ask it where an op's tensors live.
         self.device_type: Optional[Any] = None
         self.contracts = kernels.ContractPolicy.from_options(
             allow_float32_attention=self.allow_float32_attention,
@@ -265,10 +261,6 @@ class SimDevice:
             yield
         finally:
             self._tls.stream = previous
-
-    def stream_by_id(self, stream_id: int) -> Optional[SimStream]:
-        """The stream numbered ``stream_id`` (a device type's guard names streams by id), or None."""
-        return next((stream for stream in self._streams if stream.stream_id == stream_id), None)
 
     def stream_names(self) -> dict[int, str]:
         """Stream id -> name of every stream of the device (profile track names)."""

@@ -200,6 +200,9 @@ class Stream:
     def __init__(self, device: Any = None, priority: int = 0, *, _sim: Optional[SimStream] = None, **kwargs: Any) -> None:
         _check_device(device)
         self._sim = _sim if _sim is not None else _device().new_stream()
+        from sim import npu_device
+
+        npu_device.driver().note_stream(self._sim)  # torch.Stream(stream_id=...) on the npu device finds it
         self.priority = priority
 
     @property

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import itertools
 import threading
+import weakref
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from sim.npu_device import simulator
 
 if TYPE_CHECKING:  # pragma: no cover
     from sim.device import SimDevice
-    from sim.streams import SimEvent
+    from sim.streams import SimEvent, SimStream
 
 __all__ = ["Driver", "NoSimulatedNpu", "NOT_ATTACHED"]
 
@@ -48,6 +49,10 @@ class Driver:
         self._owners: dict[int, "SimDevice"] = {}
         self._blocks: dict[int, simulator.Block] = {}
         self._events: dict[int, "SimEvent"] = {}
+        # stream id -> stream, for the streams the device guard may name (weakly: a stream nobody
+        # holds is gone). Keyed by the simulated NPU, whose stream ids start at 0 each.
+        self._streams: "weakref.WeakKeyDictionary[SimDevice, weakref.WeakValueDictionary[int, SimStream]]" = \
+            weakref.WeakKeyDictionary()
         self._event_ids = itertools.count(1)
         self._weak: dict[int, simulator.WeakRecord] = {}  # token -> what a weak alias was made from
         self._extension_weak_token: Optional[Callable[[Any], int]] = None  # set with the extension
@@ -134,27 +139,38 @@ class Driver:
         self._weak.pop(token, None)
 
     # ------------------------------------------------------------------ streams (the device guard)
+    def note_stream(self, stream: "SimStream") -> "SimStream":
+        """Remember ``stream`` so the device guard can name it by id."""
+        known = self._streams.get(stream.device)
+        if known is None:
+            known = self._streams[stream.device] = weakref.WeakValueDictionary()
+        known[stream.stream_id] = stream
+        return stream
+
+    def _stream(self, device: "SimDevice", stream_id: int) -> "SimStream":
+        return simulator.stream_by_id(device, stream_id, self._streams.get(device, {}))
+
     def current_stream(self, index: int) -> int:
         if not self.attached:
             return 0
-        return simulator.current_stream(self.device(index)).stream_id
+        return self.note_stream(simulator.current_stream(self.device(index))).stream_id
 
     def new_stream(self, index: int, priority: int) -> int:
-        return simulator.new_stream(self.device(index)).stream_id
+        return self.note_stream(simulator.new_stream(self.device(index))).stream_id
 
     def exchange_stream(self, stream_id: int, index: int) -> int:
         device = self.device(index)
-        previous = simulator.current_stream(device).stream_id
-        simulator.set_current_stream(device, simulator.stream_by_id(device, stream_id))
+        previous = self.note_stream(simulator.current_stream(device)).stream_id
+        simulator.set_current_stream(device, self._stream(device, stream_id))
         return previous
 
     def query_stream(self, stream_id: int, index: int) -> bool:
         device = self.device(index)
-        return bool(simulator.stream_by_id(device, stream_id).query())
+        return bool(self._stream(device, stream_id).query())
 
     def synchronize_stream(self, stream_id: int, index: int) -> None:
         device = self.device(index)
-        simulator.stream_by_id(device, stream_id).synchronize()
+        self._stream(device, stream_id).synchronize()
 
     def synchronize(self, index: int) -> None:
         self.device(index).synchronize()
@@ -167,11 +183,11 @@ class Driver:
 
     def record_event(self, event_id: int, stream_id: int, index: int) -> None:
         device = self.device(index)
-        self._events[event_id].record(simulator.stream_by_id(device, stream_id))
+        self._events[event_id].record(self._stream(device, stream_id))
 
     def wait_event(self, event_id: int, stream_id: int, index: int) -> None:
         device = self.device(index)
-        self._events[event_id].wait(simulator.stream_by_id(device, stream_id))
+        self._events[event_id].wait(self._stream(device, stream_id))
 
     def query_event(self, event_id: int) -> bool:
         return bool(self._events[event_id].query())

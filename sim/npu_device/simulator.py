@@ -17,7 +17,7 @@ depend on how the simulator is assembled inside. What it uses:
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 from sim import kernels
 from sim.pool_memory import READ, DeadWeakReference, PoolBlockReused, PoolWeakTensor
@@ -63,7 +63,7 @@ def allocate(device: "SimDevice", nbytes: int) -> Block:
     elif address:
         # A graph-pool block: sim.memory frees it only while its pool is registered (a reset
         # graph's private pool is not), so the pool is kept here with the block.
-        capture = device.capture_in_progress()
+        capture = device.capture_in_progress
         pool = capture.pool if capture is not None else None
         allocation = pool.arena.live.get(address) if pool is not None else None
         keeper = allocation.segment if allocation is not None else pool
@@ -71,7 +71,7 @@ def allocate(device: "SimDevice", nbytes: int) -> Block:
 
 
 def free(device: "SimDevice", block: Block) -> None:
-    capture = device.capture_in_progress()
+    capture = device.capture_in_progress
     if block.pool is not None and block.pool not in device.pools.all() and (
             capture is None or capture.pool is not block.pool):
         block.pool.arena.release_raw(block.address)  # its graph was reset: the pool outlives it for this block
@@ -164,10 +164,14 @@ def current_stream(device: "SimDevice") -> "SimStream":
     return device.current_stream()
 
 
-def stream_by_id(device: "SimDevice", stream_id: int) -> "SimStream":
-    stream = device.stream_by_id(stream_id)
-    if stream is None:
-        raise RuntimeError(f"sim.npu_device: stream {stream_id} does not exist on {device!r}")
+def stream_by_id(device: "SimDevice", stream_id: int, known: Mapping[int, "SimStream"]) -> "SimStream":
+    """The stream numbered ``stream_id``: the default one, or one the driver has seen (made,
+    current, or noted by the facade's ``torch.npu.Stream``)."""
+    if stream_id == device.default_stream().stream_id:
+        return device.default_stream()
+    stream = known.get(stream_id)
+    if stream is None or stream.device is not device:
+        raise RuntimeError(f"sim.npu_device: stream {stream_id} is not a stream of {device!r}")
     return stream
 
 
