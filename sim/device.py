@@ -56,7 +56,7 @@ from sim.cost import CostModel
 from sim.faults import Action, FaultPlan, Term, fault_error
 from sim.graph import ReplayRun, SimGraph
 from sim.memory import DeviceMemory, MemoryOwner
-from sim.options import OPTIONS, check_option_names, stream_error
+from sim.options import CAPABILITIES, OPTIONS, check_option_names, stream_error
 from sim.pool_memory import PoolAllocation, PoolWeakTensor
 from sim.pools import GraphPools, SimPoolHandle
 from sim.profiles import DEFAULT_PROFILE, SimProfile, get_profile
@@ -86,6 +86,7 @@ class SimDevice:
     """The CPU simulator device (see the module docstring)."""
 
     name = "sim"
+    capabilities = CAPABILITIES  # ascendgraph.device's optional capabilities it provides (sim.options)
 
     def __init__(
         self,
@@ -108,8 +109,7 @@ class SimDevice:
         self.poison_capture_outputs = bool(options.get("poison_capture_outputs", True))
         self.allow_float32_attention = bool(options.get("allow_float32_attention", False))
         self.require_task_updates = bool(options.get("require_task_updates", True))
-        # Which tensors live in host memory (None: every tensor stands for device memory), and the
-        # torch device type the device backs (None: CPU tensors; the facade's: sim.npu_device).
+        # Host tensors (None: all stand for device memory); the device type backed (sim.npu_device).
         self.host_memory: Optional[Callable[[torch.Tensor], bool]] = None
         self.device_type: Optional[Any] = None
         self.contracts = kernels.ContractPolicy.from_options(

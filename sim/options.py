@@ -1,14 +1,21 @@
 """The keyword options of `sim.device.SimDevice` besides profile / stream_limit / faults /
-cost_model: one table of names and meanings (unknown options are refused listing it), and the
-checks of their values."""
+cost_model: one table of names and meanings (unknown options are refused listing it), the
+checks of their values, and the capabilities the device declares."""
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
+from ascendgraph.device import (FaultInjection, Float32Attention, HcclExpansionMode, KernelLog, KernelPrecheck,
+                                StaticKernels, SuperKernels, VirtualClock, WarmupScope)
 from ascendgraph.errors import ConfigError
 
-__all__ = ["OPTIONS", "STREAM_ERROR_VARIANTS", "check_option_names", "stream_error"]
+__all__ = ["OPTIONS", "CAPABILITIES", "STREAM_ERROR_VARIANTS", "check_option_names", "stream_error"]
+
+# The optional capabilities of ascendgraph.device SimDevice provides, whatever its options (the
+# conformance suite checks the list against what the device has).
+CAPABILITIES = (FaultInjection, KernelLog, VirtualClock, WarmupScope, StaticKernels, SuperKernels,
+                HcclExpansionMode, Float32Attention, KernelPrecheck)
 
 # Keyword options SimDevice accepts besides profile / stream_limit / faults / cost_model.
 OPTIONS = {
