@@ -122,7 +122,7 @@ class Driver:
 
     def weak_view(self, tensor: Any) -> Any:
         """The pool's weak reference a weak alias of a graph-pool block stands for (None for any
-        other tensor): `sim.pool_memory.weak_view` asks, so a capture checks it."""
+        other tensor): `sim.pool_checks.weak_view` asks, so a capture checks it."""
         token = self._extension_weak_token(tensor) if self._extension_weak_token is not None else -1
         if token < 0:
             return None

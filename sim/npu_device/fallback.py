@@ -33,8 +33,11 @@ What happens to one op (`run`), at the moment the host issues it:
   memory (`simulator.host_read`), refused inside a capture.
 
 The kernel itself is *submitted* to the current stream's queue (`simulator.submit`): the device
-runs it when it gets to it, behind the host. Copies between host and device follow torch's
-rules: a ``non_blocking`` copy from or into pinned host memory is queued like a kernel; any
+runs it when the host waits for the stream, behind the host. The queued work holds aliases that
+own nothing, plus the segments their bytes lie in: a tensor the host drops gives its block back
+to the caching allocator at once, as on a card, and the work still finds its bytes mapped.
+Copies between host and device follow torch's rules: a ``non_blocking`` copy from or into
+pinned host memory is queued (`simulator.copy`, whose host side the simulator guards); any
 other copy involving host memory is synchronous (the host waits for the stream; from the
 device this is a host read).
 """
@@ -71,6 +74,7 @@ def on_device() -> Iterator[None]:
         yield
     finally:
         _ON_DEVICE.reset(token)
+
 
 aten = torch.ops.aten
 NPU = "npu"

@@ -96,7 +96,7 @@ class WeakRecord:
     """What a weak alias was made from. A graph-pool block gets the pool's own weak reference
     (`sim.pool_memory.PoolWeakTensor`) as its checker: its graph reset, another allocation's
     write since, the end of its graph's program; the capture's checks see it through
-    `sim.pool_memory.weak_view`. A block of the device's own pool keeps the allocator
+    `sim.pool_checks.weak_view`. A block of the device's own pool keeps the allocator
     generation of its address (freed, or freed and handed out again)."""
 
     __slots__ = ("address", "generation", "checker", "what")
