@@ -7,26 +7,12 @@ and the seeding vLLM Ascend's sampler relies on."""
 from __future__ import annotations
 
 import gc
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import torch
 
 from ascendgraph.errors import CaptureConstraintError, GraphHang
-
-
-@pytest.fixture
-def torch_npu() -> Iterator[Any]:
-    from sim import facade
-
-    facade.install(quiet=True)
-    facade.configure()
-    try:
-        import torch_npu as module
-
-        yield module
-    finally:
-        facade.uninstall()
 
 
 def test_npu_tensors_live_in_the_simulated_npus_memory(torch_npu: Any) -> None:
