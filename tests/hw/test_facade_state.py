@@ -174,3 +174,24 @@ def test_a_kernel_first_launched_inside_a_capture_is_accepted(torch_npu: Any) ->
     graph.replay()
     npu.synchronize()
     assert out.shape == (3, 64) and bool(torch.isfinite(out.float()).all())
+
+
+def test_a_weak_reference_read_after_the_capture_handed_its_block_to_another_tensor_fails_the_capture(
+    torch_npu: Any,
+) -> None:
+    # The pool hands a block freed inside a capture to the next allocation of that capture; a weak
+    # reference to the freed tensor then reads the new tensor's bytes (a card does so silently).
+    from sim.pool_memory import PoolBlockReused
+
+    npu = torch_npu.npu
+    x = torch.ones(256, device="npu")
+    with pytest.raises(PoolBlockReused, match="weak reference"):
+        with npu.graph(npu.NPUGraph()):
+            first = x * 2
+            weak = torch_npu._C._weak_ref_tensor(first)
+            address = first.data_ptr()
+            del first
+            gc.collect()
+            second = x * 3  # handed the freed block
+            assert second.data_ptr() == address
+            weak + 1  # reads the second tensor's bytes through the first one's weak reference
