@@ -216,8 +216,10 @@ class StreamQueues:
         for each in streams:
             if each.pending:
                 raise self.hang(each, reason)
-        for each in streams:
-            self.order.host_waited_for(each)
+        if stream is None:
+            self.order.host_waited_for_all()
+        else:
+            self.order.host_waited_for(stream)
 
     def run(self, stream: "SimStream") -> None:
         """Run ``stream``'s queue as far as it can go, without raising for what must wait."""
