@@ -29,7 +29,8 @@ OPTIONS = {
     "meta_tensors": "tensors live on the meta device: captures still count streams, pool bytes and "
     "virtual time, but no memory is held and nothing computes (planning only; default False)",
     "lag": "when queued device work runs (sim.queues): 'device' (default, what a card does: when the host waits for "
-    "it) or 'immediate' (as soon as it is issued: the host waits for every item)",
+    "it), 'immediate' (as soon as it is issued; the host still waits only when asked, so the ordering hazards are "
+    "the same) or 'synchronous' (as soon as it is issued, and the host waits for every item)",
 }
 STREAM_ERROR_VARIANTS = ("207008", "el0009")
 

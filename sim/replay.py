@@ -100,7 +100,7 @@ class Replays:
         if term is not None and term.action is Action.HANG:
             run.waiting_on = SimExternalEvent(device, f"an injected hang at replay of {graph.name}")
         run.ready_us = clock.host_us
-        device.queues.issue_replay(stream, run)  # runs now under lag="immediate", else when waited for
+        device.queues.issue_replay(stream, run)  # runs when issued unless lag="device": then when waited for
         device.task_groups.surface_stale()
 
     def advance(self, run: ReplayRun, stream: SimStream) -> bool:

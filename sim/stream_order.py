@@ -20,7 +20,7 @@ item is issued:
 * a host access to host memory a queued non-blocking copy writes (or reads) and the host did not
   wait for — ``StreamOrderError``.
 
-Under ``lag="immediate"`` the host waits for every item it issues, so the queues do not ask.
+Under ``lag="synchronous"`` the host waits for every item it issues, so the queues do not ask.
 """
 
 from __future__ import annotations

@@ -50,8 +50,11 @@ DEFAULT_PROFILE = "A2"
 # What get_device_name() reports per simulator profile generation (CANN SoC names).
 DEVICE_NAMES = {"A2": "Ascend910B3", "A3": "Ascend910_9392", "310P": "Ascend310P3", "A5": "Ascend950PR"}
 SUPER_KERNEL_SOC_PREFIX = "Ascend910_93"  # Atlas A3: the only product line of CANN's aclsk API
-# SimDevice options the facade sets unless a caller overrides them: what torch_npu does.
-FACADE_DEVICE_DEFAULTS = {"allow_rng_in_capture": True, "lazy_kernel_init": False}
+# SimDevice options the facade sets unless a caller overrides them: what torch_npu does. The
+# facade's tensors are CPU tensors whose reads the simulated device cannot see (no host_read), so
+# its device runs each item as it is issued; the host still waits only when asked, so the ordering
+# hazards of a device running behind the host are checked all the same (docs/simulator.md).
+FACADE_DEVICE_DEFAULTS = {"allow_rng_in_capture": True, "lazy_kernel_init": False, "lag": "immediate"}
 SUPER_KERNEL_UNSUPPORTED = (
     "{what}: super kernel is not supported on {device} (an Atlas {generation} device): CANN's super kernel "
     "API (aclskScopeBegin / aclskOptimize, which torch_npu 2.13 calls) is for Atlas A3 products only; "
