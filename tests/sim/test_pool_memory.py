@@ -340,6 +340,19 @@ def test_a_graph_output_taken_over_later_in_its_own_capture_is_refused_after_the
         kept["weak"].sum()
 
 
+def first_graph_of_a_size(device, pool, x: torch.Tensor, elements: int):
+    """A graph that makes the size's workspace and runs a kernel with it; then, as vLLM Ascend's
+    weak_ref_workspaces after the capture, only a weak reference to the workspace is kept."""
+    held = {}
+
+    def body():
+        held["workspace"] = torch.empty(elements)
+        return torch.ops.agtest_pool.use_scratch(x, held["workspace"]) * 1
+
+    graph, out = capture(device, body, pool=pool)
+    return graph, out, device.weak_ref(held.pop("workspace"))
+
+
 def test_the_shared_workspace_of_one_size_stays_legitimate_across_graphs():
     # The second graph of a size passes the first graph's (weakly held) workspace; its own tensors
     # may be handed the workspace's block, and that is fine while none of them lives across a
@@ -348,17 +361,10 @@ def test_the_shared_workspace_of_one_size_stays_legitimate_across_graphs():
     device = SimDevice(lag="synchronous")
     pool = device.graph_pool_handle()
     x = torch.ones(N)
-    holder = {}
-
-    def first_graph():
-        holder["workspace"] = torch.empty(128 * N)  # 2 MiB
-        return torch.ops.agtest_pool.use_scratch(x, holder["workspace"]) * 1
-
-    first, out1 = capture(device, first_graph, pool=pool)
-    holder["workspace"] = device.weak_ref(holder["workspace"])  # weak_ref_workspaces after the capture
+    first, out1, workspace = first_graph_of_a_size(device, pool, x, 128 * N)  # 2 MiB
 
     def second_graph():
-        h = torch.ops.agtest_pool.use_scratch(x * 3, holder["workspace"])
+        h = torch.ops.agtest_pool.use_scratch(x * 3, workspace)
         return h + 1
 
     second, out2 = capture(device, second_graph, pool=pool)
@@ -372,18 +378,11 @@ def test_a_tensor_living_across_a_write_of_the_shared_workspace_is_refused():
     device = SimDevice(lag="synchronous")
     pool = device.graph_pool_handle()
     x = torch.ones(N)
-    holder = {}
-
-    def first_graph():
-        holder["workspace"] = torch.empty(N)
-        return torch.ops.agtest_pool.use_scratch(x, holder["workspace"]) * 1
-
-    first, _ = capture(device, first_graph, pool=pool)
-    holder["workspace"] = device.weak_ref(holder["workspace"])
+    _, _, workspace = first_graph_of_a_size(device, pool, x, N)
 
     def second_graph():
         residual = x * 5  # handed the (freed) workspace's block
-        h = torch.ops.agtest_pool.use_scratch(x, holder["workspace"])  # writes over `residual`
+        h = torch.ops.agtest_pool.use_scratch(x, workspace)  # writes over `residual`
         return h + residual
 
     graph = device.new_graph()
@@ -396,15 +395,8 @@ def test_a_kernel_writing_its_workspace_over_its_own_input_is_refused():
     device = SimDevice(lag="synchronous")
     pool = device.graph_pool_handle()
     x = torch.ones(N)
-    holder = {}
-
-    def first_graph():
-        holder["workspace"] = torch.empty(N)
-        return torch.ops.agtest_pool.use_scratch(x, holder["workspace"]) * 1
-
-    capture(device, first_graph, pool=pool)
-    holder["workspace"] = device.weak_ref(holder["workspace"])
+    _, _, workspace = first_graph_of_a_size(device, pool, x, N)
     graph = device.new_graph()
     with pytest.raises(PoolBlockReused, match="its own write through a weak reference"):
         with device.graph(graph, pool=pool):
-            torch.ops.agtest_pool.use_scratch(x * 3, holder["workspace"])  # x * 3 was handed the workspace's block
+            torch.ops.agtest_pool.use_scratch(x * 3, workspace)  # x * 3 was handed the workspace's block
