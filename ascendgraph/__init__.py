@@ -5,6 +5,7 @@ The public API is small; everything here is re-exported from its own module.
 
 import os as _os
 import sys as _sys
+import types as _types
 
 # torch_npu registers itself for torch's device-backend autoload; with torch_npu installed
 # but the CANN libraries missing, a plain `import torch` then fails. ascendgraph never
@@ -57,7 +58,7 @@ _EXPORTS: dict[str, str] = {
 }
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'ascendgraph' has no attribute {name!r}")
@@ -76,9 +77,9 @@ def __getattr__(name: str):
 _SHADOWED = frozenset(name for name, module in _EXPORTS.items() if module.rsplit(".", 1)[-1] == name)
 
 
-class _Package(type(_os)):
+class _Package(_types.ModuleType):
     def __setattr__(self, name: str, value: object) -> None:
-        if name in _SHADOWED and isinstance(value, type(_os)):
+        if name in _SHADOWED and isinstance(value, _types.ModuleType):
             value = getattr(value, name)
         super().__setattr__(name, value)
 

@@ -71,10 +71,10 @@ def kept_as_found() -> Iterator[None]:
                 os.environ[name] = value
         started = _tqdm_monitor()
         if started is not None and started is not monitor:
-            cls = sys.modules["tqdm"].tqdm  # type: ignore[attr-defined]
+            cls = sys.modules["tqdm"].tqdm
             try:
-                started.exit()  # type: ignore[attr-defined]
-                started.join(timeout=5)  # type: ignore[attr-defined]
+                started.exit()  # type: ignore[attr-defined]  # tqdm's TMonitor thread, not in its stubs
+                started.join(timeout=5)  # type: ignore[attr-defined]  # tqdm's TMonitor thread, not in its stubs
             except Exception:  # noqa: BLE001 - a thread that already ended
                 pass
             cls.monitor = None

@@ -99,7 +99,7 @@ class _KeywordChecked:
     TypeError a dataclass constructor raises), so the API raises only ascendgraph's errors."""
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+        names = {f.name for f in fields(cls)}  # type: ignore[arg-type]  # cls is always a dataclass (the sub-config classes)
         for key in kwargs:
             if key not in names:
                 raise ConfigError(_unknown_key_message(f"{cls.__name__} field", key, frozenset(names)), key=key)
@@ -409,7 +409,7 @@ def _parse_additional_config(add: Mapping[str, Any], values: dict[str, Any], war
 def _default_max_num_seqs(values: dict[str, Any]) -> None:
     """vLLM 0.32 (EngineArgs): an unset max_num_seqs defaults to min(256, max_num_batched_tokens),
     so that a small token budget alone is not refused by the check below."""
-    tokens = values.get("max_num_batched_tokens")
+    tokens: Any = values.get("max_num_batched_tokens")
     if values.get("max_num_seqs") is None and _is_int(tokens) and 1 <= tokens < DEFAULT_MAX_NUM_SEQS:
         values["max_num_seqs"] = tokens
 

@@ -8,6 +8,14 @@ positional order differs from CUDA's. Two backends exist: ``sim`` (the CPU simul
 package ``sim``) and ``npu`` (torch_npu, package ``hw``). They are found through the
 entry-point group ``ascendgraph.devices``; each entry point names a `DeviceBackend`.
 The core never imports ``sim`` or ``hw`` directly.
+
+Beyond `Device`, a backend may provide optional capabilities, each a small runtime-checkable
+protocol below (`FaultInjection`, `KernelLog`, `VirtualClock`, `WarmupScope`, `StaticKernels`,
+`SuperKernels`, `HcclExpansionMode`, `Float32Attention`, `KernelPrecheck`, `KernelFallbacks`).
+The core asks for one with ``isinstance(device, Capability)`` and does without it otherwise;
+a backend lists what it provides in its class attribute ``capabilities`` (`CAPABILITIES` names
+them all; the conformance suite checks the list against what the device has).
+docs/ARCHITECTURE.md "What a backend provides" says what each one is for.
 """
 
 from __future__ import annotations
@@ -15,7 +23,18 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Optional, Protocol, runtime_checkable
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    ContextManager,
+    Iterator,
+    Mapping,
+    Optional,
+    Protocol,
+    Sequence,
+    runtime_checkable,
+)
 
 from ascendgraph.errors import ConfigError, DeviceUnavailable
 
@@ -29,6 +48,18 @@ __all__ = [
     "TaskGroupHandle",
     "PoolHandle",
     "Device",
+    "FaultInjection",
+    "KernelLog",
+    "VirtualClock",
+    "WarmupScope",
+    "StaticKernels",
+    "SuperKernels",
+    "HcclExpansionMode",
+    "Float32Attention",
+    "KernelPrecheck",
+    "KernelFallbacks",
+    "CAPABILITIES",
+    "capability_mismatches",
     "DeviceBackend",
     "ENTRY_POINT_GROUP",
     "available_backends",
@@ -162,10 +193,17 @@ class Graph(Protocol):
 
 @runtime_checkable
 class Device(Protocol):
-    """The operations the core needs from a graph-capable accelerator."""
+    """The operations the core needs from a graph-capable accelerator.
+
+    ``capabilities`` lists the optional capability protocols (`CAPABILITIES`) the device
+    provides beyond these operations; empty when it provides none.
+    """
 
     name: str
     profile: DeviceProfile
+
+    @property
+    def capabilities(self) -> tuple[type, ...]: ...
 
     @property
     def torch_device(self) -> "torch.device": ...
@@ -227,6 +265,134 @@ class Device(Protocol):
     # XliteGraph (docs/semantics.md §11): the device's xlite runtime for a model — the simulator's
     # stand-in or the adapter over the `xlite` package (DeviceUnavailable when it is missing).
     def xlite_runtime(self, model: Any, spec: "XliteRuntimeSpec") -> "XliteRuntime": ...
+
+
+# --------------------------------------------------------------------------- optional capabilities
+# Each is what one part of the core asks of a device when the device has it; a device without
+# it gets the documented behaviour in brackets.
+
+
+@runtime_checkable
+class FaultInjection(Protocol):
+    """Failpoints (docs/faults.md): ``--faults``, ``EngineOptions.faults`` and the ``fault``
+    test marker apply a plan through it [refused: "--faults needs the sim device"]."""
+
+    def set_fault_plan(self, plan: Any) -> None: ...
+
+    @property
+    def fault_plan(self) -> Any: ...
+
+
+@runtime_checkable
+class KernelLog(Protocol):
+    """A record per executed kernel and a span per capture/replay/wait on the device's clock:
+    the report's ``kernels_per_step`` and ``--profile-dir``'s Ascend files are written from it
+    (`ascendgraph.profile_formats`) [kernels_per_step is null; profiles come from the
+    backend's own ``profiling()``]."""
+
+    @property
+    def kernel_records(self) -> Sequence[Any]: ...
+
+    @property
+    def trace_spans(self) -> Sequence[Any]: ...
+
+    @property
+    def records_kernels(self) -> bool: ...
+
+    def set_record_kernels(self, enabled: bool = True) -> None: ...
+
+    def discard_kernel_records(self) -> bool: ...
+
+    def stream_names(self) -> dict[int, str]: ...
+
+
+@runtime_checkable
+class VirtualClock(Protocol):
+    """Eager work is priced too (``stats().virtual_time_us`` advances inside ``track_eager()``;
+    ``clock()`` is (host, device) microseconds): the report's simulated times and `plan`'s
+    measured capture costs [null: the device has no virtual clock; `plan` measures on the simulator]."""
+
+    def track_eager(self) -> ContextManager[Any]: ...
+
+    def clock(self) -> tuple[float, float]: ...
+
+
+@runtime_checkable
+class WarmupScope(Protocol):
+    """A context for work whose results are discarded (warm-ups, the compile pass); the
+    simulator computes their half-precision matmuls in float32 [no context]."""
+
+    def warmup_scope(self) -> ContextManager[Any]: ...
+
+
+@runtime_checkable
+class StaticKernels(Protocol):
+    """Installs a static-kernel build (npugraph_ex, docs/npugraph_ex.md) [the build only
+    records the fixed-shape launches]."""
+
+    def install_static_kernels(self, kernels: Mapping[tuple, str]) -> None: ...
+
+
+@runtime_checkable
+class SuperKernels(Protocol):
+    """torch_npu's super kernel scope and optimisation of a captured FULL graph [super kernel
+    has no effect, with a warning]."""
+
+    def super_kernel_scope(self, scope_name: Optional[str] = None) -> ContextManager[None]: ...
+
+    def super_kernel_optimize(self, graph: Any, optimize_options: Optional[dict[str, Any]] = None) -> Any: ...
+
+
+@runtime_checkable
+class HcclExpansionMode(Protocol):
+    """Prices captured collectives with HCCL's expansion mode (the resolved plan's, or
+    HCCL_OP_EXPANSION_MODE) [the stack's own mode applies]."""
+
+    def set_hccl_op_expansion_mode(self, mode: Optional[str]) -> None: ...
+
+
+@runtime_checkable
+class Float32Attention(Protocol):
+    """Accepts float32 attention as a declared leniency on a device made without it
+    (docs/decisions.md "float32 on the simulator") [dtype float32 is refused]."""
+
+    def allow_float32_attention_now(self) -> None: ...
+
+
+@runtime_checkable
+class KernelPrecheck(Protocol):
+    """Checks one torch_npu kernel call against the contract table without running it
+    (KernelContractError) [the kernel-contract conformance cases are skipped]."""
+
+    def check_kernel_call(self, kernel: str, arguments: Mapping[str, Any]) -> None: ...
+
+
+@runtime_checkable
+class KernelFallbacks(Protocol):
+    """Ops that ran a reference formula instead of their missing kernel, with the reason: the
+    report's ``kernel_fallbacks`` and one warning each [none reported]."""
+
+    def kernel_fallbacks(self) -> Mapping[str, str]: ...
+
+
+CAPABILITIES: tuple[type, ...] = (
+    FaultInjection, KernelLog, VirtualClock, WarmupScope, StaticKernels, SuperKernels, HcclExpansionMode,
+    Float32Attention, KernelPrecheck, KernelFallbacks,
+)
+
+
+def capability_mismatches(device: Device) -> dict[str, str]:
+    """Capability name -> what is wrong with the device's declaration of it: "declared, not
+    provided" (a method is missing) or "provided, not declared" (absent from its
+    ``capabilities``). Empty when the declaration is exact."""
+    declared = set(device.capabilities)
+    unknown = declared - set(CAPABILITIES)
+    found = {c.__name__: "not a capability of ascendgraph.device.CAPABILITIES" for c in unknown}
+    for protocol in CAPABILITIES:
+        provided = isinstance(device, protocol)
+        if provided != (protocol in declared):
+            found[protocol.__name__] = "provided, not declared" if provided else "declared, not provided"
+    return found
 
 
 @dataclass(frozen=True)

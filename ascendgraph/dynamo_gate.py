@@ -65,7 +65,7 @@ def disabled_once_dynamo_loads(fn: _F, recursive: bool = True) -> _F:
             disabled = disable(fn, recursive, wrapping=False)
         return disabled(*args, **kwargs)
 
-    return call  # type: ignore[return-value]
+    return call  # type: ignore[return-value]  # the gate calls through with the wrapped function's signature
 
 
 class LazyDynamoDispatchMode(TorchDispatchMode):
@@ -80,7 +80,7 @@ class LazyDynamoDispatchMode(TorchDispatchMode):
         super().__init_subclass__(**kwargs)
         raw = cls.__dict__.get("__torch_dispatch__")
         if raw is not None and not isinstance(raw, classmethod):
-            cls.__torch_dispatch__ = disabled_once_dynamo_loads(raw)  # type: ignore[method-assign]
+            cls.__torch_dispatch__ = disabled_once_dynamo_loads(raw)  # type: ignore[method-assign]  # wraps the class's dispatch hook in place
 
 
 def defer_kernel_dynamo_guard(op: Any) -> None:

@@ -3,21 +3,34 @@
 Every string users grep for lives here (docs/semantics.md cites their sources), so the
 simulator, the engine and the diagnostics tools can never drift apart.
 
-Hierarchy (docs/decisions.md "One error hierarchy, three exit codes"):
+Hierarchy (docs/decisions.md "One error hierarchy, three exit codes"). Every class derives
+from `AscendGraphError` and from the builtin named on the left; `Terminated` alone is a
+BaseException (a signal, like KeyboardInterrupt: no ``except Exception`` may swallow it).
 
-    ValueError    -> ConfigError -> XliteConfigError (also a RuntimeError)
+    ValueError    -> ConfigError -> XliteConfigError (also a RuntimeError), ScenarioError,
+                                    UnreadableLog
                   -> GraphModeError
     RuntimeError  -> CaptureError -> StreamResourceExhausted, OldHdkStack,
                                      ResourceAllocFailed, CaptureConstraintError
                   -> GraphHang, StaleGraphParams, StreamOrderError, DeviceLost, NumericalMismatch,
                      DeviceUnavailable, KernelContractError
                   -> CollectiveError -> CollectiveMismatch, CollectiveDeadlock, CollectiveTimeout
+                  -> NoForwardContext, CaptureNotAllowed, GraphParamsNotSet, OutOfKVBlocks
+                     (broken invariants of the runtime: a bug, not bad input)
+                  -> RedispatchFailed (a DP rank's re-dispatch), RayTaskFailed (a lost Ray task)
+    AssertionError -> XliteBudgetExceeded (a batch the router should have kept native)
+    Exception     -> CliUsageError (bad flags, exit 2), ScenarioFailed (a scenario missed)
+    BaseException -> Terminated (SIGTERM while a command runs)
+
+``rank`` (every class) is the rank of a many-rank run the failure happened on, None in one
+process; ``peer_abort`` (CaptureError) marks a capture abandoned because another rank failed.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from pathlib import Path
+from typing import Optional, Protocol, Union
 
 __all__ = [
     "AscendGraphError",
@@ -40,6 +53,18 @@ __all__ = [
     "CollectiveMismatch",
     "CollectiveDeadlock",
     "CollectiveTimeout",
+    "NoForwardContext",
+    "CaptureNotAllowed",
+    "GraphParamsNotSet",
+    "OutOfKVBlocks",
+    "XliteBudgetExceeded",
+    "RedispatchFailed",
+    "RayTaskFailed",
+    "ScenarioError",
+    "UnreadableLog",
+    "CliUsageError",
+    "ScenarioFailed",
+    "Terminated",
     "CaptureContext",
     "classify_capture_error",
     "rewrite_capture_error",
@@ -56,7 +81,15 @@ OOM_DURING_CAPTURE_GUIDANCE = (
 
 
 class AscendGraphError(Exception):
-    """Marker base: every exception ascendgraph defines derives from it."""
+    """Base: every exception ascendgraph defines derives from it (`Terminated` aside).
+
+    ``rank``: the rank of a many-rank run (docs/ranks.md) the failure happened on; None in a
+    one-process run.
+    """
+
+    def __init__(self, *args: object, rank: Optional[int] = None) -> None:
+        super().__init__(*args)
+        self.rank = rank
 
 
 # --------------------------------------------------------------------------- config
@@ -65,8 +98,8 @@ class AscendGraphError(Exception):
 class ConfigError(AscendGraphError, ValueError):
     """A bad configuration or flag value. The message names the key, the value and the fix."""
 
-    def __init__(self, message: str, *, key: Optional[str] = None) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, *, key: Optional[str] = None, rank: Optional[int] = None) -> None:
+        super().__init__(message, rank=rank)
         self.key = key
 
 
@@ -86,6 +119,8 @@ class CaptureError(AscendGraphError, RuntimeError):
 
     The planner's numbers are attached when known, so a user (or `ascendgraph diagnose`)
     can see how far capture got: ``graphs_captured``, ``streams_in_use``, ``stream_budget``.
+    ``peer_abort``: this rank captured fine but gave up because another rank failed (the
+    agreed capture outcome of docs/ranks.md); the run's error is the original failure.
     """
 
     def __init__(
@@ -95,11 +130,14 @@ class CaptureError(AscendGraphError, RuntimeError):
         graphs_captured: Optional[int] = None,
         streams_in_use: Optional[int] = None,
         stream_budget: Optional[int] = None,
+        peer_abort: bool = False,
+        rank: Optional[int] = None,
     ) -> None:
-        super().__init__(message)
+        super().__init__(message, rank=rank)
         self.graphs_captured = graphs_captured
         self.streams_in_use = streams_in_use
         self.stream_budget = stream_budget
+        self.peer_abort = peer_abort
 
 
 class StreamResourceExhausted(CaptureError):
@@ -150,8 +188,9 @@ class KernelContractError(AscendGraphError, RuntimeError):
     the broken rules; the message names the values and each rule's source.
     """
 
-    def __init__(self, message: str, *, kernel: str = "", rules: tuple[str, ...] = ()) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, *, kernel: str = "", rules: tuple[str, ...] = (),
+                 rank: Optional[int] = None) -> None:
+        super().__init__(message, rank=rank)
         self.kernel = kernel
         self.rules = rules
 
@@ -172,8 +211,8 @@ class CollectiveError(AscendGraphError, RuntimeError):
     """
 
     def __init__(self, message: str, *, ranks: tuple[int, ...] = (), flight_record: Optional[dict] = None,
-                 rules: tuple[str, ...] = ()) -> None:
-        super().__init__(message)
+                 rules: tuple[str, ...] = (), rank: Optional[int] = None) -> None:
+        super().__init__(message, rank=rank)
         self.ranks = ranks
         self.flight_record = flight_record or {}
         self.rules = rules
@@ -193,8 +232,77 @@ class CollectiveTimeout(CollectiveError):
     that arrived last (or never)."""
 
     def __init__(self, message: str, *, straggler: int = -1, **kwargs: object) -> None:
-        super().__init__(message, **kwargs)  # type: ignore[arg-type]
+        super().__init__(message, **kwargs)  # type: ignore[arg-type]  # the keyword arguments are CollectiveError's (ranks, flight_record, rules, rank)
         self.straggler = straggler
+
+
+# --------------------------------------------------------------------------- broken runtime invariants
+
+
+class NoForwardContext(AscendGraphError, RuntimeError):
+    """An attention op or graph wrapper ran outside `set_forward_context`."""
+
+
+class CaptureNotAllowed(AscendGraphError, RuntimeError):
+    """A wrapper met a batch descriptor it has no graph for outside the capture phase."""
+
+
+class GraphParamsNotSet(AscendGraphError, RuntimeError):
+    """A FULL capture or update ran before `GraphParams.set_sizes`."""
+
+
+class OutOfKVBlocks(AscendGraphError, RuntimeError):
+    """The KV cache has no free block left (the engine sizes it so this cannot happen)."""
+
+
+class RedispatchFailed(AscendGraphError, RuntimeError):
+    """The re-dispatch at the agreed size found no graph of the synced mode: vLLM's dispatcher
+    asserts there (``assert CUDAGraphMode.NONE in allowed_modes``, vllm/v1/cudagraph_dispatcher.py
+    in 0.27.1) and the rank stops (ascendgraph.parallel.coordination)."""
+
+
+class RayTaskFailed(AscendGraphError, RuntimeError):
+    """A scenario's Ray task did not come back (a worker or node lost): the run failed (exit 1)."""
+
+
+class XliteBudgetExceeded(AscendGraphError, AssertionError):
+    """A batch over the xlite budget reached the runtime: the router should have sent it native."""
+
+
+# --------------------------------------------------------------------------- tools and the command line
+
+
+class ScenarioError(ConfigError):
+    """A bad scenario file: the message names the file, the key and what was expected."""
+
+    def __init__(self, path: Union[str, Path], key: str, problem: str) -> None:
+        super().__init__(f"{path}: {key}: {problem}", key=key)
+        self.path = str(path)
+
+
+class UnreadableLog(ConfigError):
+    """The log file (or standard input) cannot be read."""
+
+
+class CliUsageError(AscendGraphError):
+    """Bad flags: reported on one line with exit code 2."""
+
+
+class _Explained(Protocol):
+    def explain(self) -> str: ...
+
+
+class ScenarioFailed(AscendGraphError):
+    """The scenario ran and missed its expectation (``result``, a ScenarioResult, explains how)."""
+
+    def __init__(self, result: _Explained) -> None:
+        super().__init__(result.explain())
+        self.result = result
+
+
+class Terminated(BaseException):
+    """SIGTERM received while a command ran: raised so that every ``finally`` block (temporary
+    outputs, staging folders) runs before the command exits 143."""
 
 
 # --------------------------------------------------------------------------- texts
@@ -389,7 +497,7 @@ def classify_capture_error(message: str) -> Optional[tuple[str, type[CaptureErro
     """Return (signature name, error class, guidance) for a capture failure text, or None."""
     lower = message.lower()
     for name, cls, guidance, predicate in CAPTURE_ERROR_SIGNATURES:
-        if predicate(message, lower):  # type: ignore[operator]
+        if predicate(message, lower):  # type: ignore[operator]  # a signature table mixes text and callable predicates; only callables reach here
             return name, cls, guidance
     return None
 

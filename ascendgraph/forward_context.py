@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, Protocol
 import torch
 
 from ascendgraph.dispatch import BatchDescriptor
+from ascendgraph.errors import NoForwardContext
 from ascendgraph.modes import GraphMode
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -37,10 +38,6 @@ __all__ = [
     "NoForwardContext",
     "FullGraphParams",
 ]
-
-
-class NoForwardContext(RuntimeError):
-    """An attention op or graph wrapper ran outside `set_forward_context`."""
 
 
 class FullGraphParams(Protocol):

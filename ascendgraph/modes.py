@@ -88,7 +88,7 @@ class GraphMode(enum.Enum):
     @classmethod
     def parse(cls, name: Union[str, "GraphMode"]) -> "GraphMode":
         """Parse a mode name case-insensitively (``"full_decode_only"``); bad names raise ConfigError."""
-        return _parse_enum(cls, name, "cudagraph_mode")  # type: ignore[return-value]
+        return _parse_enum(cls, name, "cudagraph_mode")  # type: ignore[return-value]  # _parse_enum returns the member of the enum class it is given
 
     def __bool__(self) -> bool:
         return self is not GraphMode.NONE
@@ -113,7 +113,7 @@ class CompilationMode(enum.IntEnum):
 
     @classmethod
     def parse(cls, value: Union[str, int, "CompilationMode"]) -> "CompilationMode":
-        return _parse_enum(cls, value, "compilation mode")  # type: ignore[return-value]
+        return _parse_enum(cls, value, "compilation mode")  # type: ignore[return-value]  # _parse_enum returns the member of the enum class it is given
 
     def __str__(self) -> str:
         return self.name
@@ -129,7 +129,7 @@ class AttentionGraphSupport(enum.IntEnum):
 
     @classmethod
     def parse(cls, value: Union[str, int, "AttentionGraphSupport"]) -> "AttentionGraphSupport":
-        return _parse_enum(cls, value, "attention graph support")  # type: ignore[return-value]
+        return _parse_enum(cls, value, "attention graph support")  # type: ignore[return-value]  # _parse_enum returns the member of the enum class it is given
 
     def __str__(self) -> str:
         return self.name

@@ -350,7 +350,7 @@ def _rule_default_mode(s: _State) -> None:
 def _rule_unsupported_compilation_mode(s: _State) -> None:
     if s.compilation_mode in (CompilationMode.NONE, CompilationMode.VLLM_COMPILE):
         return
-    message = UNSUPPORTED_COMPILATION_MODE.format(mode=s.compilation_mode.name)  # type: ignore[union-attr]
+    message = UNSUPPORTED_COMPILATION_MODE.format(mode=s.compilation_mode.name)  # type: ignore[union-attr]  # this rule runs only when a compilation mode was resolved
     s.decide("unsupported_compilation_mode", s.compilation_mode, CompilationMode.NONE, message, warn=True)
     s.compilation_mode = CompilationMode.NONE
 
@@ -362,7 +362,7 @@ def _rule_piecewise_needs_vllm_compile(s: _State) -> None:
             "piecewise_needs_vllm_compile",
             GraphMode.NONE,
             f"cudagraph_mode={mode.name} needs piecewise compilation, which only compilation mode "
-            f"VLLM_COMPILE provides (compilation mode is {s.compilation_mode.name}); setting cudagraph_mode=NONE",  # type: ignore[union-attr]
+            f"VLLM_COMPILE provides (compilation mode is {s.compilation_mode.name}); setting cudagraph_mode=NONE",  # type: ignore[union-attr]  # this rule runs only when a compilation mode was resolved
         )
 
 
@@ -554,7 +554,7 @@ def _rule_data_parallel_agreement(s: _State) -> None:
         return
     modes = [s.current_mode, *(GraphMode.parse(m) for m in s.other_rank_modes)]
     if any(m is GraphMode.NONE for m in modes):
-        agreed: Optional[GraphMode] = GraphMode.NONE
+        agreed = GraphMode.NONE
     else:
         decode = min((m.decode_mode() for m in modes), key=lambda m: m.value)
         mixed = min((m.mixed_mode() for m in modes), key=lambda m: m.value)

@@ -60,14 +60,16 @@ def select_sizes_fast(ordered: Sequence[int], n: int, counts: Mapping[int, int])
         pointer = 0
         for j in range(count):
             i = j - 1
-            if i >= 0 and previous[i] is not None:
-                line = (-cnt[i], previous[i], i)
+            intercept = previous[i] if i >= 0 else None
+            if intercept is not None:
+                line = (-cnt[i], intercept, i)
+                dominated = False  # a line of the same slope with a lower intercept is kept instead
                 while hull and hull[-1][0] == line[0]:
                     if hull[-1][1] <= line[1]:
-                        line = None  # type: ignore[assignment]
+                        dominated = True
                         break
                     hull.pop()
-                if line is not None:
+                if not dominated:
                     while len(hull) >= 2 and _line_not_needed(hull[-2], hull[-1], line):
                         hull.pop()
                     hull.append(line)

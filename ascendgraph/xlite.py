@@ -19,9 +19,9 @@ where ascendgraph departs from vLLM Ascend):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Optional, Protocol, Sequence, Union
+from typing import TYPE_CHECKING, Any, Final, Literal, Optional, Protocol, Sequence, Union
 
-from ascendgraph.errors import XliteConfigError
+from ascendgraph.errors import XliteBudgetExceeded, XliteConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -102,8 +102,8 @@ def validate_xlite(config: "GraphConfig") -> list[str]:
 # when it fits, otherwise to the native runnable (ACLGraph replay or eager).
 
 XliteRouteName = Literal["xlite", "native"]
-XLITE = "xlite"
-NATIVE = "native"
+XLITE: Final = "xlite"
+NATIVE: Final = "native"
 
 
 def xlite_token_budget(
@@ -173,7 +173,7 @@ class XliteRouter:
         if isinstance(num_tokens, (list, tuple)):
             counts = list(num_tokens)
         else:
-            counts = [num_tokens]  # type: ignore[list-item]
+            counts = [num_tokens]
         if not counts or any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in counts):
             raise ValueError(f"num_tokens must be a non-negative integer or a non-empty list of them, got {num_tokens!r}")
         if num_reqs < 0:
@@ -187,19 +187,22 @@ class XliteRouter:
         raise AssertionError("routing rules must end with a catch-all")  # pragma: no cover
 
 
-def _rule_profile_run(r: XliteRouter, tokens: int, reqs: int, prefill: bool, profile: bool, across: str):
+def _rule_profile_run(r: XliteRouter, tokens: int, reqs: int, prefill: bool, profile: bool,
+                      across: str) -> Optional[XliteRoute]:
     if profile and r.full_mode:
         return XliteRoute(XLITE, "profile run in xlite full mode: xlite returns its preallocated hidden-state buffer", tokens)
     return None
 
 
-def _rule_over_budget(r: XliteRouter, tokens: int, reqs: int, prefill: bool, profile: bool, across: str):
+def _rule_over_budget(r: XliteRouter, tokens: int, reqs: int, prefill: bool, profile: bool,
+                      across: str) -> Optional[XliteRoute]:
     if tokens > r.budget:
         return XliteRoute(NATIVE, f"{tokens} tokens{across} exceed the xlite {r.mode_name} budget of {r.budget}", tokens)
     return None
 
 
-def _rule_decode_only_data_parallel(r: XliteRouter, tokens: int, reqs: int, prefill: bool, profile: bool, across: str):
+def _rule_decode_only_data_parallel(r: XliteRouter, tokens: int, reqs: int, prefill: bool, profile: bool,
+                                    across: str) -> Optional[XliteRoute]:
     if not r.full_mode and r.data_parallel_size > 1 and tokens > reqs:
         return XliteRoute(
             NATIVE,
@@ -210,7 +213,8 @@ def _rule_decode_only_data_parallel(r: XliteRouter, tokens: int, reqs: int, pref
     return None
 
 
-def _rule_within_budget(r: XliteRouter, tokens: int, reqs: int, prefill: bool, profile: bool, across: str):
+def _rule_within_budget(r: XliteRouter, tokens: int, reqs: int, prefill: bool, profile: bool,
+                        across: str) -> Optional[XliteRoute]:
     kind = "prefill" if prefill else "decode"
     return XliteRoute(XLITE, f"{kind} batch of {tokens} tokens{across} fits the xlite {r.mode_name} budget of {r.budget}", tokens)
 
@@ -285,10 +289,6 @@ class XliteRuntime(Protocol):
     def profile_run(self) -> "torch.Tensor":
         """A profile run in full mode: no forward, the preallocated buffer itself (docs/semantics.md §11)."""
         ...
-
-
-class XliteBudgetExceeded(AssertionError):
-    """A batch over the xlite budget reached the runtime: the router should have sent it native."""
 
 
 def check_within_budget(num_tokens: int, budget: int) -> None:

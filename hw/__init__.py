@@ -19,6 +19,8 @@ from hw.api import disable_backend_autoload
 # `import torch` fail: switch it off before this package (or anything after it) imports torch.
 disable_backend_autoload()
 
+from typing import cast  # noqa: E402
+
 from ascendgraph.device import DeviceBackend, Device  # noqa: E402
 
 __all__ = ["BACKEND", "availability"]
@@ -43,7 +45,8 @@ def availability() -> tuple[bool, str]:
 def _create(**options: object) -> Device:
     from hw.device import create_npu_device
 
-    return create_npu_device(**options)
+    # NpuDevice.graph() takes its own NpuGraph (from new_graph()), narrower than the protocol's Graph
+    return cast(Device, create_npu_device(**options))
 
 
 BACKEND = DeviceBackend(

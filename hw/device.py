@@ -31,7 +31,14 @@ from typing import Any, Iterator, Optional
 
 import torch
 
-from ascendgraph.device import CAPTURE_ERROR_MODES, DeviceProfile, DeviceStats
+from ascendgraph.device import (
+    CAPTURE_ERROR_MODES,
+    DeviceProfile,
+    DeviceStats,
+    KernelFallbacks,
+    KernelPrecheck,
+    SuperKernels,
+)
 from ascendgraph.errors import UNKNOWN_CAPTURE_ERROR_MODE, CaptureConstraintError, ConfigError, DeviceUnavailable
 from ascendgraph import kernel_contracts
 from hw import api, kernels, profiler
@@ -129,6 +136,8 @@ class NpuDevice:
     """
 
     name = "npu"
+    # The optional capabilities of ascendgraph.device it provides (the conformance suite checks them).
+    capabilities = (SuperKernels, KernelPrecheck, KernelFallbacks)
 
     def __init__(
         self,

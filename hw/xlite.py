@@ -137,9 +137,9 @@ class NpuXliteRuntime:
         return self.hidden_states
 
 
-def _describe_model(xlite: ModuleType, model: nn.Module, spec: XliteRuntimeSpec) -> Any:
+def _describe_model(xlite: ModuleType, model: Any, spec: XliteRuntimeSpec) -> Any:
     """``xlite._C.ModelConfig`` for an ascendgraph model spec (dense or MoE, MHA)."""
-    m = model.spec  # type: ignore[attr-defined]
+    m = model.spec
     config = xlite.ModelConfig()
     config.vocab_size = m.vocab_size
     config.hidden_size = m.hidden_size
@@ -164,7 +164,7 @@ def _describe_model(xlite: ModuleType, model: nn.Module, spec: XliteRuntimeSpec)
     config.max_seq_len = spec.max_model_len
     config.block_size = spec.block_size
     if m.is_moe:
-        first = model.layers[0].mlp  # type: ignore[attr-defined, index]
+        first = model.layers[0].mlp
         config.n_dense_layers = 0
         config.n_routed_experts = first.num_experts
         config.n_act_experts = first.top_k
@@ -175,12 +175,12 @@ def _describe_model(xlite: ModuleType, model: nn.Module, spec: XliteRuntimeSpec)
     return config
 
 
-def _hand_over_weights(xmodel: Any, model: nn.Module) -> None:
+def _hand_over_weights(xmodel: Any, model: Any) -> None:
     """Give xlite the weight tensors of the model (per-layer lists, in layer order)."""
-    layers = list(model.layers)  # type: ignore[attr-defined]
-    xmodel.embed = model.embed_tokens.weight  # type: ignore[attr-defined]
-    xmodel.norm = model.norm.weight  # type: ignore[attr-defined]
-    xmodel.head = model.lm_head.weight  # type: ignore[attr-defined]
+    layers = list(model.layers)
+    xmodel.embed = model.embed_tokens.weight
+    xmodel.norm = model.norm.weight
+    xmodel.head = model.lm_head.weight
     xmodel.attn_norm = [layer.input_layernorm.weight for layer in layers]
     xmodel.mlp_norm = [layer.post_attention_layernorm.weight for layer in layers]
     xmodel.mha_qkv = [layer.self_attn.qkv_proj.weight for layer in layers]
@@ -197,6 +197,6 @@ def _hand_over_weights(xmodel: Any, model: nn.Module) -> None:
         xmodel.mlp_down = [layer.mlp.down_proj.weight for layer in layers]
 
 
-def _rope_cache(model: nn.Module) -> torch.Tensor:
+def _rope_cache(model: Any) -> torch.Tensor:
     """The rotary cos/sin cache of the first layer (every layer shares its geometry)."""
-    return model.layers[0].self_attn.rotary.cos_sin_cache  # type: ignore[attr-defined, index]
+    return model.layers[0].self_attn.rotary.cos_sin_cache

@@ -3,7 +3,9 @@
 Importing the package registers the CPU reference kernels of the ``ascendgraph`` ops.
 """
 
-from ascendgraph.device import DeviceBackend
+from typing import cast
+
+from ascendgraph.device import Device, DeviceBackend
 from sim.device import KernelRecord, SimDevice, SimPoolHandle
 from sim.faults import FaultPlan
 from sim.kernels import register_cpu_kernels
@@ -28,14 +30,16 @@ register_cpu_kernels()
 defer_torch_dynamo_guards()
 
 
-def _create(**options: object) -> SimDevice:
-    return SimDevice(**options)  # type: ignore[arg-type]
+def _create(**options: object) -> Device:
+    # SimDevice checks its options itself (ConfigError naming a bad one); its graph() takes its own
+    # SimGraph (from new_graph()), narrower than the protocol's Graph
+    return cast(Device, SimDevice(**options))  # type: ignore[arg-type]  # the options are checked by SimDevice
 
 
 def _check_options(*, profile: object = None, faults: object = None, **_other: object) -> None:
     """What `SimDevice` would refuse in its profile and fault plan, without building a device."""
     if profile is not None:
-        get_profile(profile)  # type: ignore[arg-type]
+        get_profile(profile)  # type: ignore[arg-type]  # get_profile reports a bad value as a ConfigError naming it
     if isinstance(faults, str):
         FaultPlan.parse(faults)
 

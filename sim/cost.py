@@ -149,9 +149,8 @@ def describe_task(func: Any, args: Sequence[Any], kwargs: dict[str, Any], output
         moved = 4.0 * (_nbytes(inputs[0]) + _nbytes(inputs[1]))
         flops = 0.0
     else:
-        flops = _matmul_flops(op_type, args, outs)
-        if flops is None:
-            flops = float(sum(t.numel() for t in outs))
+        matmul = _matmul_flops(op_type, args, outs)
+        flops = matmul if matmul is not None else float(sum(t.numel() for t in outs))
         moved = float(sum(_nbytes(t) for t in inputs) + sum(_nbytes(t) for t in outs))
     compute_us = flops / (params.peak_tflops * 1e6)
     memory_us = moved / (params.bandwidth_gbps * 1e3)

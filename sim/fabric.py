@@ -185,9 +185,9 @@ class Fabric:
         if self.failures:  # nobody waits on them: the first original failure is the run's error
             originals = [r for r in sorted(self.failures) if not getattr(self.failures[r], "peer_abort", False)]
             rank = (originals or sorted(self.failures))[0]
-            exc = self.failures[rank]
-            setattr(exc, "rank", rank)
-            raise exc
+            failure = self.failures[rank]
+            setattr(failure, "rank", rank)
+            raise failure
         return self.stats
 
     # ------------------------------------------------------------------ meetings

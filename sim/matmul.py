@@ -4,7 +4,7 @@ Theory of operation. An NPU's cube unit multiplies bfloat16 / float16 matrices w
 accumulator and rounds the result to the output dtype once. A CPU computes a half-precision
 matrix product the same way in principle, but on CPUs without native bfloat16 instructions
 (no AVX-512 BF16 / AMX) torch's bfloat16 ``mm`` is slow: single-threaded torch 2.13 on the
-AVX2 machine of docs/bench.md, a 256 x 512 x 2048 product takes 72 ms in bfloat16, 23 ms
+AVX2 machine the figures of docs/bench.md come from, a 256 x 512 x 2048 product takes 72 ms in bfloat16, 23 ms
 widened to float64 and 12 ms widened to float32, casts included. The graph path and the
 eager reference both compute every matmul of every served step, so that was the largest
 single item of serving a run.
@@ -39,11 +39,13 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
+from ascendgraph.kernel_contracts import HALF
+
 __all__ = ["WIDENED_MATMULS", "HALF_DTYPES", "widens", "widened_matmul", "widened_call"]
 
 aten = torch.ops.aten
 
-HALF_DTYPES = frozenset({torch.bfloat16, torch.float16})
+HALF_DTYPES = frozenset(HALF)  # the contract table's half-precision dtypes
 
 # The matmul overloads computed widened -> the overload that computes their value (an out=
 # overload computes with its functional one and copies into ``out``).

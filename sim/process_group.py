@@ -28,13 +28,14 @@ naming it (the straggler), never a hang. Only one `FabricWorld` runs at a time i
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from datetime import timedelta
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
+from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[attr-defined]  # torch's Python-backend helper, not in its stubs
 from torch.distributed import distributed_c10d as c10d
 from torch.futures import Future
 
@@ -98,7 +99,7 @@ class FabricProcessGroup(dist.ProcessGroup):
     """One rank's handle on a group of the fabric (see the module docstring)."""
 
     def __init__(self, world: "FabricWorld", rank: int, size: int, members: tuple[int, ...]) -> None:
-        super().__init__(rank, size)
+        super().__init__(rank, size)  # type: ignore[call-arg]  # the (rank, size) constructor of a Python backend, absent from torch's stubs
         self._world = world
         self._rank_in_group = rank
         self.members = members
@@ -126,7 +127,7 @@ class FabricProcessGroup(dist.ProcessGroup):
     def _index(self, rank: int) -> int:
         return self.members.index(rank)
 
-    def allreduce(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> Any:
+    def allreduce(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> Any:  # type: ignore[override]  # torch's stubs list the C++ overloads; a Python backend takes the call as c10d makes it
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
 
         def combine(payloads: Mapping[int, Sequence[torch.Tensor]]) -> Mapping[int, None]:
@@ -146,7 +147,7 @@ class FabricProcessGroup(dist.ProcessGroup):
         self._meet("barrier", None, None, lambda payloads: {r: None for r in payloads})
         return _work(None)
 
-    def broadcast(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> Any:
+    def broadcast(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> Any:  # type: ignore[override]  # torch's stubs list the C++ overloads; a Python backend takes the call as c10d makes it
         root = self.members[opts.rootRank if opts is not None else 0]
 
         def combine(payloads: Mapping[int, Sequence[torch.Tensor]]) -> Mapping[int, None]:
@@ -159,7 +160,7 @@ class FabricProcessGroup(dist.ProcessGroup):
         self._meet("broadcast", tensors[0], list(tensors), combine)
         return _work(list(tensors))
 
-    def allgather(self, outputs: Sequence[Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor],
+    def allgather(self, outputs: Sequence[Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor],  # type: ignore[override]  # torch's stubs list the C++ overloads; a Python backend takes the call as c10d makes it
                   opts: Any = None) -> Any:
         def combine(payloads: Mapping[int, Any]) -> Mapping[int, None]:
             for r, (outs, _) in payloads.items():
@@ -180,7 +181,7 @@ class FabricProcessGroup(dist.ProcessGroup):
         self._meet("all_gather_into_tensor", input, (output, input), combine)
         return _work(output)
 
-    def reduce_scatter(self, outputs: Sequence[torch.Tensor], inputs: Sequence[Sequence[torch.Tensor]],
+    def reduce_scatter(self, outputs: Sequence[torch.Tensor], inputs: Sequence[Sequence[torch.Tensor]],  # type: ignore[override]  # torch's stubs list the C++ overloads; a Python backend takes the call as c10d makes it
                        opts: Any = None) -> Any:
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
 
@@ -290,11 +291,11 @@ class _ThreadWorld(c10d._World):
 def _threaded_torch_distributed() -> Iterator[None]:
     previous = c10d._world
     c10d._world = _ThreadWorld()
-    torch._C._distributed_c10d._set_thread_isolation_mode(True)
+    torch._C._distributed_c10d._set_thread_isolation_mode(True)  # type: ignore[attr-defined]  # torch private, not in its stubs
     try:
         yield
     finally:
-        torch._C._distributed_c10d._set_thread_isolation_mode(False)
+        torch._C._distributed_c10d._set_thread_isolation_mode(False)  # type: ignore[attr-defined]  # torch private, not in its stubs
         c10d._world = previous
 
 
@@ -365,4 +366,4 @@ class FabricWorld:
                 _current.world = None
 
         with _RUN_LOCK, _threaded_torch_distributed():
-            return self.threads.run({r: (lambda r=r: thread_body(r)) for r in (ranks or range(self.world_size))})
+            return self.threads.run({r: functools.partial(thread_body, r) for r in (ranks or range(self.world_size))})

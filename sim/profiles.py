@@ -44,7 +44,7 @@ class SimProfile:
         return self.device.name
 
 
-def _entry(device: DeviceProfile, **cost: float) -> tuple[str, SimProfile]:
+def _entry(device: DeviceProfile, **cost: Any) -> tuple[str, SimProfile]:
     return device.name, SimProfile(device, CostParams(**cost))
 
 

@@ -51,6 +51,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "LAG_MODES",
+    "DeviceRunner",
     "StreamQueues",
     "Queued",
     "Work",
@@ -499,3 +500,24 @@ def _span(tensor: torch.Tensor) -> tuple[int, int]:
 def _copy(destination: torch.Tensor, source: torch.Tensor) -> None:
     with torch.no_grad():
         destination.copy_(source)
+
+
+class DeviceRunner:
+    """The `Runner` of a `sim.device.SimDevice`: its replays, its stale-parameter reports, its clock."""
+
+    __slots__ = ("_device",)
+
+    def __init__(self, device: Any) -> None:
+        self._device = device
+
+    def advance(self, run: Any, stream: "SimStream") -> bool:
+        return self._device.replays.advance(run, stream)
+
+    def surface_stale(self) -> None:
+        self._device.task_groups.surface_stale()
+
+    def host_clock_us(self) -> float:
+        return self._device.virtual_clock.host_us
+
+    def released(self, run: Any, event: "SimExternalEvent") -> None:
+        self._device.task_groups.stale_at_release(run, event)

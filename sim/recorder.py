@@ -57,12 +57,14 @@ from torch.overrides import TorchFunctionMode
 from ascendgraph.dynamo_gate import LazyDynamoDispatchMode
 
 from ascendgraph import ops as ag_ops
+from sim.mode_stack import reentered
 from sim.matmul import WIDENED_MATMULS, widened_matmul, widens
 from ascendgraph.errors import (
     CaptureConstraintError,
     DYNAMIC_SHAPE_DURING_CAPTURE,
     HOST_SYNC_DURING_CAPTURE,
     METADATA_CHANGE_DURING_CAPTURE,
+    KernelContractError,
     RNG_DURING_CAPTURE,
 )
 
@@ -153,7 +155,7 @@ class OpInfo:
         self.mutating = bool(schema.is_mutable)
         self.arg_names = tuple(a.name for a in schema.arguments)
         self.arg_defaults = tuple(a.default_value if a.has_default_value() else None for a in schema.arguments)
-        alias_sets = {}
+        alias_sets: dict[Any, int] = {}
         for index, argument in enumerate(schema.arguments):
             if argument.alias_info is not None:
                 for name in argument.alias_info.before_set:
@@ -325,6 +327,8 @@ def meta_outputs(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
             return cached
     try:
         result = func(*to_meta(args), **{k: to_meta(v) for k, v in kwargs.items()})
+    except KernelContractError:
+        raise  # the kernel refuses these arguments (its fake implementation checked the contract): say so
     except (NotImplementedError, RuntimeError, TypeError):
         result = NO_META
     if key is not None:
@@ -379,11 +383,11 @@ class _Mode(LazyDynamoDispatchMode):
         # Let torch.compile compile under the mode; its compiled ops still reach us.
         return True
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         impl = ag_ops._WRAPPER_OPS.get(func)
         if impl is not None:
-            with self, wrapper_reentry():
+            with reentered(self), wrapper_reentry():
                 return impl(*args, **kwargs)
         return self.handle(func, args, kwargs)
 
@@ -476,7 +480,7 @@ class HostSyncGuard(TorchFunctionMode):
         self.on_sync = on_sync
         self.host_memory = host_memory  # tensors in host memory (SimDevice.host_memory): reading them waits for nothing
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         if self.host_memory is not None and args and isinstance(args[0], torch.Tensor) and self.host_memory(args[0]):
             return func(*args, **kwargs)

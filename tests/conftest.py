@@ -6,7 +6,7 @@ the other has nothing left to do. Here the items of the modules known to be cost
 build, compile and capture engines, or start Python subprocesses) move to the front, in
 the order of the table; everything else keeps its collection order behind them. Only the
 order changes: the selection, the items and their fixtures do not (tests are independent,
-so order never changes an outcome). Figures: docs/bench.md, "The default suite".
+so order never changes an outcome). The suite's figure: docs/bench.md, "Goals and the latest figures".
 """
 
 from __future__ import annotations

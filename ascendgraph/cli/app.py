@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 from ascendgraph.cli.args import LIMITS, config_from_args, env_from_args, hccl_mode_from_args, limit_error
 from ascendgraph.cli.vllm_flags import VLLM_FLAGS
-from ascendgraph.errors import ConfigError, DeviceUnavailable, GraphModeError
+from ascendgraph.errors import CliUsageError, ConfigError, DeviceUnavailable, GraphModeError
 from ascendgraph.readers import shown
 from ascendgraph.cli.streams import (INTERRUPTED, PIPE_CLOSED, TERMINATED, ClosedStdout, Terminated, emit_json,
                                      emit_result, emit_text, is_stdout_error, sigterm_unwinds, signals_never_lost,
@@ -38,10 +38,6 @@ PROG = "ascendgraph"
 BAD_INPUT = 2
 RUN_FAILED = 1
 log = logging.getLogger("ascendgraph")
-
-
-class CliUsageError(Exception):
-    """Bad flags: reported on one line with exit code 2."""
 
 
 class Parser(argparse.ArgumentParser):
@@ -70,17 +66,17 @@ class Parser(argparse.ArgumentParser):
             self.flags[name] = action
         return action
 
-    def add_argument(self, *names: Any, **kwargs: Any) -> argparse.Action:  # type: ignore[override]
+    def add_argument(self, *names: Any, **kwargs: Any) -> argparse.Action:
         return self.record(super().add_argument(*names, **kwargs))
 
     def add_argument_group(self, *args: Any, **kwargs: Any) -> Any:
         group = super().add_argument_group(*args, **kwargs)
         return _RecordingGroup(group, self) if self._built else group
 
-    def add_mutually_exclusive_group(self, **kwargs: Any) -> "_RecordingGroup":  # type: ignore[override]
+    def add_mutually_exclusive_group(self, **kwargs: Any) -> "_RecordingGroup":  # type: ignore[override]  # returns our recording subclass of argparse's group
         return _RecordingGroup(super().add_mutually_exclusive_group(**kwargs), self)
 
-    def add_subparsers(self, **kwargs: Any) -> "_Subcommands":  # type: ignore[override]
+    def add_subparsers(self, **kwargs: Any) -> "_Subcommands":  # type: ignore[override]  # returns our recording subclass of argparse's subparsers action
         kwargs.setdefault("parser_class", Parser)
         action = super().add_subparsers(**kwargs)
         self.subcommand_dest = action.dest
@@ -94,10 +90,10 @@ class Parser(argparse.ArgumentParser):
         elif message:
             emit_text(message.rstrip("\n"))
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> None:  # type: ignore[override]  # raises instead of exiting (argparse declares NoReturn)
         raise CliUsageError(f"{self.prog}: error: {message} (see {self.prog} --help)")
 
-    def parse_args(self, args: Optional[Sequence[str]] = None,  # type: ignore[override]
+    def parse_args(self, args: Optional[Sequence[str]] = None,  # type: ignore[override]  # narrower than argparse's overloads: always a fresh Namespace
                    namespace: Optional[argparse.Namespace] = None) -> argparse.Namespace:
         parsed, extras = self.parse_known_args(args, namespace)
         if extras:
@@ -295,7 +291,7 @@ def cli_warnings() -> Iterator[None]:
     ``-W error`` see them as before), and the previous formatter is restored afterwards.
     """
     previous = warnings.formatwarning
-    warnings.formatwarning = format_warning  # type: ignore[assignment]
+    warnings.formatwarning = format_warning
     try:
         yield
     finally:
@@ -537,7 +533,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def _main(argv: Optional[Sequence[str]] = None) -> int:
     if sys.stdout is None:
-        sys.stdout = ClosedStdout()  # type: ignore[assignment]
+        sys.stdout = ClosedStdout()
     parser = build_parser()
     tokens = list(sys.argv[1:] if argv is None else argv)
     wants_json = _wants_json(tokens)

@@ -22,6 +22,7 @@ import sys
 from contextlib import contextmanager
 from typing import Any, Iterator
 
+from ascendgraph.errors import Terminated
 from ascendgraph.readers import dump_json, shown
 
 __all__ = ["emit_json", "emit_result", "emit_text", "write_stdout", "Terminated", "sigterm_unwinds",
@@ -107,11 +108,6 @@ INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a process ended by C
 TERMINATED = 143  # 128 + SIGTERM
 
 
-class Terminated(BaseException):
-    """SIGTERM received while a command ran: raised so that every ``finally`` block (temporary
-    outputs, staging folders) runs before the command exits 143."""
-
-
 @contextmanager
 def sigterm_unwinds() -> Iterator[None]:
     """While the command runs, SIGTERM raises `Terminated` instead of killing the process on the
@@ -186,7 +182,7 @@ def signals_never_lost() -> Iterator[None]:
         for timer in waiting:
             timer.cancel()
         if waiting:
-            if waiting[0].args[0] == signal.SIGTERM:
+            if tuple(waiting[0].args)[0] == signal.SIGTERM:  # the timer's one argument: the signal number
                 raise Terminated()
             raise KeyboardInterrupt
 PIPE_CLOSED = 141  # 128 + SIGPIPE, what a shell reports when the reader went away

@@ -288,9 +288,9 @@ def translate_vllm_command(
     max_loras_given, max_loras_value = False, ""
     switches: dict[str, bool] = {}  # a modelled switch -> its last setting (--x / --no-x)
 
-    for name, value in env.items():
+    for name, env_value in env.items():
         if name in ENV_FLAGS:
-            result.argv += [ENV_FLAGS[name], value]
+            result.argv += [ENV_FLAGS[name], env_value]
 
     def add(flag: str, *values: str) -> None:
         if accepts(flag):

@@ -28,7 +28,7 @@ import logging
 import time
 import types
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, cast
 
 import torch
 from torch import fx
@@ -107,7 +107,7 @@ class AscendGraphBackend:
                 self.on_traced(TracedGraph(aten_graph, tuple(sources), dict(self.artifacts[-1].pass_run.matches)))
             return runnable
 
-        return aot_module_simplified(graph_module, example_inputs, fw_compiler=fw_compiler)
+        return aot_module_simplified(graph_module, example_inputs, fw_compiler=fw_compiler)  # type: ignore[arg-type]  # torch's AOTDispatchCompiler protocol names its parameters differently; called positionally
 
     def wrap_traced(self, traced: TracedGraph, seconds: float) -> Callable[..., Any]:
         """Split and wrap a graph from the compile cache (lowered and passed already): what
@@ -246,7 +246,7 @@ class CompiledModel:
 
     def _compile_with_dynamo(self) -> None:
         assert self.backend is not None
-        forward = _fresh_function(_model_forward, f"engine{next(_compile_ids)}")
+        forward = _fresh_function(cast(types.FunctionType, _model_forward), f"engine{next(_compile_ids)}")
         self._compiled = torch.compile(forward, backend=self.backend, fullgraph=True, dynamic=False)
 
     @property

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Optio
 import torch
 
 from ascendgraph.dispatch import BatchDescriptor
-from ascendgraph.errors import ADDRESS_MISMATCH, CaptureContext, rewrite_capture_error
+from ascendgraph.errors import ADDRESS_MISMATCH, CaptureContext, CaptureNotAllowed, rewrite_capture_error
 from ascendgraph.forward_context import FullGraphParams, current_forward_context
 from ascendgraph.modes import GraphMode
 
@@ -63,10 +63,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 GRAPH_KIND = {GraphMode.PIECEWISE: "piecewise", GraphMode.FULL: "full"}
-
-
-class CaptureNotAllowed(RuntimeError):
-    """A wrapper met a batch descriptor it has no graph for outside the capture phase."""
 
 
 @dataclass(frozen=True)
@@ -155,7 +151,7 @@ class CaptureState:
             except (TypeError, ValueError):  # pragma: no cover - builtins without signatures
                 self._graph_kind_supported = False
         if self._graph_kind_supported:
-            return device.graph(graph, pool=self.graph_pool(), graph_kind=GRAPH_KIND[runtime_mode])  # type: ignore[call-arg]
+            return device.graph(graph, pool=self.graph_pool(), graph_kind=GRAPH_KIND[runtime_mode])
         return device.graph(graph, pool=self.graph_pool())
 
 
@@ -178,12 +174,15 @@ def weak_ref_tensors(device: "Device", value: Any) -> Any:
 def _gc_and_empty_cache_disabled(device: "Device") -> Iterator[None]:
     """Make ``gc.collect`` and ``device.empty_cache`` no-ops (restored on exit)."""
     saved_collect = gc.collect
-    had_own = "empty_cache" in getattr(device, "__dict__", {})
-    saved_empty = getattr(device, "empty_cache", None)
-    gc.collect = lambda generation=2: 0  # type: ignore[assignment]
+    try:
+        had_own = "empty_cache" in vars(device)
+    except TypeError:  # a device with __slots__ has no instance dictionary
+        had_own = False
+    saved_empty = device.empty_cache
+    gc.collect = lambda generation=2: 0
     patched = False
     try:
-        device.empty_cache = lambda: None  # type: ignore[method-assign]
+        device.empty_cache = lambda: None  # type: ignore[method-assign]  # a no-op while capturing (vLLM's gc_disable)
         patched = True
     except AttributeError:  # a device with __slots__: leave it alone
         pass
@@ -193,10 +192,10 @@ def _gc_and_empty_cache_disabled(device: "Device") -> Iterator[None]:
         gc.collect = saved_collect
         if patched:
             if had_own:
-                device.empty_cache = saved_empty  # type: ignore[method-assign]
+                device.empty_cache = saved_empty  # type: ignore[method-assign]  # restores the device's own method
             else:
                 try:
-                    del device.empty_cache  # type: ignore[attr-defined]
+                    del device.empty_cache
                 except AttributeError:  # pragma: no cover
                     pass
 
@@ -305,7 +304,7 @@ class GraphWrapper:
         try:
             stats = self.device.stats()
             streams_in_use: Optional[int] = stats.streams_in_use
-            budget = self.state.stream_budget if self.state.stream_budget is not None else stats.stream_limit
+            budget: Optional[int] = self.state.stream_budget if self.state.stream_budget is not None else stats.stream_limit
         except Exception:  # the device may be the thing that failed
             streams_in_use, budget = None, self.state.stream_budget
         return CaptureContext(

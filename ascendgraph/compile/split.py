@@ -51,7 +51,7 @@ def split_at_attention(graph_module: fx.GraphModule, splitting_ops: Iterable[OpO
         else:
             partition_of[node] = partition
     split = split_module(
-        graph_module, None, lambda node: partition_of[node], keep_original_order=True
+        graph_module, None, lambda node: partition_of[node], keep_original_order=True  # type: ignore[arg-type]  # the root module only resolves get_attr nodes: a traced graph has none left
     )
     names = [
         node.target

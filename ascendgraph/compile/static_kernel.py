@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Se
 
 import torch
 from torch import fx
+from ascendgraph.device import Device, StaticKernels
 from ascendgraph.dynamo_gate import LazyDynamoDispatchMode
 
 from ascendgraph.ops import argument_tensors
@@ -325,18 +326,18 @@ class StaticKernelStage:
         return 0
 
 
-def attach_static_kernels(pass_manager: "PassManager", device: Any) -> Optional[StaticKernelStage]:
+def attach_static_kernels(pass_manager: "PassManager", device: Device) -> Optional[StaticKernelStage]:
     """Install each static-kernel build of the compile ``pass_manager`` runs on ``device``
     (None when its passes build none)."""
     stage = next((p for p in pass_manager.passes if isinstance(p, StaticKernelStage)), None)
     if stage is None:
         return None
-    install = getattr(device, "install_static_kernels", None)
-    if install is None:
+    if not isinstance(device, StaticKernels):
         log.warning(
             "device %s cannot install ascendgraph's static kernels (on an NPU they are built by npugraph_ex); "
-            "the build only records the fixed-shape launches", getattr(device, "name", device),
+            "the build only records the fixed-shape launches", device.name,
         )
         return stage
-    stage.listeners.append(lambda build: install(build.kernel_table()))
+    installer: StaticKernels = device
+    stage.listeners.append(lambda build: installer.install_static_kernels(build.kernel_table()))
     return stage

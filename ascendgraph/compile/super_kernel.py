@@ -22,6 +22,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ContextManager, Optional
 
+from ascendgraph.device import Device, SuperKernels
 from ascendgraph.modes import GraphMode
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -42,7 +43,7 @@ SUPER_KERNEL_SCOPE = "full_model"
 class SuperKernelStage:
     """After-capture hook: super-kernel optimisation of every captured FULL graph."""
 
-    device: Any
+    device: SuperKernels
     graphs_optimized: int = 0
     super_kernels: int = 0  # kernels made by merging (as the device reports them)
     logged: bool = False
@@ -51,11 +52,10 @@ class SuperKernelStage:
     def scope(self, wrapper: "GraphWrapper") -> ContextManager[Any]:
         """The super-kernel scope around a FULL capture (vLLM Ascend's graph wrapper opens
         ``super_kernel_scope("full_model", enabled)`` inside ``torch.npu.graph``); nothing
-        for piecewise captures or devices without scopes."""
-        opener = getattr(self.device, "super_kernel_scope", None)
-        if wrapper.runtime_mode is not GraphMode.FULL or opener is None:
+        for piecewise captures."""
+        if wrapper.runtime_mode is not GraphMode.FULL:
             return contextlib.nullcontext()
-        return opener(SUPER_KERNEL_SCOPE)
+        return self.device.super_kernel_scope(SUPER_KERNEL_SCOPE)
 
     def __call__(self, wrapper: "GraphWrapper", entry: "GraphEntry") -> None:
         if wrapper.runtime_mode is not GraphMode.FULL:
@@ -68,15 +68,13 @@ class SuperKernelStage:
             log.info("%s", SUPER_KERNEL_LOG)
 
 
-def attach_super_kernel(enabled: bool, device: Any, capture_state: "CaptureState") -> Optional[SuperKernelStage]:
+def attach_super_kernel(enabled: bool, device: Device, capture_state: "CaptureState") -> Optional[SuperKernelStage]:
     """Hook super-kernel optimisation into the captures of ``capture_state`` when the resolution
     turned it on (``enabled``; `Resolution.super_kernel`) and ``device`` can optimise a graph."""
     if not enabled:
         return None
-    if getattr(device, "super_kernel_optimize", None) is None:
-        log.warning(
-            "device %s has no super_kernel_optimize; enable_super_kernel has no effect", getattr(device, "name", device)
-        )
+    if not isinstance(device, SuperKernels):
+        log.warning("device %s has no super_kernel_optimize; enable_super_kernel has no effect", device.name)
         return None
     stage = SuperKernelStage(device)
     capture_state.capture_scopes.append(stage.scope)

@@ -20,7 +20,7 @@ import math
 import mmap
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional, Union, cast
 
 import torch
 from torch import Tensor, nn
@@ -197,6 +197,8 @@ class MLABlock(nn.Module):
 
 
 class DecoderLayer(nn.Module):
+    self_attn: Union["MHABlock", "MLABlock"]
+
     def __init__(self, spec: ModelSpec, index: int, impl: AttentionImpl, quantization: Optional[str],
                  tensor_parallel_size: int = 1) -> None:
         super().__init__()
@@ -247,9 +249,14 @@ class DecoderModel(nn.Module):
         self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
 
     @property
+    def decoder_layers(self) -> list[DecoderLayer]:
+        """The layers, typed (an nn.ModuleList yields plain Modules)."""
+        return cast("list[DecoderLayer]", list(self.layers))
+
+    @property
     def attention_layers(self) -> dict[str, Attention]:
         """Layer name -> Attention module (the forward context's ``attention_layers``)."""
-        return {layer.self_attn.attn.layer_name: layer.self_attn.attn for layer in self.layers}
+        return {layer.self_attn.attn.layer_name: layer.self_attn.attn for layer in self.decoder_layers}
 
     @property
     def num_layers(self) -> int:
@@ -270,7 +277,7 @@ class DecoderModel(nn.Module):
     def kv_cache_bytes(self, num_blocks: int, block_size: int) -> int:
         """Bytes `make_kv_caches` allocates (keys and values of every layer)."""
         element = self.embed_tokens.weight.element_size()
-        shapes = [layer.self_attn.kv_cache_shape(num_blocks, block_size) for layer in self.layers]
+        shapes = [layer.self_attn.kv_cache_shape(num_blocks, block_size) for layer in self.decoder_layers]
         return sum(2 * math.prod(shape) * element for shape in shapes)
 
     def make_kv_caches(self, num_blocks: int, block_size: int) -> dict[str, KVCache]:
@@ -288,7 +295,7 @@ class DecoderModel(nn.Module):
                 "with meta tensors",
             )
         caches = {}
-        for layer in self.layers:
+        for layer in self.decoder_layers:
             shape = layer.self_attn.kv_cache_shape(num_blocks, block_size)
             caches[layer.self_attn.attn.layer_name] = KVCache(
                 key=zeros_on_first_touch(shape, weight.dtype, weight.device),
@@ -432,7 +439,7 @@ class _SkipRandomInitialisers(torch.overrides.TorchFunctionMode):
     path for ``normal_`` runs through ``torch._refs``, whose first call imports ``torch._dynamo``
     (about 1.3 s) in a run that otherwise never needs it (ascendgraph/dynamo_gate.py)."""
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
         kwargs = kwargs or {}
         if getattr(func, "__name__", None) in _RANDOM_INITIALISERS:
             return args[0] if args else kwargs["tensor"]

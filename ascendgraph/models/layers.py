@@ -84,6 +84,10 @@ class W8A8Linear(nn.Module):
     channel, ``deq_scale``).
     """
 
+    weight_scale: Tensor  # buffers (register_buffer), declared for the type checker
+    input_scale: Tensor
+    deq_scale: Tensor
+
     def __init__(self, in_features: int, out_features: int, *, dynamic: bool) -> None:
         super().__init__()
         self.in_features = in_features

@@ -189,7 +189,7 @@ def check_model_dimensions(values: Mapping[str, Any], *, source: str) -> None:
             raise ConfigError(message, key=key)
 
 
-_TINY = dict(
+_TINY: dict[str, Any] = dict(
     num_hidden_layers=4,
     hidden_size=512,
     num_attention_heads=4,

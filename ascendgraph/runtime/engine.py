@@ -21,55 +21,77 @@ Theory of operation.
 6. **Report** (`ascendgraph.runtime.report.Report`).
 
 Each stage is a module of ascendgraph/runtime/stages/, readable on its own: build.py (device,
-dispatcher, buffers), forward.py (the plumbing every forward shares), capture.py, serve.py,
-check.py, report.py; records.py holds what they hand each other. `Engine` (this module) holds
-the state, builds it in order (`__init__`) and releases it (`close`); `run()` is the whole
-sequence.
+dispatcher, buffers: plain functions), forward.py (`ForwardPlumbing`, what every forward
+shares), capture.py (`CaptureStage`), serve.py (`ServeStage`), check.py (`CheckStage`),
+report.py (`ReportStage`); records.py holds what they hand each other and state.py the
+`EngineState` that changes while the engine runs. Each stage is an object: its constructor
+names what it needs (the state, its collaborators, the fixed parts it reads) and its public
+methods are what it offers; no stage imports this module or reaches into another stage.
+`Engine` (this module) builds the parts in order (`__init__`), composes the stages over them,
+owns the state and releases everything (`close`); `run()` is the whole sequence. Options are
+`ascendgraph.runtime.options.EngineOptions` (re-exported here).
 
 Per-batch path: `Engine.route(batch)` names the runner and `Engine.runners[name](batch)`
 returns a `RunResult` ("native": ACL graphs or eager as dispatched); `Engine.observers`
 see every step (`StepRecord`, with CPU time, simulated time and kernel counts per path) —
-the hooks xlite routing and the profiler plug into. All state lives on the engine object.
+the hooks xlite routing and the profiler plug into. All state lives on the engine object (its
+fixed parts) and its `EngineState` (what changes).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
-import os
 from contextlib import nullcontext
-from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Union
 
 import torch
 
 from ascendgraph.compile.backend import AscendGraphBackend, CompiledModel
+from ascendgraph.compile.graph_wrapper import CaptureState
 from ascendgraph.compile.pass_manager import PassManager
 from ascendgraph.compile.static_kernel import attach_static_kernels
 from ascendgraph.compile.super_kernel import attach_super_kernel
 from ascendgraph.config import GraphConfig
-from ascendgraph.device import Device, soc_generation
+from ascendgraph.device import Device, HcclExpansionMode, soc_generation
+from ascendgraph.dispatch import GraphDispatcher
 from ascendgraph.errors import ConfigError, NumericalMismatch
+from ascendgraph.forward_context import KVCache
 from ascendgraph.models.build import DecoderModel, build_model, parse_dtype
 from ascendgraph.modes import GraphMode
 from ascendgraph.resolve import Decision, Resolution, resolve
-from ascendgraph.compile.graph_wrapper import CaptureState
-from ascendgraph.forward_context import KVCache
+from ascendgraph.runtime.options import (
+    DEFAULT_REQUESTS,
+    MAX_REQUESTS,
+    MAX_SEED,
+    MAX_SIMULATED_REQUESTS,
+    ON_CAPTURE_ERROR,
+    EngineOptions,
+    default_atol,
+    validate_engine_options,
+)
 from ascendgraph.runtime.params import GraphParams
 from ascendgraph.runtime.profiler import KernelCounter, profile_run
 from ascendgraph.runtime.report import Report
-from ascendgraph.runtime.stages.build import FLOAT32_ATTENTION_WARNING, BuildStage
+from ascendgraph.runtime.stages.build import (
+    FLOAT32_ATTENTION_WARNING,
+    check_requests_fit,
+    make_device,
+    make_dispatcher,
+    make_inputs,
+)
 from ascendgraph.runtime.stages.capture import CaptureStage
 from ascendgraph.runtime.stages.check import CheckStage
 from ascendgraph.runtime.stages.forward import ForwardPlumbing
-from ascendgraph.runtime.stages.records import Counters, RunResult, StepObserver
-from ascendgraph.runtime.stages.report import ReportStage
-from ascendgraph.runtime.stages.serve import ServeStage
-from ascendgraph.runtime.threads import AUTO, ThreadRequest, resolve_num_threads
+from ascendgraph.runtime.stages.records import RunResult, StepObserver, StepRecord
+from ascendgraph.runtime.stages.report import KernelStages, ReportStage
+from ascendgraph.runtime.stages.serve import ServeStage, XliteSetup, start_xlite
+from ascendgraph.runtime.stages.state import EngineState
 from ascendgraph.runtime.threads import acquire as acquire_threads
 from ascendgraph.runtime.workload import Request, ScheduledBatch, Scheduler, WorkloadSpec, generate_workload
 from ascendgraph.sizes import DEFAULT_MAX_STREAMS
-from ascendgraph.xlite import NATIVE, XLITE, XliteProfileRun, XliteRouter, XliteRuntime
+from ascendgraph.xlite import XliteProfileRun, XliteRoute, XliteRouter, XliteRuntime
 
 __all__ = [
     "EngineOptions",
@@ -79,119 +101,21 @@ __all__ = [
     "default_atol",
     "ON_CAPTURE_ERROR",
     "FLOAT32_ATTENTION_WARNING",
+    "MAX_REQUESTS",
+    "MAX_SIMULATED_REQUESTS",
+    "MAX_SEED",
+    "validate_engine_options",
 ]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_REQUESTS = 16
-ON_CAPTURE_ERROR = ("raise", "eager")
-# Upper bounds (the CLI's `ascendgraph.cli.args.LIMITS` say the same; a test keeps them equal).
-MAX_REQUESTS = 1_000_000
-# Requests one run simulates at most: every step runs the model on the CPU simulator (about 0.2 to
-# 0.4 s of CPU a request for the default tiny model on a 2-core laptop, measured with
-# `ascendgraph run --requests 16` and `--requests 160`), so a million requests would run for days.
-# Larger workloads are for `ascendgraph plan --workload FILE`, which models the scheduler only.
-MAX_SIMULATED_REQUESTS = 1_000
-MAX_SEED = 2**63 - 1
-_ATOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 
-
-def default_atol(dtype: Union[str, torch.dtype]) -> float:
-    """docs/semantics.md "Checking against eager": 1e-4 for float32, 2e-2 for bfloat16."""
-    return _ATOL[parse_dtype(dtype)]
-
-
-@dataclass(frozen=True)
-class EngineOptions:
-    """How to run a configuration (everything that is not the vLLM configuration itself)."""
-
-    device: Union[str, Device] = "auto"
-    requests: int = DEFAULT_REQUESTS
-    seed: int = 0
-    workload: Optional[Sequence[Request]] = None  # overrides requests / seed-generated prompts
-    workload_spec: Optional[WorkloadSpec] = None
-    on_capture_error: str = "raise"
-    stream_limit: Optional[int] = None
-    hccl_op_expansion_mode: Optional[str] = None
-    faults: Optional[str] = None
-    sim_profile: Optional[str] = None  # sim only: a profile name or calibration JSON; default: config.soc
-    dtype: str = "bfloat16"  # what torch_npu's fused attention takes; float32 is a declared sim leniency
-    atol: Optional[float] = None
-    check_eager: bool = True
-    debug: bool = False  # check input addresses at every replay
-    progress: Optional[bool] = None  # None: when stderr is a terminal
-    env: Optional[dict[str, str]] = None
-    # torch intra-op threads, process-wide (ascendgraph.runtime.threads): "auto" is the CLI's policy
-    # (1 unless OMP_NUM_THREADS is set), None leaves torch alone, an int asks for exactly that many.
-    num_threads: ThreadRequest = AUTO
-    pass_manager: Optional[PassManager] = None
-    quantization: Optional[str] = None  # None | "w8a8" | "w8a8_dynamic": the W8A8-like model variant
-    profile_dir: Optional[str] = None  # `run()` profiles capture + serving into this directory
-    # Failure-mode switches for tests of docs/semantics.md §7 (never use them to "fix" a run).
-    skip_param_update: bool = False  # the kernel is not re-issued: stale lengths -> wrong results
-    record_update_events: bool = True  # False: replays wait for ever -> GraphHang
-    # Simulated data parallelism (the engine is one process): the token counts of the OTHER
-    # dp-1 ranks for each batch; xlite routes on the maximum over all ranks. None: they are idle.
-    dp_peer_tokens: Optional[Callable[[ScheduledBatch], Sequence[int]]] = None
-
-    def __post_init__(self) -> None:
-        validate_engine_options(self)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check_int(name: str, value: Any, low: int, high: int, *, optional: bool = False) -> None:
-    if optional and value is None:
-        return
-    if not _is_int(value) or not low <= value <= high:
-        upper = "2**63 - 1" if high == 2**63 - 1 else str(high)
-        raise ConfigError(f"{name} must be an integer from {low} to {upper}, got {value!r}", key=name)
-
-
-def validate_engine_options(options: EngineOptions) -> None:
-    """Every EngineOptions value has the right type and range (ConfigError naming it)."""
-    device = options.device  # a backend name (checked by get_device) or a Device object
-    if not isinstance(device, str) and not callable(getattr(device, "new_stream", None)):
-        raise ConfigError(f"device must be a backend name (sim, npu, auto) or a Device object, got {device!r}",
-                          key="device")
-    if options.on_capture_error not in ON_CAPTURE_ERROR:
-        raise ConfigError(
-            f"on_capture_error must be one of {', '.join(ON_CAPTURE_ERROR)}, got {options.on_capture_error!r}",
-            key="on_capture_error",
-        )
-    _check_int("requests", options.requests, 1, MAX_REQUESTS)
-    if options.requests > MAX_SIMULATED_REQUESTS:
-        raise ConfigError(
-            f"requests {options.requests} is more than a run simulates ({MAX_SIMULATED_REQUESTS} at most: every step "
-            f"runs the model on the simulator, about 0.2-0.4 s of CPU a request, so this would take hours); "
-            f"run at most {MAX_SIMULATED_REQUESTS} requests, or size a large workload with "
-            f"`ascendgraph plan --workload FILE`",
-            key="requests",
-        )
-    _check_int("seed", options.seed, 0, MAX_SEED)
-    _check_int("stream_limit", options.stream_limit, 1, 2**63 - 1, optional=True)  # planning uses 2**30
-    atol = options.atol
-    if atol is not None and (isinstance(atol, bool) or not isinstance(atol, (int, float))
-                             or not (atol >= 0 and math.isfinite(atol))):
-        raise ConfigError(f"atol must be a finite number >= 0, got {atol!r}", key="atol")
-    if options.profile_dir is not None and not (isinstance(options.profile_dir, (str, os.PathLike))
-                                                and str(options.profile_dir).strip()):
-        raise ConfigError(f"profile_dir must be a directory path, got {options.profile_dir!r}", key="profile_dir")
-    if options.env is not None and not isinstance(options.env, Mapping):
-        raise ConfigError(f"env must be a mapping of variable names to values, got {options.env!r}", key="env")
-    parse_dtype(options.dtype)
-    resolve_num_threads(options.num_threads)
-
-
-class Engine(BuildStage, ForwardPlumbing, CaptureStage, ServeStage, CheckStage, ReportStage):
+class Engine:
     """One engine: a resolved configuration, a model, its graphs and a workload to serve.
 
-    The stages are read one at a time in ascendgraph/runtime/stages/: build (`BuildStage`),
-    forward plumbing (`ForwardPlumbing`), capture (`CaptureStage`), serve (`ServeStage`),
-    check (`CheckStage`) and report (`ReportStage`). This class holds all state (set here)
-    and the lifetime (`close`).
+    The stages are read one at a time in ascendgraph/runtime/stages/. This class builds the
+    fixed parts (device, resolution, workload, model, caches, compile backend), composes the
+    stages over them, owns the `EngineState` they share, and ends the lifetime (`close`).
     """
 
     def __init__(self, config: GraphConfig, options: EngineOptions = EngineOptions()) -> None:
@@ -199,132 +123,121 @@ class Engine(BuildStage, ForwardPlumbing, CaptureStage, ServeStage, CheckStage, 
             raise ConfigError(
                 f"Engine needs a GraphConfig, got {type(config).__name__}; build one with GraphConfig.from_vllm_args(...)"
             )
-        self.config = config
         self.options = options
         self.dtype = parse_dtype(options.dtype)
         self.atol = options.atol if options.atol is not None else default_atol(self.dtype)
-        self.lenient: list[str] = []  # declared leniencies of the device (report "lenient")
-        self.device: Device = self._make_device()
-        profile = getattr(self.device, "profile", None)
-        if options.sim_profile is not None and profile is not None:
-            # --sim-profile X resolves as X's SoC does (the CLI refuses a different --soc)
-            generation = soc_generation(profile.soc)
-            if generation is not None and generation != config.soc:
-                config = self.config = config.replace(soc=generation)
+        lenient: list[str] = []  # declared leniencies of the device (report "lenient")
+        self.device: Device = make_device(options, self.dtype, config.soc, lenient)
+        self.config = config = _config_for_device(config, options, self.device)
         # the stream limit: --stream-limit > the device's own (a profile's stream_limit) > 1800
-        device_limit = self.device.stats().stream_limit if profile is not None else None
-        self.stream_limit = options.stream_limit or device_limit or DEFAULT_MAX_STREAMS
-        self.resolution: Resolution = resolve(
-            config,
-            env=options.env,
-            stream_limit=self.stream_limit,
-            hccl_op_expansion_mode=options.hccl_op_expansion_mode,
-            device_profile=profile,
-        )
-        for warning in self.resolution.warnings:
-            log.warning("%s", warning)
-        self.decisions: list[Decision] = list(self.resolution.decisions)
-        # HCCL's expansion mode is a fact of the process (flag or HCCL_OP_EXPANSION_MODE): the
-        # simulator prices captured collectives with it (sim/budget.py), never with the plan's figures.
-        set_expansion = getattr(self.device, "set_hccl_op_expansion_mode", None)
-        if set_expansion is not None and self.resolution.stream_plan is not None:
-            set_expansion(self.resolution.stream_plan.expansion_mode)
-        self.mode = self.resolution.mode
-        self.dispatcher = self._make_dispatcher(self.mode)
+        self.stream_limit = options.stream_limit or self.device.stats().stream_limit or DEFAULT_MAX_STREAMS
+        self.resolution: Resolution = _resolve(config, options, self.device, self.stream_limit)
+        self._make_dispatcher: Callable[[GraphMode], GraphDispatcher] = functools.partial(
+            make_dispatcher, config, self.resolution)
+        mode = self.resolution.mode
+        self.state = EngineState(mode, self._make_dispatcher(mode), list(self.resolution.decisions), lenient)
         self.spec = config.model
         self.query_len = config.uniform_decode_query_len
-
         # workload first: the KV cache (captured by FULL graphs) is sized from it
-        self.requests = list(options.workload) if options.workload is not None else generate_workload(
+        self.requests: list[Request] = list(options.workload) if options.workload is not None else generate_workload(
             options.workload_spec or WorkloadSpec(num_requests=options.requests, seed=options.seed),
             vocab_size=self.spec.vocab_size,
         )
-        self._check_requests_fit()
+        check_requests_fit(self.requests, self.spec, self.query_len)
         self.scheduler = Scheduler(
-            self.requests,
-            max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            num_speculative_tokens=config.num_speculative_tokens,
-            block_size=config.block_size,
-            vocab_size=self.spec.vocab_size,
-            seed=options.seed,
+            self.requests, max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
+            num_speculative_tokens=config.num_speculative_tokens, block_size=config.block_size,
+            vocab_size=self.spec.vocab_size, seed=options.seed,
         )
-
-        # A meta-tensor device (planning: `ascendgraph plan`) gets a model built on meta
-        # directly: no weights are ever materialised, so large presets cost no memory.
-        meta = self.device.torch_device.type == "meta"
-        # fork_rng: building nn.Modules draws from torch's global generator (their default
-        # init); the engine seeds its own weights and must leave the caller's RNG untouched.
-        with torch.device("meta") if meta else nullcontext(), torch.random.fork_rng(devices=[]):
-            self.model: DecoderModel = build_model(
-                self.spec,
-                attention_backend=self.resolution.attention_backend,
-                dtype=self.dtype,
-                seed=options.seed,
-                device=self.device.torch_device,
-                quantization=options.quantization,
-                tensor_parallel_size=config.tensor_parallel_size,
-            )
-        # The scheduler's blocks, and at least what the warm-up and capture dummy batches
-        # need (the fused attention refuses a cache smaller than its KV lengths ask for:
-        # kernel contract enough_cache_blocks); the extra blocks stay unused by requests.
-        dummy_tokens = max(self.resolution.max_capture_size, config.max_num_batched_tokens, 1)
-        dummy_blocks = config.max_num_seqs + math.ceil(dummy_tokens / config.block_size) + 1
-        num_blocks = max(self.scheduler.allocator.num_blocks, dummy_blocks)
-        self.kv_caches: dict[str, KVCache] = self.model.make_kv_caches(num_blocks, config.block_size)
-        self.reference_kv_caches: dict[str, KVCache] = self.model.make_kv_caches(num_blocks, config.block_size)
-        self.inputs = self._make_inputs()
-
+        self.model: DecoderModel = self._build_model()
+        self.kv_caches, self.reference_kv_caches = self._make_kv_caches()
         self.graph_params = GraphParams(self.device)
-        self.capture_state = CaptureState(
-            self.device,
-            debug=options.debug,
-            stream_budget=self.stream_limit,
-            graph_params=self.graph_params,
-        )
+        self.capture_state = CaptureState(self.device, debug=options.debug, stream_budget=self.stream_limit,
+                                          graph_params=self.graph_params)
         self.pass_manager = options.pass_manager or PassManager.for_resolution(self.resolution)
         self.backend: Optional[AscendGraphBackend] = None
-        if self.mode is not GraphMode.NONE:
-            self.backend = AscendGraphBackend(
-                mode=self.mode,
-                attention_split=self.resolution.attention_split,
-                capture_state=self.capture_state,
-                pass_manager=self.pass_manager,
-                debug=options.debug,
-            )
-        self.compiled = CompiledModel(self.model, self.backend, traced_key=self._traced_key(options),
+        if mode is not GraphMode.NONE:
+            self.backend = AscendGraphBackend(mode=mode, attention_split=self.resolution.attention_split,
+                                              capture_state=self.capture_state, pass_manager=self.pass_manager,
+                                              debug=options.debug)
+        self.compiled = CompiledModel(self.model, self.backend, traced_key=self._traced_key(),
                                       cache=self.pass_manager.cache)
         self.observers: list[StepObserver] = []
         # npugraph_ex (issue 10): static-kernel builds are installed on the device, super kernel
         # optimises each captured FULL graph, and kernels per step are counted for the report.
         self.static_kernels = attach_static_kernels(self.pass_manager, self.device)
         self.super_kernel = attach_super_kernel(self.resolution.super_kernel, self.device, self.capture_state)
-        self.kernel_counter = KernelCounter.attach(self)
-        # route name -> runner; `route(batch)` picks one per batch (xlite adds its own).
-        self.runners: dict[str, Callable[[ScheduledBatch], RunResult]] = {"native": self._run_native}
-        # XliteGraph (docs/semantics.md §11): router, the device's runtime, served batches per route and
-        # the full-mode start-up profile run; router/runtime are None when xlite is off.
-        self.batches_by_route: dict[str, int] = {XLITE: 0, NATIVE: 0}
-        self.xlite_router: Optional[XliteRouter] = None
-        self.xlite_runtime: Optional[XliteRuntime] = None
-        self.xlite_profile_run: Optional[XliteProfileRun] = None
-        if self.resolution.xlite_enabled:
-            self._start_xlite()
-        self._has_clock = getattr(self.device, "track_eager", None) is not None
-        self.capture_seconds = 0.0
-        self.capture_fallback: Optional[BaseException] = None
-        self.graphs_captured_before_failure: Optional[int] = None  # set when a capture fails
-        self.captured = False
-        self.error: Optional[BaseException] = None
-        self.first_mismatch: Optional[NumericalMismatch] = None
-        self._counters = Counters()
-        self._stats_before_capture = None
+        self.kernel_counter = KernelCounter.attach(self.device, self.observers, check_eager=options.check_eager)
+        self._compose_stages()
         # torch's intra-op thread count is process-global: join the policy last (nothing above
         # may fail with it changed); the last engine to close gives the caller's value back.
         self._threads = acquire_threads(self, options.num_threads)
 
+    def _build_model(self) -> DecoderModel:
+        """The model with seeded weights. A meta-tensor device (planning: `ascendgraph plan`) gets
+        it built on meta directly: no weights are ever materialised, so large presets cost no memory."""
+        meta = self.device.torch_device.type == "meta"
+        # fork_rng: building nn.Modules draws from torch's global generator (their default
+        # init); the engine seeds its own weights and must leave the caller's RNG untouched.
+        with torch.device("meta") if meta else nullcontext(), torch.random.fork_rng(devices=[]):
+            return build_model(
+                self.spec,
+                attention_backend=self.resolution.attention_backend,
+                dtype=self.dtype,
+                seed=self.options.seed,
+                device=self.device.torch_device,
+                quantization=self.options.quantization,
+                tensor_parallel_size=self.config.tensor_parallel_size,
+            )
 
-    def _traced_key(self, options: "EngineOptions") -> Optional[str]:
+    def _make_kv_caches(self) -> tuple[dict[str, KVCache], dict[str, KVCache]]:
+        """The graph path's and the eager reference's KV caches: the scheduler's blocks, and at
+        least what the warm-up and capture dummy batches need (the fused attention refuses a
+        cache smaller than its KV lengths ask for: kernel contract enough_cache_blocks); the
+        extra blocks stay unused by requests."""
+        config = self.config
+        dummy_tokens = max(self.resolution.max_capture_size, config.max_num_batched_tokens, 1)
+        dummy_blocks = config.max_num_seqs + math.ceil(dummy_tokens / config.block_size) + 1
+        num_blocks = max(self.scheduler.allocator.num_blocks, dummy_blocks)
+        return (self.model.make_kv_caches(num_blocks, config.block_size),
+                self.model.make_kv_caches(num_blocks, config.block_size))
+
+    def _compose_stages(self) -> None:
+        """The stages over the parts built so far, each given what it needs (see each stage's docstring)."""
+        config, options, state, device = self.config, self.options, self.state, self.device
+        self._forward = ForwardPlumbing(
+            device=device, model=self.model, compiled=self.compiled, kv_caches=self.kv_caches,
+            reference_kv_caches=self.reference_kv_caches, graph_params=self.graph_params,
+            inputs=make_inputs(config, self.resolution, self.spec, device), query_len=self.query_len,
+            max_num_seqs=config.max_num_seqs,
+        )
+        self._capture = CaptureStage(
+            state=state, forward=self._forward, device=device, options=options, resolution=self.resolution,
+            capture_state=self.capture_state, graph_params=self.graph_params, compiled=self.compiled,
+            backend=self.backend, make_dispatcher=self._make_dispatcher,
+        )
+        self._check = CheckStage(
+            state=state, forward=self._forward, model=self.model, device=device, options=options, atol=self.atol,
+            xlite_enabled=self.resolution.xlite_enabled, scheduler=self.scheduler,
+        )
+        # XliteGraph (docs/semantics.md §11): router, the device's runtime and the full-mode
+        # start-up profile run; None when xlite is off.
+        self.xlite: Optional[XliteSetup] = start_xlite(
+            config, dtype=self.dtype, device=device, model=self.model, forward=self._forward,
+        ) if self.resolution.xlite_enabled else None
+        self._serve = ServeStage(
+            state=state, forward=self._forward, check=self._check, device=device, config=config, options=options,
+            scheduler=self.scheduler, graph_params=self.graph_params, xlite=self.xlite, notify=self._notify,
+        )
+        self._report = ReportStage(
+            state=state, config=config, options=options, resolution=self.resolution, device=device, spec=self.spec,
+            dtype=self.dtype, atol=self.atol, requests_total=len(self.requests), scheduler=self.scheduler,
+            capture_state=self.capture_state, compiled=self.compiled, pass_manager=self.pass_manager,
+            kernel_stages=KernelStages(self.static_kernels, self.super_kernel, self.kernel_counter),
+            xlite=self.xlite, has_clock=self._forward.has_clock,
+        )
+
+    def _traced_key(self) -> Optional[str]:
         """The compile cache's key for this engine's traced graph (None: not cached). Only when
         the pass manager uses the cache and every pass is a pure graph rewrite."""
         from ascendgraph.compile.cache import cacheable, traced_key
@@ -332,15 +245,50 @@ class Engine(BuildStage, ForwardPlumbing, CaptureStage, ServeStage, CheckStage, 
         passes = list(self.pass_manager.passes)
         if self.backend is None or not self.pass_manager.use_cache or (passes and not cacheable(passes)):
             return None
-        model_spec = repr((self.spec, self.resolution.attention_backend, str(self.dtype), options.quantization,
+        model_spec = repr((self.spec, self.resolution.attention_backend, str(self.dtype), self.options.quantization,
                            self.config.tensor_parallel_size))
-        device = f"{getattr(self.device, 'name', type(self.device).__name__)}:{self.device.torch_device.type}"
+        device = f"{self.device.name}:{self.device.torch_device.type}"
         return traced_key(model_spec, self.mode.name, self.resolution.attention_split, passes, device)
+
+    def _notify(self, record: StepRecord) -> None:
+        for observer in self.observers:
+            observer.on_step(self, record)
+
+    # ------------------------------------------------------------------ the sequence
+
+    def compile(self) -> float:
+        """Trigger the one Dynamo compilation (`CaptureStage.compile`); returns its seconds."""
+        return self._capture.compile()
+
+    def capture(self) -> None:
+        """Warm up and capture every dispatcher key (`CaptureStage.capture`)."""
+        self._capture.capture()
+
+    def serve(self) -> None:
+        """Serve the whole workload, capturing first if not done yet (`ServeStage.serve`)."""
+        self.capture()
+        self._serve.serve()
+
+    def step(self, batch: ScheduledBatch) -> StepRecord:
+        """Serve one batch (`ServeStage.step`)."""
+        return self._serve.step(batch)
+
+    def route(self, batch: ScheduledBatch) -> str:
+        """Which runner serves a batch (`ServeStage.route`)."""
+        return self._serve.route(batch)
+
+    def route_decision(self, batch: ScheduledBatch) -> Optional[XliteRoute]:
+        """The xlite routing decision of a batch with its reason (None when xlite is off)."""
+        return self._serve.route_decision(batch)
+
+    def report(self) -> Report:
+        """What the engine did so far (`ReportStage.report`)."""
+        return self._report.report()
 
     def close(self) -> None:
         """Release every captured graph and the stream plan (the engine can be dropped afterwards)."""
         self.capture_state.release()
-        if self.captured:
+        if self.state.captured:
             self.device.set_stream_plan(None)
         self._threads.release()
 
@@ -350,6 +298,87 @@ class Engine(BuildStage, ForwardPlumbing, CaptureStage, ServeStage, CheckStage, 
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+    # ------------------------------------------------------------------ views of the parts and the state
+
+    @property
+    def runners(self) -> dict[str, Callable[[ScheduledBatch], RunResult]]:
+        """Route name -> runner ("native"; "xlite" with XliteGraph on). Callers may wrap them in place."""
+        return self._serve.runners
+
+    @property
+    def xlite_router(self) -> Optional[XliteRouter]:
+        return self.xlite.router if self.xlite is not None else None
+
+    @property
+    def xlite_runtime(self) -> Optional[XliteRuntime]:
+        return self.xlite.runtime if self.xlite is not None else None
+
+    @property
+    def xlite_profile_run(self) -> Optional[XliteProfileRun]:
+        return self.xlite.profile_run if self.xlite is not None else None
+
+    @property
+    def mode(self) -> GraphMode:
+        """The runtime mode served (NONE after an eager fallback)."""
+        return self.state.mode
+
+    @property
+    def dispatcher(self) -> GraphDispatcher:
+        return self.state.dispatcher
+
+    @property
+    def decisions(self) -> list[Decision]:
+        return self.state.decisions
+
+    @property
+    def captured(self) -> bool:
+        return self.state.captured
+
+    @property
+    def capture_seconds(self) -> float:
+        return self.state.capture_seconds
+
+    @property
+    def capture_fallback(self) -> Optional[BaseException]:
+        return self.state.capture_fallback
+
+    @property
+    def graphs_captured_before_failure(self) -> Optional[int]:
+        return self.state.graphs_captured_before_failure
+
+    @property
+    def first_mismatch(self) -> Optional[NumericalMismatch]:
+        return self.state.first_mismatch
+
+    @property
+    def error(self) -> Optional[BaseException]:
+        """The run's failure (None so far); callers of `capture` / `serve` record what those raise here."""
+        return self.state.error
+
+    @error.setter
+    def error(self, value: Optional[BaseException]) -> None:
+        self.state.error = value
+
+
+def _config_for_device(config: GraphConfig, options: EngineOptions, device: Device) -> GraphConfig:
+    """--sim-profile X resolves as X's SoC does (the CLI refuses a different --soc)."""
+    if options.sim_profile is None:
+        return config
+    generation = soc_generation(device.profile.soc)
+    return config.replace(soc=generation) if generation is not None and generation != config.soc else config
+
+
+def _resolve(config: GraphConfig, options: EngineOptions, device: Device, stream_limit: int) -> Resolution:
+    """The resolution against the device's profile, its warnings logged. HCCL's expansion mode is a
+    fact of the process (flag or HCCL_OP_EXPANSION_MODE): a device that prices captured collectives
+    with it (sim/budget.py) is told the resolved plan's, never the plan's figures."""
+    resolution = resolve(config, env=options.env, stream_limit=stream_limit,
+                         hccl_op_expansion_mode=options.hccl_op_expansion_mode, device_profile=device.profile)
+    for warning in resolution.warnings:
+        log.warning("%s", warning)
+    if isinstance(device, HcclExpansionMode) and resolution.stream_plan is not None:
+        device.set_hccl_op_expansion_mode(resolution.stream_plan.expansion_mode)
+    return resolution
 
 
 def run(

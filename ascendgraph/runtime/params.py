@@ -51,7 +51,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from ascendgraph.dispatch import BatchDescriptor
-from ascendgraph.errors import GRAPH_PARAMS_ALREADY_SET, StaleGraphParams
+from ascendgraph.errors import GRAPH_PARAMS_ALREADY_SET, GraphParamsNotSet, StaleGraphParams
 from ascendgraph.forward_context import AttentionMetadata, fia_padded_lengths
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -63,10 +63,6 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["GraphParams", "AttentionRecord", "padded_attention_lengths", "GraphParamsNotSet"]
 
 log = logging.getLogger(__name__)
-
-
-class GraphParamsNotSet(RuntimeError):
-    """A FULL capture or update ran before `GraphParams.set_sizes`."""
 
 
 @dataclass
@@ -222,9 +218,9 @@ class GraphParams:
             if id(workspace) in weak:
                 self._workspaces[size] = (shapes, weak[id(workspace)])
         for record in self._records.get(descriptor, ()):
-            workspace = record.call.workspace
-            if workspace is not None and id(workspace) in weak:
-                record.call = replace(record.call, workspace=weak[id(workspace)])
+            used = record.call.workspace
+            if used is not None and id(used) in weak:
+                record.call = replace(record.call, workspace=weak[id(used)])
 
     def discard(self, descriptor: BatchDescriptor) -> None:
         """Forget what a (failed) capture recorded, and the workspaces it made."""

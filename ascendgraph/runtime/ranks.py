@@ -31,6 +31,7 @@ tensors are computed (the devices use meta tensors), so 64 ranks step quickly.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Generator, Optional, Sequence
@@ -44,6 +45,7 @@ from ascendgraph.parallel.coordination import (
     MODE_NONE,
     dp_sync_contribution,
     dp_sync_result,
+    StepPlan,
     execute_dummy_batch_tokens,
     first_dispatch,
     get_policy,
@@ -55,14 +57,14 @@ from ascendgraph.parallel.layout import ParallelLayout, RankCoords, check_heads_
 from ascendgraph.resolve import resolve
 from ascendgraph.parallel.rank_faults import split_rank_faults
 from ascendgraph.runtime.ranks_options import CAPTURE_AGREEMENTS, DRAFT_STEP_POLICIES, RankOptions, Step
-from ascendgraph.runtime.workload import WorkloadSpec, generate_workload, simulate_batches
+from ascendgraph.runtime.workload import WorkloadSpec, generate_workload, simulate_steps
 
 __all__ = ["Step", "RankOptions", "RankSummary", "RanksReport", "run_ranks", "build_rank", "layout_of",
            "rank_program", "CAPTURE_AGREEMENTS", "DRAFT_STEP_POLICIES"]
 
 log = logging.getLogger(__name__)
 
-MC2_TOKENS_PER_RANK = 512  # vLLM Ascend's MC2 token capacity per rank on A3 (PR #8987: 256 on A2)
+MC2_TOKENS_PER_RANK = 512  # vLLM Ascend _MC2_TOKENS_PER_RANK_LIMIT (ascend_forward_context.py:35@182b75ea); PR #8987 (closed, not merged) proposed 256 on A2
 EAGER_FORWARD_US = 2000.0  # nominal virtual time of one eager forward (host launch bound)
 _MODE_NAMES = {0: "NONE", 1: "PIECEWISE", 2: "FULL"}
 PP_NOT_SIMULATED = ("pipeline parallelism: no activations pass between stages (no send/recv); each stage runs "
@@ -211,7 +213,7 @@ class _Rank:
     def forward_collectives(self, padded: int, moe_tokens: int, global_bs: int) -> list[tuple[str, str, tuple, str, tuple]]:
         """The collectives of one forward (one representative layer): the TP all-reduce of
         the attention output, then MoE dispatch and combine on the EP group."""
-        calls = []
+        calls: list[tuple[str, str, tuple, str, tuple]] = []
         if self.layout.tp > 1:
             calls.append(("tp", "all_reduce", (padded, self.hidden), "bfloat16", ()))
         if self.moe and self.layout.ep > 1:
@@ -341,9 +343,9 @@ def _program(rank: _Rank) -> Generator[Any, Any, None]:
                 most = yield rank.call("dp", "all_reduce", (1,), "int32", rows=[[drafts]], reduce="max",
                                        site="draft_steps", local_us=elapsed())
                 drafts = most[0][0]
-            for _ in range(drafts):
+            if drafts:  # the proposer: one DP sync per call (mode NONE, always padded), then its draft forwards
                 yield from _sync_and_forward(rank, policy, max(1, tokens), uniform, elapsed, site="draft_sync",
-                                             draft=True)
+                                             draft=True, forwards=drafts)
         # vLLM v1/engine/core.py DPEngineCoreProc: after every step, _has_global_unfinished_reqs counts it
         # and every 32nd (unfinished_interval) runs ParallelConfig.sync_dp_state, a [2] int32 sum
         # (unfinished, pending pause) on the engine core's own DP group: another communicator than the
@@ -357,22 +359,39 @@ def _program(rank: _Rank) -> Generator[Any, Any, None]:
 
 
 def _sync_and_forward(rank: _Rank, policy: Any, tokens: int, uniform: bool, elapsed: Any, *, site: str,
-                      draft: bool = False) -> Generator[Any, Any, bool]:
+                      draft: bool = False, forwards: int = 1) -> Generator[Any, Any, bool]:
+    """The DP sync and re-dispatch, the post-sync check, then ``forwards`` forwards. A draft
+    (vLLM Ascend's proposers, e.g. spec_decode/llm_base_proposer.py:805-825): one sync per
+    proposer call with ``is_draft_model=True`` (mode NONE, always padded to the DP maximum),
+    then the proposer's own dispatch at the padded size (no mode restriction) for each of its
+    draft forwards."""
     options, layout, c = rank.options, rank.layout, rank.coords
     plan = first_dispatch(tokens, uniform_decode=uniform, dispatch=rank.dispatch, sp_tp=rank.sp_tp)
-    rows = dp_sync_contribution(policy, num_tokens=plan.num_tokens_padded, mode=plan.mode, dp_size=layout.dp,
+    sync_mode = MODE_NONE if draft else plan.mode
+    rows = dp_sync_contribution(policy, num_tokens=plan.num_tokens_padded, mode=sync_mode, dp_size=layout.dp,
                                 dp_rank=c.dp_rank, skip=options.mc2_skip)
     reduced = None
     if rows is not None:
         reduced = yield rank.call("dp", "all_reduce", (len(rows), layout.dp), "int32", rows=rows, site=site,
                                     local_us=elapsed())
-    sync = dp_sync_result(policy, reduced, num_tokens=plan.num_tokens_padded, mode=plan.mode, dp_size=layout.dp,
-                          sequence_parallel=rank.sp_tp > 1)
-    plan = redispatch_after_sync(plan, sync, dp_rank=c.dp_rank, uniform_decode=uniform, dispatch=rank.dispatch)
+    sync = dp_sync_result(policy, reduced, num_tokens=plan.num_tokens_padded, mode=sync_mode, dp_size=layout.dp,
+                          sequence_parallel=rank.sp_tp > 1, draft=draft)
+    if draft and sync.num_tokens_across_dp is not None:
+        mode, padded, key = rank.dispatch(sync.num_tokens_across_dp[c.dp_rank], uniform, None)
+        plan = StepPlan(mode, padded, key, sync.num_tokens_across_dp)
+    elif not draft:
+        plan = redispatch_after_sync(plan, sync, dp_rank=c.dp_rank, uniform_decode=uniform, dispatch=rank.dispatch)
     if sync.skipped:
         rank.summary.skipped_syncs += 1
     elif layout.dp > 1:
         yield rank.decision((plan.mode, plan.key, plan.num_tokens_across_dp), padded=plan.num_tokens_padded)
+    for _ in range(forwards):
+        yield from _forward(rank, plan, sync, elapsed, draft=draft)
+    return sync.skipped
+
+
+def _forward(rank: _Rank, plan: Any, sync: Any, elapsed: Any, *, draft: bool) -> Generator[Any, Any, None]:
+    layout = rank.layout
     rank.summary.batches_by_mode[_MODE_NAMES[plan.mode]] += 1
     graph = rank.graphs.get(plan.key) if plan.mode != MODE_NONE else None
     extra = 0.0
@@ -394,21 +413,39 @@ def _sync_and_forward(rank: _Rank, policy: Any, tokens: int, uniform: bool, elap
         yield rank.call(group, op, shape, dtype, how=how, params=params, site="draft" if draft else "forward",
                           local_us=elapsed(extra))
         extra = 0.0
-    return sync.skipped
 
 
 # --------------------------------------------------------------------------- the run
 
 
+# Generated multi-rank workloads: a DP rank's requests come in two bursts (half, then the rest
+# BURST_GAP steps later), and DP rank r's first burst is schedulable (r mod STAGGER_CYCLE) *
+# RANK_STAGGER steps after rank 0's (a load balancer filling the ranks in turn; the cycle keeps
+# a large world's last ranks from idling for hundreds of steps). Every request is in its rank's
+# scheduler from the start but schedulable only from its burst's step (a KV consumer waiting
+# for its KV transfer, vLLM's WAITING_FOR_REMOTE_KVS): a rank that holds requests none of
+# which is schedulable yet runs a zero-token step (`--idle-policy`, vLLM #43547), and a rank
+# whose requests are all done is idle (`execute_dummy_batch`) until every DP rank is done
+# (vLLM Ascend #13826's variable-length tail).
+BURST_GAP = 12
+RANK_STAGGER = 3
+STAGGER_CYCLE = 4
+
+
 def _generated_steps(config: GraphConfig, options: RankOptions, dp_rank: int) -> list[Step]:
-    requests = generate_workload(WorkloadSpec(num_requests=options.requests, seed=options.seed + dp_rank),
+    seed = options.seed + dp_rank
+    requests = generate_workload(WorkloadSpec(num_requests=options.requests, seed=seed,
+                                              burst_size=max(1, -(-options.requests // 2)), burst_gap=BURST_GAP),
                                  vocab_size=config.model.vocab_size)
-    batches = simulate_batches(requests, max_num_seqs=config.max_num_seqs,
-                               max_num_batched_tokens=config.max_num_batched_tokens,
-                               num_speculative_tokens=config.num_speculative_tokens, block_size=config.block_size,
-                               vocab_size=config.model.vocab_size, seed=options.seed + dp_rank)
-    return [Step(b.num_tokens, b.uniform_decode, config.num_speculative_tokens if not b.has_prefill else 0)
-            for b in batches]
+    offset = (dp_rank % STAGGER_CYCLE) * RANK_STAGGER
+    requests = [dataclasses.replace(r, arrival_step=r.arrival_step + offset) for r in requests]
+    steps = simulate_steps(requests, max_num_seqs=config.max_num_seqs,
+                           max_num_batched_tokens=config.max_num_batched_tokens,
+                           num_speculative_tokens=config.num_speculative_tokens, block_size=config.block_size,
+                           vocab_size=config.model.vocab_size, seed=seed)
+    return [Step(0) if b is None else
+            Step(b.num_tokens, b.uniform_decode, config.num_speculative_tokens if not b.has_prefill else 0)
+            for b in steps]
 
 
 def build_rank(config: GraphConfig, options: RankOptions, layout: ParallelLayout, rank: int) -> _Rank:

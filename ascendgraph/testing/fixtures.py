@@ -19,7 +19,7 @@ from typing import Any, Iterator, Optional
 
 import pytest
 
-from ascendgraph.device import Device, get_device
+from ascendgraph.device import Device, FaultInjection, get_device
 from ascendgraph.errors import ConfigError
 from ascendgraph.testing.plugin import selects_npu_tests
 
@@ -81,11 +81,10 @@ def device(request: pytest.FixtureRequest) -> Iterator[Device]:
     spec = _fault_spec(request)
     created = get_device(name)
     if spec is not None:
-        apply = getattr(created, "set_fault_plan", None)
-        if apply is None:
+        if not isinstance(created, FaultInjection):
             pytest.skip(f"fault injection needs the simulator; the {name!r} device cannot inject {spec!r}")
         try:
-            apply(spec)
+            created.set_fault_plan(spec)
         except ConfigError as exc:
             pytest.fail(f"{request.node.nodeid}: bad @pytest.mark.fault plan {spec!r}: {exc}", pytrace=False)
     yield created
@@ -99,4 +98,4 @@ def sim_device() -> Device:
 @pytest.fixture
 def fault_plan(request: pytest.FixtureRequest, device: Device) -> Any:
     """The fault plan applied to ``device`` by the test's ``fault`` marker (or None)."""
-    return getattr(device, "fault_plan", None)
+    return device.fault_plan if isinstance(device, FaultInjection) else None

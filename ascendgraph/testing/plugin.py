@@ -26,7 +26,7 @@ not gated (and never asks whether an NPU is usable).
 from __future__ import annotations
 
 import importlib
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import pytest
 
@@ -87,7 +87,7 @@ def selects_npu_tests(markexpr: str) -> bool:
 
     expression = Expression.compile(markexpr)
 
-    def only(*names: str):
+    def only(*names: str) -> Callable[..., bool]:
         return lambda name, **kwargs: name in names
 
     return bool(expression.evaluate(only("npu"))) and not expression.evaluate(only())
@@ -164,7 +164,10 @@ def _selected_by_markexpr(markexpr: str) -> bool:
         return True
     from _pytest.mark.expression import Expression
 
-    return bool(Expression.compile(markexpr).evaluate(lambda name, **kwargs: name == "npu"))
+    def is_npu(name: str, /, **kwargs: Any) -> bool:
+        return name == "npu"
+
+    return bool(Expression.compile(markexpr).evaluate(is_npu))
 
 
 def _add_timeouts(config: pytest.Config, npu_items: list[pytest.Item]) -> None:

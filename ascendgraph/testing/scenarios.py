@@ -19,7 +19,8 @@ from typing import Any, Optional, Union
 
 import pytest
 
-from ascendgraph.tools.scenario import Scenario, ScenarioError, ScenarioResult, load_scenario, run_scenario
+from ascendgraph.errors import ScenarioFailed
+from ascendgraph.tools.scenario import Scenario, ScenarioError, load_scenario, run_scenario
 
 __all__ = ["ScenarioFile", "ScenarioItem", "is_scenario_file", "SCENARIO_FOLDER"]
 
@@ -55,14 +56,6 @@ class ScenarioFile(pytest.File):
 
     def collect(self) -> list["ScenarioItem"]:
         return [ScenarioItem.from_parent(self, name=self.path.stem)]
-
-
-class ScenarioFailed(Exception):
-    """The scenario ran and missed its expectation (the result explains how)."""
-
-    def __init__(self, result: ScenarioResult) -> None:
-        super().__init__(result.explain())
-        self.result = result
 
 
 class ScenarioItem(pytest.Item):

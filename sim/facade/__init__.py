@@ -40,7 +40,8 @@ from typing import Any, Optional
 
 from sim.facade.runtime import FacadeRuntime, configure, configured, runtime
 
-__all__ = ["install", "uninstall", "is_installed", "configure", "configured", "runtime", "device", "NOTICE_VARIABLE",
+__all__ = ["install", "uninstall", "is_installed", "configure", "configured", "runtime", "device", "check_memory",
+           "NOTICE_VARIABLE",
            "notice_text", "real_torch_npu_location", "NPU_DEVICE_VARIABLE", "enable_npu_device_spelling",
            "npu_device_spelling_enabled"]
 
@@ -122,7 +123,7 @@ def uninstall() -> None:
 
     for name, module in list(_saved.items()):
         if name == "torch.npu attribute":
-            torch.npu = module  # type: ignore[attr-defined]
+            torch.npu = module  # type: ignore[attr-defined]  # torch.npu is what the facade installs (torch has no npu attribute of its own)
         else:
             sys.modules[name] = module
     _saved.clear()
@@ -153,7 +154,7 @@ def enable_npu_device_spelling() -> None:
     if not npu_device_spelling_enabled():
         torch.utils.rename_privateuse1_backend("npu")
     if getattr(torch.Tensor, "npu", None) is not _tensor_npu:
-        torch.Tensor.npu = _tensor_npu  # type: ignore[attr-defined]
+        torch.Tensor.npu = _tensor_npu  # type: ignore[attr-defined]  # Tensor.npu is what the facade installs (torch_npu adds it on a node)
     from sim.facade.pinned import install_pinned_memory
 
     install_pinned_memory()  # torch now has an accelerator ("npu") whose pinned allocator it asks for
@@ -166,6 +167,16 @@ def is_installed() -> bool:
 def device() -> Any:
     """The SimDevice behind the facade (recorded ops, stats, fault plans)."""
     return runtime().device
+
+
+def check_memory(*, records: Any = None, workspaces: Any = None, graphs: tuple[Any, ...] = ()) -> Any:
+    """What the facade's captured graphs keep alive and what they need not
+    (`sim.memory_ledger.check_memory` on the facade's SimDevice): ``records`` and
+    ``workspaces`` map a graph (an ``NPUGraph``, a SimGraph or its name) to the parameter
+    records / workspace cache kept for it, e.g. vLLM Ascend's ``graph_params.attn_params[n]``."""
+    from sim.memory_ledger import check_memory as check
+
+    return check(runtime().device, records=records, workspaces=workspaces, graphs=graphs)
 
 
 FacadeRuntime = FacadeRuntime

@@ -234,7 +234,7 @@ def put_in_place() -> None:
     modules = facade_modules()
     for name, module in modules.items():
         sys.modules[name] = module
-    torch.npu = npu  # type: ignore[attr-defined]
+    torch.npu = npu  # type: ignore[attr-defined]  # torch.npu is what the facade installs (torch has no npu attribute of its own)
     sys.modules["torch.npu"] = npu
     import torch.distributed as distributed
 

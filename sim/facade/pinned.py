@@ -25,6 +25,7 @@ other tensor is still refused as a host synchronisation.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import Any, Optional
 
@@ -41,7 +42,10 @@ class _PinnedHostMemory:
 
     def add(self, tensor: torch.Tensor) -> None:
         pointer = tensor.untyped_storage().data_ptr()
-        self._by_pointer[pointer] = weakref.ref(tensor, lambda _ref, p=pointer: self._by_pointer.pop(p, None))
+        self._by_pointer[pointer] = weakref.ref(tensor, functools.partial(self._forget, pointer))
+
+    def _forget(self, pointer: int, _ref: object) -> None:
+        self._by_pointer.pop(pointer, None)
 
     def holds(self, tensor: torch.Tensor) -> bool:
         if tensor.device.type != "cpu" or tensor.untyped_storage().nbytes() == 0:

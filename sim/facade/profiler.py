@@ -4,7 +4,7 @@
 experimental_config=_ExperimentalConfig(profiler_level=...), ...)`` records the kernels
 the facade's SimDevice runs in the block (replays and eager kernels) and, on exit, writes
 one ``*_ascend_pt/ASCEND_PROFILER_OUTPUT`` directory with the simulator's
-op_statistic.csv / kernel_details.csv / trace_view.json (`ascendgraph.runtime.profiler`),
+op_statistic.csv / kernel_details.csv / trace_view.json (`ascendgraph.profile_formats`),
 like torch_npu's analysis with ``analyse_flag=True``. Level0 writes no op_statistic.csv,
 as torch_npu. Everything else in torch_npu's profiler is absent.
 """
@@ -91,7 +91,7 @@ class profile:
         handler = self.on_trace_ready
         if not isinstance(handler, _TraceHandler) or not handler.analyse_flag:
             return
-        from ascendgraph.runtime.profiler import OP_STATISTIC, write_profile
+        from ascendgraph.profile_formats import OP_STATISTIC, write_profile
 
         records = list(self._session.records)
         step_ids: list[Optional[int]] = []

@@ -46,7 +46,7 @@ class WeakRefTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, tensor: torch.Tensor) -> "WeakRefTensor":
-        return torch.Tensor._make_wrapper_subclass(  # type: ignore[attr-defined]
+        return torch.Tensor._make_wrapper_subclass(
             cls, tensor.shape, strides=tensor.stride(), storage_offset=tensor.storage_offset(),
             dtype=tensor.dtype, device=tensor.device, requires_grad=False,
         )
@@ -68,18 +68,19 @@ class WeakRefTensor(torch.Tensor):
         alias = torch.empty(0, dtype=self.dtype, device=self.device)
         return alias.set_(storage, self.storage_offset(), self.shape, self.stride())
 
-    def data_ptr(self) -> int:  # type: ignore[override]
+    def data_ptr(self) -> int:
         return self.resolve("data_ptr()").data_ptr()
 
-    def untyped_storage(self) -> torch.UntypedStorage:  # type: ignore[override]
+    def untyped_storage(self) -> torch.UntypedStorage:
         return self.resolve("untyped_storage()").untyped_storage()
 
-    def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
+    def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]  # torch's Tensor.__repr__ takes tensor_contents keyword-only too, unannotated
         state = "alive" if self.alive else "storage freed"
         return f"WeakRefTensor({self._what}, {state})"
 
     @classmethod
-    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_dispatch__(  # type: ignore[override]  # torch declares it with a narrower signature than the dispatcher calls
+            cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         op = str(func)
 
         def unwrap(value: Any) -> Any:

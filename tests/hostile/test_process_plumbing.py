@@ -1,5 +1,5 @@
 """Output plumbing, the only part of the corpus that needs real processes: a reader that
-closes the pipe, stdout on a full device or closed, and Ctrl-C (issue 17, item 6)."""
+closes the pipe, stdout on a full device or closed, and Ctrl-C."""
 
 from __future__ import annotations
 

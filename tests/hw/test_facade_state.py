@@ -6,24 +6,10 @@ super kernel only on Atlas A3, and declared strictness that says "simulator"."""
 from __future__ import annotations
 
 import gc
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import torch
-
-
-@pytest.fixture
-def torch_npu() -> Iterator[Any]:
-    from sim import facade
-
-    facade.install(quiet=True)
-    facade.configure()
-    try:
-        import torch_npu as module
-
-        yield module
-    finally:
-        facade.uninstall()
 
 
 def test_a_weak_reference_does_not_keep_its_storage_alive(torch_npu: Any) -> None:

@@ -323,3 +323,10 @@ def test_device_index_and_availability_are_checked() -> None:
     stand_in.npu.is_available = lambda: False
     with pytest.raises(DeviceUnavailable, match="no NPU is visible"):
         NpuDevice(npu=TorchNpu(stand_in), router=KernelRouter(TorchNpu(stand_in)))
+
+
+def test_the_npu_device_declares_exactly_the_optional_capabilities_it_provides():
+    from ascendgraph.device import capability_mismatches
+
+    device, _ = make()
+    assert capability_mismatches(device) == {}

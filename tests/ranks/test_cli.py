@@ -142,3 +142,61 @@ def test_a_world_beyond_what_finishes_in_a_minute_is_refused(capsys):
     code = main(["run", "--num-layers", "1", "--requests", "2", "-dp", "1024"])
     captured = capsys.readouterr()
     assert code == 2 and "1024 ranks is more than the 512 the simulator steps" in captured.err
+
+
+# The generated multi-rank workload (ascendgraph/runtime/ranks.py, BURST_GAP / RANK_STAGGER): DP
+# rank 1 holds requests none of which is schedulable for its first steps (zero-token steps) and
+# each rank is idle once its requests are done, so the idle policies act through `ascendgraph run`.
+GENERATED = ["--device", "sim", "--num-layers", "1", "--model", "tiny-moe", "-dp", "2", "--json"]
+DECODE_ONLY = ["--compilation-config", '{"cudagraph_mode": "FULL_DECODE_ONLY"}']
+
+
+def _ranks(capsys, *flags):
+    code = main(["run", *GENERATED, *flags])
+    return code, json.loads(capsys.readouterr().out)["ranks"]
+
+
+def test_the_generated_workload_has_zero_token_steps_and_idle_ranks():
+    from ascendgraph import GraphConfig
+    from ascendgraph.runtime.ranks import RankOptions, _generated_steps
+
+    config = GraphConfig.from_vllm_args(model="tiny-moe", data_parallel_size=2)
+    first, second = (_generated_steps(config, RankOptions(), dp) for dp in (0, 1))
+    assert second[0].tokens == 0 and first[0].tokens > 0  # rank 1 holds requests that are not schedulable yet
+    assert len(first) != len(second)  # one rank runs out of requests first and is idle until the other is done
+
+
+def test_the_idle_policy_changes_the_outcome_of_a_generated_run(capsys):
+    """vLLM #43547: a zero-token step that returns without the DP sync leaves the ranks' DP
+    sequences apart until the engine core's unfinished-requests all-reduce: a deadlock."""
+    code, ranks = _ranks(capsys, "--idle-policy", "always_dummy")
+    assert code == 0 and ranks["error"] is None
+    assert ranks["per_rank"][1]["dummy_batches"] > 0
+    code, ranks = _ranks(capsys, "--idle-policy", "external_launcher_only")
+    assert code == 1
+    assert ranks["error"]["type"] == "CollectiveDeadlock"
+    assert "[sync_dp_state]" in ranks["error"]["message"] and "dp_engine" in ranks["error"]["message"]
+
+
+def test_the_mc2_skip_path_hangs_an_idle_rank_against_a_serving_one(capsys):
+    """vLLM Ascend #13826 (FULL_DECODE_ONLY, the thread's mode): the skip path keeps each rank's
+    own mode, so the idle rank's one-token dummy runs eagerly while its peer replays its decode
+    graph, in one EP collective. With the mode synced (the fixed policy) the run passes."""
+    code, ranks = _ranks(capsys, *DECODE_ONLY, "--mc2-skip", "--dp-sync-policy", "vllm_ascend")
+    assert code == 1
+    error = ranks["error"]
+    assert error["type"] == "CollectiveMismatch" and error["rules"] == ["graph_never_meets_eager"]
+    assert "ep#" in error["message"] and "rank 1: eager" in error["message"]
+    assert "rank 0: graph:FULL:" in error["message"]
+    assert ranks["per_rank"][1]["dummy_batches"] >= 1 and ranks["per_rank"][1]["skipped_syncs"] >= 1
+    code, ranks = _ranks(capsys, *DECODE_ONLY, "--mc2-skip", "--dp-sync-policy", "fixed")
+    assert code == 0 and ranks["error"] is None
+
+
+def test_with_piecewise_graphs_the_skip_paths_idle_dummy_replays_a_graph(capsys):
+    """FULL_AND_PIECEWISE (tiny-moe's default): the one-token dummy replays a PIECEWISE graph
+    (vLLM 0.27.1 does not split the MoE layers out of piecewise graphs), so no graph meets an
+    eager collective and the skip path passes (docs/ranks.md)."""
+    code, ranks = _ranks(capsys, "--mc2-skip", "--dp-sync-policy", "vllm_ascend")
+    assert code == 0 and ranks["error"] is None
+    assert ranks["per_rank"][1]["skipped_syncs"] > 0

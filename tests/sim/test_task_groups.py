@@ -15,6 +15,7 @@ import torch
 
 from ascendgraph import ops
 from ascendgraph.errors import CaptureConstraintError, StaleGraphParams
+from ascendgraph.workspace_sizes import paged_attention_op_workspace_bytes
 from sim import SimDevice
 
 
@@ -124,7 +125,7 @@ def test_the_workspace_query_and_output_allocations_before_the_group_are_fine():
         ops.paged_attention(query, key, value, table, ends, lens, scale, out, workspace, lse)
         device.task_group_end(stream)
     assert graph.recorded_ops() == ["ascendgraph.paged_attention.default"]  # the query is no kernel
-    assert workspace.dtype == torch.uint8 and workspace.numel() == 2 * 4 * ops.ATTENTION_WORKSPACE_BYTES_PER_ROW
+    assert workspace.dtype == torch.uint8 and workspace.numel() == paged_attention_op_workspace_bytes(query, key, table)
     assert graph.pool_bytes >= workspace.numel() + out.numel() * 4
 
 

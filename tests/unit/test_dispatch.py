@@ -177,3 +177,29 @@ def test_dispatch_never_returns_a_descriptor_that_is_not_a_key_unless_none(mode,
         assert key.num_tokens >= num_tokens
         assert key.num_tokens in sizes
         assert invalid is None or runtime not in invalid
+
+
+# mutants of dispatch.py (docs/testing.md "Mutation testing")
+
+
+@pytest.mark.parametrize("num_tokens", [True, False, 8.0, "8", -1])
+def test_dispatch_refuses_a_token_count_that_is_not_a_non_negative_integer(num_tokens):
+    # dispatch.py: `isinstance(n, bool) or not isinstance(n, int) or n < 0` with an `and`
+    # let True (an int) or a negative count through
+    from ascendgraph.dispatch import GraphDispatcher
+    from ascendgraph.modes import GraphMode
+
+    dispatcher = GraphDispatcher(GraphMode.FULL_AND_PIECEWISE, capture_sizes=[1, 2, 4, 8], max_num_seqs=4)
+    with pytest.raises(ValueError, match="num_tokens must be an integer >= 0"):
+        dispatcher.dispatch(num_tokens)
+
+
+def test_a_none_mode_dispatcher_has_its_keys_initialised_as_vllms_does():
+    # dispatch.py `_initialise_keys`: vLLM 0.32's initialize_cudagraph_keys sets
+    # keys_initialized = True before its early exit for NONE; the mutant left it False
+    from ascendgraph.dispatch import GraphDispatcher
+    from ascendgraph.modes import GraphMode
+
+    dispatcher = GraphDispatcher(GraphMode.NONE, capture_sizes=[], max_num_seqs=4)
+    assert dispatcher.keys_initialized is True
+    assert dispatcher.dispatch(4)[0] is GraphMode.NONE

@@ -86,3 +86,20 @@ def test_compilation_modes_have_vllm_names_and_values():
     assert CompilationMode.parse(3) is CompilationMode.VLLM_COMPILE
     with pytest.raises(ConfigError):
         CompilationMode.parse(7)
+
+
+# mutants of modes.py `_parse_enum` (docs/testing.md "Mutation testing")
+
+
+@pytest.mark.parametrize("enum_type", [GraphMode, CompilationMode, AttentionGraphSupport])
+@pytest.mark.parametrize("value", [True, False])
+def test_a_bool_is_not_an_enum_value_although_it_equals_0_or_1(enum_type, value):
+    # modes.py `isinstance(value, int) and not isinstance(value, bool)`: with `or`, True would
+    # parse as the member whose value is 1 (PIECEWISE, ...) instead of being refused
+    with pytest.raises(ConfigError, match="invalid"):
+        enum_type.parse(value)
+
+
+def test_integers_still_parse_by_value():
+    assert CompilationMode.parse(3) is CompilationMode.VLLM_COMPILE
+    assert GraphMode.parse("piecewise") is GraphMode.PIECEWISE

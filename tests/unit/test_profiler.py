@@ -110,7 +110,7 @@ def test_a_failure_while_writing_leaves_no_partial_profile(tmp_path, monkeypatch
     def broken(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("ascendgraph.runtime.profiler.json.dumps", broken)
+    monkeypatch.setattr("ascendgraph.profile_formats.json.dumps", broken)
     with pytest.raises(OSError):
         write_profile(tmp_path, RECORDS)
     assert list(tmp_path.iterdir()) == []
@@ -214,7 +214,7 @@ def test_the_kernel_counter_drops_only_the_records_it_asked_for(recording_before
 
     device = SimDevice(record_kernels=recording_before)
     engine = SimpleNamespace(device=device, options=SimpleNamespace(check_eager=True), observers=[])
-    counter = KernelCounter.attach(engine)
+    counter = KernelCounter.attach(engine.device, engine.observers, check_eager=engine.options.check_eager)
     assert engine.observers == [counter] and device.records_kernels
     x = torch.ones(4)
     with device.track_eager():

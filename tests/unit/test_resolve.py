@@ -466,3 +466,44 @@ def test_resolve_only_raises_config_or_graph_mode_errors(mode, level, eager, seq
         assert result.max_capture_size <= tokens
     if result.mode.requires_piecewise_compilation():
         assert result.compilation_mode is CompilationMode.VLLM_COMPILE and not result.npugraph_ex
+
+
+# mutants of resolve.py's rules (docs/testing.md "Mutation testing")
+
+
+def test_a_configuration_with_capture_sizes_gets_no_no_capture_sizes_decision():
+    # resolve.py `_rule_no_capture_sizes`: `mode is NONE or s.capture_sizes` -> `and` added a
+    # "nothing captured" decision and warning to every run, the default one included
+    from ascendgraph.config import GraphConfig
+    from ascendgraph.resolve import resolve
+
+    default = resolve(GraphConfig())
+    assert [d.rule for d in default.decisions] == ["default_compilation_mode", "default_mode", "capture_sizes",
+                                                   "backend_setup"]
+    assert default.warnings == [] and len(default.capture_sizes) == 35
+    eager = resolve(GraphConfig(enforce_eager=True))
+    assert "no_capture_sizes" not in [d.rule for d in eager.decisions]
+
+
+def test_full_graphs_without_context_parallelism_get_no_context_parallel_warning():
+    # resolve.py `_rule_context_parallel`: `pcp > 1` -> `>= 1` warned every FULL run
+    from ascendgraph.config import GraphConfig
+    from ascendgraph.modes import GraphMode as Mode
+    from ascendgraph.resolve import resolve
+
+    assert resolve(GraphConfig(cudagraph_mode=Mode.FULL)).warnings == []
+    warned = resolve(GraphConfig(cudagraph_mode=Mode.FULL, decode_context_parallel_size=2)).warnings
+    assert any("context parallel" in w.lower() or "dcp" in w.lower() for w in warned), warned
+
+
+def test_a_device_profile_narrows_the_piecewise_size_limit_and_keeps_the_socs_own():
+    # resolve.py `Capabilities.of`: `v is not None` -> `is None` lost both limits
+    from types import SimpleNamespace
+
+    from ascendgraph.resolve import Capabilities
+    from ascendgraph.resolve import A5_MAX_PIECEWISE_SIZES
+
+    assert Capabilities.of("A2", SimpleNamespace(max_piecewise_sizes=6)).max_piecewise_sizes == 6
+    assert Capabilities.of("A5", SimpleNamespace()).max_piecewise_sizes == A5_MAX_PIECEWISE_SIZES
+    assert Capabilities.of("A5", SimpleNamespace(max_piecewise_sizes=2)).max_piecewise_sizes == 2
+    assert Capabilities.of("A2", SimpleNamespace()).max_piecewise_sizes is None

@@ -151,3 +151,43 @@ def test_simulated_batches_cover_every_token_of_the_workload():
     prefill_tokens = sum(r.num_tokens for b in batches for r in b.requests if r.is_prefill)
     assert prefill_tokens == 7 + 12 + 3
     assert all(b.num_tokens <= 8 and b.num_reqs <= 2 for b in batches)
+
+
+# --------------------------------------------------------------------------- prompts in many languages
+# Realistic prompts (tests/realistic_data.py, Faker, seeded): scripts without spaces between
+# words, non-Latin letters, accents and punctuation of every kind.
+
+
+def test_prompts_in_any_language_tokenise_stably_inside_the_vocabulary():
+    from tests.realistic_data import PROMPT_LOCALES, prompts
+
+    seen = set()
+    for locale, text in prompts(2, seed=3):
+        tokens = tokenize(text, 1000)
+        seen.add(locale)
+        assert tokens, f"{locale}: {text!r} gave no token"
+        assert all(0 <= t < 1000 for t in tokens), locale
+        assert tokenize(text, 1000) == tokens, f"{locale}: not stable"
+        assert tokenize("  " + text.replace(" ", "\n\t ") + " ", 1000) == tokens, f"{locale}: spacing changed tokens"
+        assert tokenize(f"{text} {text}", 1000) == tokens * 2, f"{locale}: a repeated prompt tokenises twice"
+    assert seen == set(PROMPT_LOCALES)
+
+
+def test_a_workload_of_prompts_in_many_languages_is_served_whole_within_the_budgets():
+    from tests.realistic_data import prompts
+
+    requests = [
+        Request(f"{locale}-{i}", text, tuple(tokenize(text, 151_936)), 2, arrival_step=i % 5)
+        for i, (locale, text) in enumerate(prompts(2, seed=5))
+    ]
+    scheduler = Scheduler(requests, max_num_seqs=4, max_num_batched_tokens=16, block_size=16,
+                          vocab_size=151_936)
+    batches = _run(scheduler)
+    assert all(b.num_tokens <= 16 and b.num_reqs <= 4 for b in batches)
+    prefilled: dict[str, list[int]] = {}
+    for batch in batches:
+        for r in batch.requests:
+            if r.is_prefill:
+                prefilled.setdefault(r.request_id, []).extend(r.token_ids)
+    assert prefilled == {r.request_id: list(r.prompt_token_ids) for r in requests}, "every prompt token once, in order"
+    assert len(scheduler.finished) == len(requests) and not scheduler.failed

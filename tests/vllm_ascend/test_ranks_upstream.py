@@ -84,9 +84,9 @@ def test_vllms_coordinate_batch_across_dp_and_the_restatement_agree(seed):
             assert got[rank][index] == (across, synced), (index, rank)
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_vllm_ascends_sync_metadata_across_dp_and_the_restatement_agree(seed):
-    dp, steps = 3, _steps(seed, 3, 10)
+def _runner_syncs(dp, steps, call):
+    """``call(runner, tokens, mode)`` (vLLM Ascend's ``_sync_metadata_across_dp``) per step on
+    ``dp`` fabric ranks: per rank, (max, num_tokens_across_dp, synced mode) of each step."""
     config = harness.vllm_config("FULL")
     got: dict[int, list] = {}
 
@@ -94,21 +94,32 @@ def test_vllm_ascends_sync_metadata_across_dp_and_the_restatement_agree(seed):
         runner = _runner(dp, rank, config)
         got[rank] = []
         for step in steps:
-            tokens, mode = step[rank]
-            most, across, synced = runner._sync_metadata_across_dp(
-                num_tokens=tokens, cudagraph_mode=CUDAGraphMode(mode), allow_dp_padding=mode != 0)
+            most, across, synced = call(runner, *step[rank])
             got[rank].append((most, tuple(int(v) for v in across), synced.value))
 
     with harness.environment(**HIERARCHICAL):
         stats = VllmRanks(ParallelLayout(dp=dp)).run(body)
     assert stats.met == {"dp:cpu": len(steps)}  # vLLM Ascend syncs on the DP CPU group
+    return got
+
+
+def _restated_syncs(dp, steps, *, draft=False):
     policy = coordination.get_policy("vllm_ascend")
-    for index, step in enumerate(steps):
-        rows = [coordination.dp_sync_contribution(policy, num_tokens=step[r][0], mode=step[r][1], dp_size=dp,
-                                                  dp_rank=r) for r in range(dp)]
-        for rank in range(dp):
-            result = coordination.sync_metadata_across_dp(policy, _restated_all_reduce(rows), num_tokens=step[rank][0],
-                                                          mode=step[rank][1], dp_size=dp, dp_rank=rank)
+    for step in steps:
+        rows = [coordination.dp_sync_contribution(policy, num_tokens=step[r][0], mode=0 if draft else step[r][1],
+                                                  dp_size=dp, dp_rank=r) for r in range(dp)]
+        yield [coordination.sync_metadata_across_dp(policy, _restated_all_reduce(rows), num_tokens=step[rank][0],
+                                                    mode=step[rank][1], dp_size=dp, dp_rank=rank, draft=draft)
+               for rank in range(dp)]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_vllm_ascends_sync_metadata_across_dp_and_the_restatement_agree(seed):
+    dp, steps = 3, _steps(seed, 3, 10)
+    got = _runner_syncs(dp, steps, lambda runner, tokens, mode: runner._sync_metadata_across_dp(
+        num_tokens=tokens, cudagraph_mode=CUDAGraphMode(mode), allow_dp_padding=mode != 0))
+    for index, results in enumerate(_restated_syncs(dp, steps)):
+        for rank, result in enumerate(results):
             assert got[rank][index] == (result.max_tokens, result.num_tokens_across_dp, result.synced_mode)
 
 
@@ -164,3 +175,16 @@ def test_a_zero_token_step_that_skips_the_sync_deadlocks_in_sync_dp_state(idle_p
     with pytest.raises(CollectiveDeadlock) as info:
         ranks.run(body)
     assert "dp:engine" in str(info.value) and "dp:cpu" in str(info.value)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_drafters_sync_and_the_restatement_agree(seed):
+    """The proposer's call (``is_draft_model=True``, spec_decode/llm_base_proposer.py:817): mode NONE
+    in the tensor and always padded to the DP maximum (model_runner_v1.py:700), on generated
+    token counts; held to `coordination.sync_metadata_across_dp(..., draft=True)`."""
+    dp, steps = 3, _steps(seed, 3, 8)
+    got = _runner_syncs(dp, steps, lambda runner, tokens, mode: runner._sync_metadata_across_dp(
+        num_tokens=tokens, is_draft_model=True))
+    for index, results in enumerate(_restated_syncs(dp, steps, draft=True)):
+        for rank, result in enumerate(results):
+            assert got[rank][index] == (result.max_tokens, result.num_tokens_across_dp, result.synced_mode)

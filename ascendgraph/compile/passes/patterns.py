@@ -25,6 +25,7 @@ muls_add                    ``x * scale + y`` (and ``y + x * scale``), scale a P
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Iterable, Sequence
 
 import torch
@@ -110,6 +111,10 @@ def _rms_norm_check(match: Any) -> bool:
     )
 
 
+def _rms_norm_examples(dtype: torch.dtype) -> list[torch.Tensor]:
+    return [meta_tensor(_T, _H, dtype=dtype), meta_tensor(_H, dtype=dtype)]
+
+
 def rms_norm_family(eps_values: Iterable[float]) -> PatternFamily:
     """Decomposed RMSNorm -> ``rms_norm``. Traced once in float32 (no casts in the graph) and
     once in bfloat16 (casts to float32 and back; the cast dtypes are wildcards, so float16
@@ -125,7 +130,7 @@ def rms_norm_family(eps_values: Iterable[float]) -> PatternFamily:
                             name=f"rms_norm[{form},{tag},{_eps_name(eps)}]",
                             search=search,
                             replace=replace,
-                            example_inputs=lambda dtype=dtype: [meta_tensor(_T, _H, dtype=dtype), meta_tensor(_H, dtype=dtype)],
+                            example_inputs=functools.partial(_rms_norm_examples, dtype),
                             check=_rms_norm_check,
                             ignore_types=(torch.dtype,),
                         )
@@ -285,7 +290,7 @@ def add_rms_norm_quant_family(eps_values: Iterable[float]) -> PatternFamily:
                         name=f"add_rms_norm_quant[{variant},{_eps_name(eps)}]",
                         search=search,
                         replace=replace,
-                        example_inputs=lambda arity=arity: examples(arity),
+                        example_inputs=functools.partial(examples, arity),
                         check=_quant_check,
                     )
                 )

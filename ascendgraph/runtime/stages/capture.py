@@ -5,34 +5,30 @@ sizes, compiles (`compile()`: one dummy eager forward at the largest size trigge
 then for every dispatcher key in capture order runs the warm-ups eagerly and one capture run
 with a dummy batch of that key's shape (a tqdm bar per group on stderr). A failure raises the
 rewritten capture error, or, with ``on_capture_error="eager"``, releases every graph, the pool
-and the stream plan and serves eagerly (`_fall_back_to_eager`).
+and the stream plan and serves eagerly (the engine's state says NONE from then on).
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Optional
+from typing import Any, Callable, ContextManager, Optional
 
 import torch
 
 from ascendgraph.compile.backend import AscendGraphBackend, CompiledModel
-from ascendgraph.config import GraphConfig
-from ascendgraph.device import Device, DeviceStats
+from ascendgraph.compile.graph_wrapper import CaptureState
+from ascendgraph.device import Device, WarmupScope
 from ascendgraph.dispatch import BatchDescriptor, GraphDispatcher
 from ascendgraph.errors import DeviceLost, GraphHang
 from ascendgraph.modes import GraphMode
 from ascendgraph.resolve import Decision, Resolution
-from ascendgraph.compile.graph_wrapper import CaptureState
-from ascendgraph.forward_context import AttentionMetadata
+from ascendgraph.runtime.options import EngineOptions
 from ascendgraph.runtime.params import GraphParams
-from ascendgraph.runtime.stages.records import Inputs
-
-if TYPE_CHECKING:
-    from ascendgraph.runtime.engine import EngineOptions
+from ascendgraph.runtime.stages.forward import ForwardPlumbing
+from ascendgraph.runtime.stages.state import EngineState
 
 __all__ = ["CaptureStage", "capture_groups"]
 
@@ -40,74 +36,46 @@ log = logging.getLogger(__name__)
 
 
 class CaptureStage:
-    """Compile and capture (a part of `Engine`, readable on its own). Runs its dummy batches
-    through `ForwardPlumbing`; the fallback rebuilds the dispatcher with `BuildStage`."""
+    """Compile and capture.
 
-    config: GraphConfig
-    options: "EngineOptions"
-    resolution: Resolution
-    device: Device
-    mode: GraphMode
-    dispatcher: GraphDispatcher
-    decisions: list[Decision]
-    inputs: Inputs
-    query_len: int
-    graph_params: GraphParams
-    capture_state: CaptureState
-    backend: Optional[AscendGraphBackend]
-    compiled: CompiledModel
-    captured: bool
-    capture_seconds: float
-    capture_fallback: Optional[BaseException]
-    graphs_captured_before_failure: Optional[int]
-    _stats_before_capture: Optional[DeviceStats]
+    Needs: the engine's state (writes ``captured``, ``capture_seconds``, ``capture_fallback``,
+    ``graphs_captured_before_failure``; the eager fallback switches ``mode`` / ``dispatcher``
+    and appends a decision), the forward plumbing (dummy batches), the device, the options
+    (``on_capture_error``, ``progress``), the resolution, the capture state, the FULL-graph
+    parameters, the compiled model and its backend, and a dispatcher factory for the fallback.
+    Offers: `compile`, `capture`.
+    """
 
-    def _dummy_layout(self, mode: GraphMode, descriptor: BatchDescriptor) -> list[int]:
-        """Query lengths of the dummy batch a key is warmed up or captured with.
-
-        A FULL graph freezes its attention lists, so its capture uses the key's own shape:
-        num_reqs requests (q tokens each when uniform). Everything else — warm-ups and
-        piecewise captures, where attention runs eagerly — uses one request of num_tokens
-        tokens: the graphs are the same and the eager attention stays cheap.
-        """
-        tokens = descriptor.num_tokens
-        if mode is not GraphMode.FULL:
-            return [tokens]
-        if descriptor.uniform:
-            return [self.query_len] * (descriptor.num_reqs or tokens // self.query_len)
-        reqs = descriptor.num_reqs if descriptor.num_reqs is not None else min(tokens, self.config.max_num_seqs)
-        reqs = max(1, min(reqs, tokens))
-        base = tokens // reqs
-        lengths = [base] * reqs
-        lengths[-1] += tokens - base * reqs
-        return lengths
-
-    def _dummy_forward(self, mode: GraphMode, descriptor: BatchDescriptor) -> torch.Tensor:
-        lengths = self._dummy_layout(mode, descriptor)
-        tokens = sum(lengths)
-        positions = [p for length in lengths for p in range(length)]
-        ends = list(itertools.accumulate(lengths))
-        self._write_inputs(
-            [0] * tokens, positions, [-1] * tokens, [[] for _ in lengths], padded_tokens=tokens, padded_rows=len(lengths)
-        )
-        metadata = AttentionMetadata(
-            num_reqs=len(lengths),
-            num_actual_tokens=tokens,
-            num_tokens=tokens,
-            query_start_loc=ends,
-            seq_lens=list(lengths),
-            block_table=self.inputs.block_table[: len(lengths)],
-            slot_mapping=self.inputs.slot_mapping[:tokens],
-            uniform_decode=descriptor.uniform,
-            query_len=self.query_len,
-        )
-        return self._forward(mode, descriptor, metadata, tokens)
+    def __init__(
+        self,
+        *,
+        state: EngineState,
+        forward: ForwardPlumbing,
+        device: Device,
+        options: EngineOptions,
+        resolution: Resolution,
+        capture_state: CaptureState,
+        graph_params: GraphParams,
+        compiled: CompiledModel,
+        backend: Optional[AscendGraphBackend],
+        make_dispatcher: Callable[[GraphMode], GraphDispatcher],
+    ) -> None:
+        self.state = state
+        self.forward = forward
+        self.device = device
+        self.options = options
+        self.resolution = resolution
+        self.capture_state = capture_state
+        self.graph_params = graph_params
+        self.compiled = compiled
+        self.backend = backend
+        self.make_dispatcher = make_dispatcher
 
     def _warmup_scope(self) -> ContextManager[Any]:
         """The device's context for work whose results are discarded (the simulator computes
         the warm-ups' half-precision matmuls in float32, `sim.warmup`); a no-op elsewhere."""
-        scope: Optional[Callable[[], ContextManager[Any]]] = getattr(self.device, "warmup_scope", None)
-        return scope() if scope is not None else contextlib.nullcontext()
+        device = self.device
+        return device.warmup_scope() if isinstance(device, WarmupScope) else contextlib.nullcontext()
 
     def _progress(self) -> bool:
         if self.options.progress is not None:
@@ -120,22 +88,22 @@ class CaptureStage:
             return self.compiled.compile_seconds
         size = max(self.resolution.max_capture_size, 1)
         with self._warmup_scope():  # its results are discarded, like a warm-up's
-            self._dummy_forward(GraphMode.NONE, BatchDescriptor(size))
+            self.forward.dummy_forward(GraphMode.NONE, BatchDescriptor(size))
         self.device.synchronize()
         return self.compiled.compile_seconds
 
     def capture(self) -> None:
         """Warm up and capture every dispatcher key (or nothing in NONE)."""
-        if self.captured:
+        state = self.state
+        if state.captured:
             return
-        self.captured = True
-        order = self.dispatcher.capture_order()
-        self._stats_before_capture = self.device.stats()
+        state.captured = True
+        order = state.dispatcher.capture_order()
         if not order:
             self.compile()
             return
         self.device.set_stream_plan(self.resolution.stream_plan)
-        if self.mode.has_full_graphs():
+        if state.mode.has_full_graphs():
             self.graph_params.set_sizes(self.resolution.capture_sizes)
         start = time.perf_counter()
         try:
@@ -148,18 +116,18 @@ class CaptureStage:
         except (GraphHang, DeviceLost):
             raise
         except RuntimeError as exc:
-            self.capture_seconds = time.perf_counter() - start
-            self.graphs_captured_before_failure = self.capture_state.graphs_captured
+            state.capture_seconds = time.perf_counter() - start
+            state.graphs_captured_before_failure = self.capture_state.graphs_captured
             if self.options.on_capture_error != "eager":
                 raise
             self._fall_back_to_eager(exc)
             return
-        self.capture_seconds = time.perf_counter() - start
+        state.capture_seconds = time.perf_counter() - start
         log.info(
             "captured %d ACL graphs for %d keys in %.2f s",
             self.capture_state.graphs_captured,
             len(order),
-            self.capture_seconds,
+            state.capture_seconds,
         )
 
     def _capture_group(self, label: str, group: list[tuple[GraphMode, BatchDescriptor]]) -> None:
@@ -172,24 +140,25 @@ class CaptureStage:
             for mode, key in bar:
                 for _ in range(warmups):
                     with self._warmup_scope():
-                        self._dummy_forward(GraphMode.NONE, key)
-                self._dummy_forward(mode, key)
+                        self.forward.dummy_forward(GraphMode.NONE, key)
+                self.forward.dummy_forward(mode, key)
         finally:
             bar.close()
 
     def _fall_back_to_eager(self, exc: BaseException) -> None:
         """Release everything capture held and serve eagerly (``on_capture_error="eager"``)."""
         log.error("ACL graph capture failed; serving eagerly instead (--on-capture-error eager):\n%s", exc)
-        self.capture_fallback = exc
+        state = self.state
+        state.capture_fallback = exc
         released = self.capture_state.release()
         self.device.set_stream_plan(None)
         stats = self.device.stats()
         log.info("released %d captured graphs; device now: %d/%d streams in use, %d graphs alive, pool %.1f MiB",
                  released, stats.streams_in_use, stats.stream_limit, stats.graphs_alive, stats.pool_bytes / 2**20)
-        previous = self.mode
-        self.mode = GraphMode.NONE
-        self.dispatcher = self._make_dispatcher(GraphMode.NONE)
-        self.decisions.append(
+        previous = state.mode
+        state.mode = GraphMode.NONE
+        state.dispatcher = self.make_dispatcher(GraphMode.NONE)
+        state.decisions.append(
             Decision("capture_fallback", previous.name, GraphMode.NONE.name,
                      f"capture failed with {type(exc).__name__}; graphs released, serving eagerly")
         )

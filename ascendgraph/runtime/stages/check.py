@@ -1,7 +1,7 @@
 """Check stage: every served step against the eager reference.
 
 The reference is the uncompiled model run eagerly on the unpadded batch with its own KV cache
-(`_run_reference`), so graph and eager paths see the same weights and inputs. A step whose
+(`run_reference`), so graph and eager paths see the same weights and inputs. A step whose
 largest absolute difference exceeds ``atol`` (a NaN counts as infinite) fails its requests
 with `NumericalMismatch`; otherwise the graph path's greedy predictions complete the step.
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING, Optional
 
 import torch
 
@@ -19,14 +18,13 @@ from ascendgraph.dispatch import BatchDescriptor
 from ascendgraph.errors import NumericalMismatch
 from ascendgraph.models.build import DecoderModel
 from ascendgraph.modes import GraphMode
-from ascendgraph.resolve import Resolution
 from ascendgraph.forward_context import AttentionMetadata, set_forward_context
+from ascendgraph.runtime.options import EngineOptions
 from ascendgraph.runtime.report import MISMATCH_CAUSES_EAGER, MISMATCH_CAUSES_GRAPH
-from ascendgraph.runtime.stages.records import Inputs, Measure, RunResult
+from ascendgraph.runtime.stages.forward import ForwardPlumbing
+from ascendgraph.runtime.stages.records import Comparison, Measure, RunResult
+from ascendgraph.runtime.stages.state import EngineState
 from ascendgraph.runtime.workload import ScheduledBatch, Scheduler
-
-if TYPE_CHECKING:
-    from ascendgraph.runtime.engine import EngineOptions
 
 __all__ = ["CheckStage", "BFLOAT16_GATE_ULPS", "bfloat16_ulp", "step_tolerance"]
 
@@ -56,21 +54,37 @@ def step_tolerance(atol: float, dtype: torch.dtype, magnitude: float, *, explici
 
 
 class CheckStage:
-    """The comparison with eager (a part of `Engine`, readable on its own); runs the reference
-    through `ForwardPlumbing`."""
+    """The comparison with eager.
 
-    options: "EngineOptions"
-    device: Device
-    model: DecoderModel
-    inputs: Inputs
-    query_len: int
-    atol: float
-    step_tolerance: float  # the gate of the step being judged (step_tolerance)
-    resolution: Resolution
-    scheduler: Scheduler
-    first_mismatch: Optional[NumericalMismatch]
+    Needs: the engine's state (writes ``first_mismatch``), the forward plumbing (the reference
+    runs through it), the model, the device, the options (``check_eager``, whether ``atol`` was
+    set), the default gate ``atol``, whether xlite is on (the mismatch's advice), and the
+    scheduler (a judged step completes or fails its requests). Offers: `run_reference`,
+    `compare_with_eager`, `judge`.
+    """
 
-    def _run_reference(self, batch: ScheduledBatch) -> tuple[torch.Tensor, Measure]:
+    def __init__(
+        self,
+        *,
+        state: EngineState,
+        forward: ForwardPlumbing,
+        model: DecoderModel,
+        device: Device,
+        options: EngineOptions,
+        atol: float,
+        xlite_enabled: bool,
+        scheduler: Scheduler,
+    ) -> None:
+        self.state = state
+        self.forward = forward
+        self.model = model
+        self.device = device
+        self.options = options
+        self.atol = atol
+        self.xlite_enabled = xlite_enabled
+        self.scheduler = scheduler
+
+    def run_reference(self, batch: ScheduledBatch) -> tuple[torch.Tensor, Measure]:
         """The uncompiled model, eagerly, on the unpadded batch, with its own KV cache."""
         device = self.device.torch_device
         tokens = batch.num_tokens
@@ -78,7 +92,7 @@ class CheckStage:
         positions = torch.tensor(
             [r.start_position + i for r in batch.requests for i in range(r.num_tokens)], dtype=torch.long, device=device
         )
-        width = self.inputs.block_table.shape[1]
+        width = self.forward.inputs.block_table.shape[1]
         table = torch.zeros((batch.num_reqs, width), dtype=torch.int32, device=device)
         for row, r in enumerate(batch.requests):
             table[row, : len(r.block_ids)] = torch.tensor(r.block_ids, dtype=torch.int32, device=device)
@@ -90,10 +104,10 @@ class CheckStage:
             seq_lens=batch.seq_lens,
             block_table=table,
             slot_mapping=torch.tensor([s for r in batch.requests for s in r.slot_ids], dtype=torch.long, device=device),
-            query_len=self.query_len,
+            query_len=self.forward.query_len,
         )
-        context = self._context(GraphMode.NONE, BatchDescriptor(tokens), metadata, reference=True)
-        with self._measured() as measure, set_forward_context(context):
+        context = self.forward.context(GraphMode.NONE, BatchDescriptor(tokens), metadata, reference=True)
+        with self.forward.measured() as measure, set_forward_context(context):
             hidden = self.model(ids, positions)
             self.device.synchronize()
         return hidden, measure
@@ -107,38 +121,36 @@ class CheckStage:
             start += r.num_tokens
         return sampled
 
-    def _compare_with_eager(self, batch: ScheduledBatch, hidden: torch.Tensor) -> tuple[float, Optional[Measure]]:
-        """The largest absolute difference from the eager reference (0.0 and no measure when
-        ``check_eager`` is off; NaN becomes infinity so it never passes)."""
-        diff, eager = 0.0, None
-        self.step_tolerance = self.atol
-        if self.options.check_eager:
-            reference, eager = self._run_reference(batch)
-            diff = (hidden.float() - reference.float()).abs().max().item() if hidden.numel() else 0.0
-            if math.isnan(diff):
-                diff = math.inf
-            magnitude = reference.float().abs().max().item() if reference.numel() else 0.0
-            self.step_tolerance = step_tolerance(self.atol, hidden.dtype, magnitude,
-                                                 explicit_atol=self.options.atol is not None)
-        return diff, eager
+    def compare_with_eager(self, batch: ScheduledBatch, hidden: torch.Tensor) -> Comparison:
+        """The largest absolute difference from the eager reference and the step's gate (0.0,
+        no measure and ``atol`` when ``check_eager`` is off; NaN becomes infinity so it never passes)."""
+        if not self.options.check_eager:
+            return Comparison(0.0, None, self.atol)
+        reference, eager = self.run_reference(batch)
+        diff = (hidden.float() - reference.float()).abs().max().item() if hidden.numel() else 0.0
+        if math.isnan(diff):
+            diff = math.inf
+        magnitude = reference.float().abs().max().item() if reference.numel() else 0.0
+        tolerance = step_tolerance(self.atol, hidden.dtype, magnitude, explicit_atol=self.options.atol is not None)
+        return Comparison(diff, eager, tolerance)
 
-    def _judge(self, batch: ScheduledBatch, result: RunResult, diff: float) -> None:
-        """Within atol: the step's predictions complete it; beyond: its requests fail."""
+    def judge(self, batch: ScheduledBatch, result: RunResult, comparison: Comparison) -> None:
+        """Within the gate: the step's predictions complete it; beyond: its requests fail."""
         mode, descriptor, hidden = result.runtime_mode, result.descriptor, result.hidden
         ids = [r.request_id for r in batch.requests]
-        tolerance = self.step_tolerance
+        diff, tolerance = comparison.diff, comparison.tolerance
         if not diff <= tolerance:
             gate = f"atol {self.atol:g}" if tolerance == self.atol else \
                 f"tolerance {tolerance:.3g} ({BFLOAT16_GATE_ULPS} bfloat16 ulp of max |eager|; atol {self.atol:g})"
             mismatch = NumericalMismatch(
                 f"step {batch.step} ({batch.kind}, {batch.num_tokens} tokens, {mode.name} {descriptor}) differs from "
                 f"eager by {diff:.3g} > {gate}; requests {', '.join(ids)} failed; "
-                + (MISMATCH_CAUSES_EAGER if mode is GraphMode.NONE and not self.resolution.xlite_enabled
+                + (MISMATCH_CAUSES_EAGER if mode is GraphMode.NONE and not self.xlite_enabled
                    else MISMATCH_CAUSES_GRAPH)
             )
             log.error("%s", mismatch)
-            if self.first_mismatch is None:
-                self.first_mismatch = mismatch
+            if self.state.first_mismatch is None:
+                self.state.first_mismatch = mismatch
             self.scheduler.fail(ids, str(mismatch))
         else:
             self.scheduler.complete(batch, self._sample(batch, hidden))

@@ -1,15 +1,16 @@
 """What the engine's stages hand each other: step records, runner results, measures, counters.
 
 `StepRecord` is what observers (`StepObserver`) see for every served step; `RunResult` is what
-a runner (`Engine.runners[route]`) returns for one batch; `Measure` is the CPU time, device
-time and kernel count of one block; `Inputs` are the persistent input buffers the graphs
-read; `Counters` accumulate what the report sums up.
+a runner (`Engine.runners[route]`) returns for one batch; `Comparison` is how far a step was
+from eager and the gate it is judged against; `Measure` is the CPU time, device time and kernel
+count of one block; `Inputs` are the persistent input buffers the graphs read; `Counters`
+accumulate what the report sums up.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional, Protocol
+from typing import Any, Optional, Protocol
 
 import torch
 
@@ -17,10 +18,7 @@ from ascendgraph.dispatch import BatchDescriptor
 from ascendgraph.modes import GraphMode
 from ascendgraph.runtime.report import RUNTIME_MODE_KEYS
 
-if TYPE_CHECKING:
-    from ascendgraph.runtime.engine import Engine
-
-__all__ = ["StepRecord", "RunResult", "StepObserver", "Measure", "Inputs", "Counters"]
+__all__ = ["StepRecord", "RunResult", "Comparison", "StepObserver", "Measure", "Inputs", "Counters"]
 
 
 @dataclass(frozen=True)
@@ -65,10 +63,22 @@ class RunResult:
     measure: Measure
 
 
-class StepObserver(Protocol):
-    """Sees every served step (profilers, kernel counters)."""
+@dataclass(frozen=True)
+class Comparison:
+    """A step against the eager reference: the largest absolute difference (infinite for NaN;
+    0.0 when not checked), the reference's measure (None when not checked) and the gate."""
 
-    def on_step(self, engine: "Engine", record: StepRecord) -> None: ...
+    diff: float
+    eager: Optional[Measure]
+    tolerance: float
+
+
+class StepObserver(Protocol):
+    """Sees every served step (profilers, kernel counters). ``engine`` is the
+    `ascendgraph.runtime.engine.Engine` that served it (typed loosely: the stages that call
+    observers sit below the engine and do not import it)."""
+
+    def on_step(self, engine: Any, record: StepRecord) -> None: ...
 
 
 @dataclass

@@ -11,11 +11,11 @@ its cases into a test module::
     globals().update(CASES)
 
 One module per section: capture_replay, constraints, failed_captures, stream_budget,
-task_groups, wrapper_ops, faults, accounting, kernel_contracts; `registry` holds the
+task_groups, wrapper_ops, faults, accounting, kernel_contracts, capabilities; `registry` holds the
 tags and `case`, `helpers` what the sections share.
 
-Cases use only the `ascendgraph.device.Device` protocol, plus ``device.stats()`` and,
-in sim-only cases, the simulator's options (``set_fault_plan``, ``env``...). Texts are
+Cases use only the `ascendgraph.device.Device` protocol and its optional capabilities
+(``set_fault_plan``, ...) and, in sim-only cases, the simulator's options (``env``...). Texts are
 asserted where the device owns them (torch_npu's §12 texts) and, for conditions the
 ACL runtime reports in CANN-dependent words, only on the simulator.
 """
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from ascendgraph.testing.conformance import (  # noqa: F401  (importing a section registers its cases)
     accounting,
+    capabilities,
     capture_replay,
     constraints,
     failed_captures,

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from ascendgraph import ops
+from ascendgraph.device import Device
 
 __all__ = [
     "is_sim",
@@ -22,8 +23,8 @@ __all__ = [
 ]
 
 
-def is_sim(device: Any) -> bool:
-    return getattr(device, "name", "") == "sim"
+def is_sim(device: Device) -> bool:
+    return device.name == "sim"
 
 
 def tensor(device: Any, *shape: int, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from ascendgraph import ops
+from ascendgraph.device import KernelPrecheck
 from ascendgraph.errors import CaptureConstraintError, KernelContractError
 from ascendgraph.testing.conformance.helpers import TinyAttention, is_sim, tensor
 from ascendgraph.testing.conformance.registry import ALL, case, sim_only
@@ -24,10 +25,9 @@ CONTRACT_IDS = sorted(CONTRACT_CASES)
 
 
 def _pre_check(device):
-    check = getattr(device, "check_kernel_call", None)
-    if check is None:
-        pytest.skip(f"device {getattr(device, 'name', device)!r} has no kernel pre-check (check_kernel_call)")
-    return check
+    if not isinstance(device, KernelPrecheck):
+        pytest.skip(f"device {device.name!r} has no kernel pre-check (check_kernel_call)")
+    return device.check_kernel_call
 
 
 @case(ALL)

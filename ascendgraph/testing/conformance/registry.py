@@ -36,7 +36,7 @@ def case(tag: Any) -> Callable[[Callable[..., None]], Callable[..., None]]:
         elif tag != ALL:
             raise ValueError(f"conformance tag must be ALL or sim_only(reason), got {tag!r}")
         params = [pytest.param("sim", id="sim"), pytest.param("npu", id="npu", marks=npu_marks)]
-        fn.conformance_tag = tag  # type: ignore[attr-defined]
+        fn.conformance_tag = tag  # type: ignore[attr-defined]  # tags a test function for the registry
         wrapped = pytest.mark.parametrize("device", params, indirect=True)(fn)
         CASES[fn.__name__] = wrapped
         return wrapped

@@ -6,6 +6,7 @@ import pytest
 import torch
 from typing import Any
 from ascendgraph import errors
+from ascendgraph.device import HcclExpansionMode
 from ascendgraph.errors import OldHdkStack, StreamResourceExhausted, rewrite_capture_error
 from ascendgraph.modes import GraphMode
 from ascendgraph.sizes import plan_stream_budget
@@ -28,9 +29,8 @@ def test_streams_run_out_at_the_size_the_planner_predicts(device):
     plan = _plan(device, layers=3, sizes=sizes, mode=GraphMode.PIECEWISE, max_streams=200)
     assert not plan.fits
     device.set_stream_plan(plan)  # the stack's limit (200), nothing else
-    set_expansion = getattr(device, "set_hccl_op_expansion_mode", None)
-    if set_expansion is not None:
-        set_expansion("FFTS+")
+    if isinstance(device, HcclExpansionMode):
+        device.set_hccl_op_expansion_mode("FFTS+")
     x = torch.ones(1, device=device.torch_device)
     alive = []
     failing, exc = None, None
@@ -50,9 +50,8 @@ def test_streams_run_out_at_the_size_the_planner_predicts(device):
 
 @case(sim_only("the stream charges are the simulator's physical model"))
 def test_a_graph_holding_collectives_holds_their_streams(device):
-    set_expansion = getattr(device, "set_hccl_op_expansion_mode", None)
-    if set_expansion is not None:
-        set_expansion("FFTS+")
+    if isinstance(device, HcclExpansionMode):
+        device.set_hccl_op_expansion_mode("FFTS+")
     start = device.stats().streams_in_use
     x = torch.ones(1, device=device.torch_device)
     alive = [capture(device, lambda: torch.ops.ascendgraph.all_reduce(x + 1, "tp", 2), graph_kind="full")]

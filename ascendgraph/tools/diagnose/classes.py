@@ -19,6 +19,7 @@ from ascendgraph.errors import (
     TEXT_EL0009,
     TEXT_STREAMS_INSUFFICIENT,
     ConfigError,
+    UnreadableLog,
 )
 
 
@@ -33,10 +34,6 @@ MAX_INCIDENTS = 20_000
 RECENT_LINES = 80  # per-process look-back for "was this during a capture?"
 WRAP = 100
 EMPTY_LOG_NOTE = "the log is empty (0 lines): nothing to diagnose"
-
-
-class UnreadableLog(ConfigError):
-    """The log file (or standard input) cannot be read."""
 
 
 # --------------------------------------------------------------------------- classes

@@ -6,7 +6,7 @@ import gzip
 import io
 import sys
 import zlib
-from typing import Any, BinaryIO, Iterator, Optional
+from typing import Any, BinaryIO, Iterator, Optional, cast
 
 from ascendgraph.errors import ConfigError
 from ascendgraph.readers import open_input
@@ -69,7 +69,7 @@ def _maybe_gunzip(stream: BinaryIO) -> BinaryIO:
     peek = getattr(stream, "peek", None)
     head = peek(2)[:2] if peek else b""
     if head == b"\x1f\x8b":
-        return gzip.GzipFile(fileobj=stream)  # type: ignore[return-value]
+        return gzip.GzipFile(fileobj=stream)  # type: ignore[return-value]  # a GzipFile is a readable binary stream
     return stream
 
 
@@ -149,7 +149,7 @@ def _text_stream(source: str, stream: BinaryIO) -> BinaryIO:
     stream = _maybe_gunzip(stream)
     head = _skip_leading_nuls(source, stream)
     _check_text(source, head)
-    return io.BufferedReader(_Rejoined(head, stream))  # type: ignore[return-value]
+    return io.BufferedReader(_Rejoined(head, stream))
 
 
 def diagnose_file(
@@ -170,7 +170,7 @@ def diagnose_file(
             if raw is None:
                 raise UnreadableLog(f"cannot read log {source!r}: standard input is closed; {_READ_HINT}",
                                     key="LOGFILE")
-            handle: BinaryIO = raw if hasattr(raw, "peek") else io.BufferedReader(raw)  # type: ignore[arg-type]
+            handle: BinaryIO = raw if hasattr(raw, "peek") else io.BufferedReader(cast(Any, raw))
             return diagnose_lines(iter_log_lines(_text_stream(source, handle), source), source=source,
                                   num_layers=num_layers, stream_limit=stream_limit)
         try:  # regular files only: a FIFO, a device or /proc/kmsg would block or never end

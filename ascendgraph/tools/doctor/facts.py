@@ -124,7 +124,7 @@ def stream_check(reference: ReferenceConfig, hccl_op_expansion_mode: Optional[st
         max_capture_size=ascend_default_max_capture_size(reference.max_num_seqs),
     ).sizes
 
-    def plan(expansion: Optional[str]):  # type: ignore[no-untyped-def]
+    def plan(expansion: Optional[str]):  # type: ignore[no-untyped-def]  # a local helper returning the planner's StreamPlan
         return plan_stream_budget(
             num_hidden_layers=reference.num_hidden_layers,
             capture_sizes=sizes,

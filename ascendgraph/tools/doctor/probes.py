@@ -161,9 +161,7 @@ def _probe_soc() -> Optional[str]:
         device = get_device("npu")
     except Exception:
         return None
-    profile = getattr(device, "profile", None)
-    soc = getattr(profile, "soc", None)
-    name = getattr(profile, "name", None)
+    soc, name = device.profile.soc, device.profile.name
     if soc and name and name != soc:
         return f"{soc} ({name})"
     return soc or name

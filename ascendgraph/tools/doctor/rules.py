@@ -98,7 +98,7 @@ def _no_size_fits(value: Optional[str], facts: DoctorFacts) -> bool:
 
 def _hccl_unknown(value: Optional[str], facts: DoctorFacts) -> bool:
     text = _stripped(value)
-    return bool(text) and text.upper() not in HCCL_EXPANSION_MODES  # type: ignore[union-attr]
+    return bool(text) and text.upper() not in HCCL_EXPANSION_MODES  # type: ignore[union-attr]  # bool(text) guards None
 
 
 def _alloc_conf_malformed(value: Optional[str], facts: DoctorFacts) -> bool:

@@ -115,8 +115,8 @@ class Measurement:
         families: dict[tuple[str, bool], list[KeyCost]] = {}
         for cost in self.keys:
             families.setdefault((cost.mode, cost.uniform), []).append(cost)
-        for family in families.values():
-            family.sort(key=lambda c: c.num_tokens)
+        for members in families.values():
+            members.sort(key=lambda c: c.num_tokens)
         graphs = pool = interpolated = 0
         seconds = 0.0
         for mode, key in dispatcher_for(self.resolution, sizes).capture_order():
@@ -197,13 +197,14 @@ def measure_capture(
         raise ConfigError(f"measure must be one of sample, all, got {method!r}", key="measure")
     started = time.perf_counter()
     # torch (through the engine) is imported here only: the rest of the module does without it.
-    from ascendgraph.device import get_device
+    from ascendgraph.device import VirtualClock, get_device
     from ascendgraph.runtime.engine import Engine, EngineOptions
 
     sizes = sample_for_measure(resolution, method, sample)
     config = resolution.config.replace(cudagraph_capture_sizes=tuple(sizes), max_cudagraph_capture_size=None)
     profile_name = profile or config.soc
     device = get_device("sim", profile=profile_name, meta_tensors=True, seed=seed)
+    assert isinstance(device, VirtualClock), "the simulator prices capture on its virtual clock"
     options = EngineOptions(
         device=device,
         requests=1,

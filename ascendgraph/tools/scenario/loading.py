@@ -205,7 +205,7 @@ def _action_args(path: Path, table: Any) -> tuple[str, dict[str, Any]]:
     if not isinstance(table, dict):
         raise ScenarioError(path, "[action]", f"expected a table, got {table!r}")
     name = table.get("name")
-    if name not in DEVICE_ACTIONS:
+    if not isinstance(name, str) or name not in DEVICE_ACTIONS:
         raise ScenarioError(
             path, "[action] name",
             f"expected one of {', '.join(DEVICE_ACTIONS)}{_closest(str(name), DEVICE_ACTIONS)}, got {name!r}",
@@ -326,7 +326,7 @@ def load_scenario(path: Union[str, Path]) -> Scenario:
             stream_limit=device.get("stream_limit"),
             require_task_updates=device.get("require_task_updates"),
         ),
-        run=RunSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in run.items()}),
+        run=RunSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in run.items()}),  # type: ignore[arg-type]  # checked field by field above
         action=action,
         action_args=action_args,
         invariants=Invariants(**invariants),
@@ -380,7 +380,7 @@ def _check_config_values(path: Path, config: Mapping[str, Any]) -> Any:
             from ascendgraph.models.presets import model_spec_from
 
             return model_spec_from(config.get("model"))
-        raise ScenarioError(path, _config_where(exc.key, config), " ".join(str(exc).split())) from None
+        raise ScenarioError(path, _config_where(getattr(exc, "key", None), config), " ".join(str(exc).split())) from None
     return graph_config.model
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Union
 
-from ascendgraph.errors import ConfigError
+from ascendgraph.errors import ScenarioError  # noqa: F401  (re-exported: scenario files' error)
 
 
 SCENARIO_KINDS = ("engine", "device")
@@ -29,14 +29,6 @@ FALLBACK_RULES: Mapping[str, str] = {
     "unsupported_compilation_mode": "the NPU supports compilation modes NONE and VLLM_COMPILE only",
     "data_parallel_agreement": "data-parallel ranks agreed on a lower mode",
 }
-
-
-class ScenarioError(ConfigError):
-    """A bad scenario file: the message names the file, the key and what was expected."""
-
-    def __init__(self, path: Union[str, Path], key: str, problem: str) -> None:
-        super().__init__(f"{path}: {key}: {problem}", key=key)
-        self.path = str(path)
 
 
 # --------------------------------------------------------------------------- the model

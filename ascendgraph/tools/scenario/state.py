@@ -82,6 +82,7 @@ class ProcessState:
             if before == after:
                 continue
             if name == "os.environ":
+                before, after = before or {}, after or {}
                 keys = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
                 changed.append(f"os.environ changed: {', '.join(f'{k}={before.get(k)!r}->{after.get(k)!r}' for k in keys)}")
             elif name in ("torch global RNG state", "python random state"):

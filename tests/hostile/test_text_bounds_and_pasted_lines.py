@@ -1,4 +1,4 @@
-"""Round two, classes 2-5 and 7: bounds on every path, numbers for meaning, text from inputs
+"""Bounds on every path, numbers for meaning, text from inputs
 escaped, output in any encoding, the pasted line as vLLM reads it, the streams around a
 command. Generated variants, in-process through `main`."""
 
@@ -18,7 +18,7 @@ from ascendgraph.cli.vllm_serve import MODELLED_FLAGS, translate_vllm_command
 from ascendgraph.errors import ConfigError
 
 from .corpus import json_document
-from .round2 import CONTROL_TEXTS, LOOK_ALIKE_ENV_NAMES, RAW_CONTROL, control_places
+from .special_inputs import CONTROL_TEXTS, LOOK_ALIKE_ENV_NAMES, RAW_CONTROL, control_places
 
 
 def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[str, str]:

@@ -1,4 +1,4 @@
-"""Round two, class 6 and the machine around a run: the library leaves its caller's process as
+"""The machine around a run: the library leaves its caller's process as
 it found it (environment, threads) and refuses torch defaults it cannot honour; a profile that
 cannot be written keeps the run's report and fails the run (exit 1), not "bad input"."""
 

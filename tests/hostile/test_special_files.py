@@ -1,4 +1,4 @@
-"""Round two, class 1: files that are not files. Every reader refuses every special input in
+"""Files that are not files. Every reader refuses every special input in
 one line (exit 2, never a hang: each case has a timeout); every writer refuses every special
 output and leaves it as it was; broken cache entries are misses with one warning; temporary
 outputs are removed on every exit path. In-process through `main`."""
@@ -27,7 +27,7 @@ from ascendgraph.readers import (
     write_output,
 )
 
-from .round2 import DEVICE_OUTPUTS, READERS, SPECIAL_INPUTS, SPECIAL_OUTPUTS
+from .special_inputs import DEVICE_OUTPUTS, READERS, SPECIAL_INPUTS, SPECIAL_OUTPUTS
 
 CASES = [(reader, kind) for reader in READERS for kind in SPECIAL_INPUTS]
 
@@ -227,3 +227,34 @@ def test_an_empty_home_never_puts_the_cache_at_the_root():
     assert not root.startswith("/.cache") and os.path.isabs(root)
     assert user_cache_root({"HOME": "/home/u"}) == "/home/u/.cache/ascendgraph"
     assert user_cache_root({"HOME": "", "ASCENDGRAPH_CACHE_DIR": "/c"}) == "/c"
+
+
+# --------------------------------------------------------------------------- real-world names
+# File names and folders as users have them (tests/realistic_data.py, Faker, seeded): names of
+# people and companies in several scripts, with spaces, accents and apostrophes.
+
+
+@pytest.mark.parametrize("reader", READERS, ids=[r.name for r in READERS])
+def test_a_missing_file_with_a_real_world_name_is_refused_naming_it(reader, tmp_path, capsys):
+    from tests.realistic_data import file_names, nested_paths
+
+    names = file_names(1, seed=11)
+    for name, folder in zip(names, nested_paths(len(names), seed=11)):
+        path = tmp_path / folder / (Path(name).stem + reader.suffix)
+        err = _one_line_refusal(reader.argv(str(path)), capsys)
+        assert path.name in err, err
+
+
+def test_a_log_in_folders_with_real_world_names_is_read_and_named_in_the_json(tmp_path, capsys):
+    from tests.realistic_data import file_names, nested_paths
+
+    names = file_names(1, seed=13)
+    for name, folder in zip(names, nested_paths(len(names), seed=13)):
+        log = tmp_path / folder / name
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text("INFO vllm: serving started\nINFO vllm: 3 requests finished\n", encoding="utf-8")
+        assert main(["diagnose", str(log), "--json"]) == 0, capsys.readouterr().err
+        out, err = capsys.readouterr()
+        document = json.loads(out)
+        assert document["source"] == str(log) and document["lines_read"] == 2 and document["failures"] == []
+        assert "Traceback" not in err

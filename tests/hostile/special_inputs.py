@@ -1,6 +1,7 @@
-"""Round two of the hostile corpus: files that are not files, text that is not plain, pasted
-lines read as vLLM reads them. Tables of values x places; the tests (test_round2_*.py) assert
-one contract per table, in-process through `ascendgraph.cli.app.main`.
+"""The hostile corpus's special inputs: files that are not files, text that is not plain, pasted
+lines read as vLLM reads them. Tables of values x places; the tests (test_special_files.py,
+test_text_bounds_and_pasted_lines.py, test_caller_process.py) assert one contract per table,
+in-process through `ascendgraph.cli.app.main`.
 """
 
 from __future__ import annotations

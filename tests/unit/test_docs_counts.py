@@ -1,0 +1,26 @@
+"""Counts the README states are the catalogue's (a stale "Forty fault scenarios" read 42 files)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+_UNITS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9}
+_TENS = {"twenty": 20, "thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70, "eighty": 80, "ninety": 90}
+_WORDS = {**_UNITS, "ten": 10, "eleven": 11, "twelve": 12, **_TENS,
+          **{f"{t}-{u}": tv + uv for t, tv in _TENS.items() for u, uv in _UNITS.items()}}
+
+
+def _stated(text: str, noun: str) -> int:
+    found = re.search(rf"\b([A-Za-z-]+|\d+) {re.escape(noun)}", text)
+    assert found, f"the README no longer states how many {noun}"
+    word = found.group(1).lower()
+    return int(word) if word.isdigit() else _WORDS[word]
+
+
+def test_the_readme_states_the_number_of_fault_scenarios_and_rank_scenarios():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert _stated(readme, "fault scenarios") == len(list((REPO / "tests" / "scenarios").glob("*.toml")))
+    rank_files = [p for p in (REPO / "tests" / "ranks" / "scenario_files").iterdir() if p.suffix == ".toml"]
+    assert _stated(readme, "more under `tests/ranks/scenario_files`") == len(rank_files)
