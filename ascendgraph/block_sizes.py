@@ -6,8 +6,8 @@ KV) takes a block size by query length (torch-npu 2.13.0 ``torch_npu/_op_plugin_
 * Q_S > 1 (the "当Q_S大于1时" branch opening at :8201; a prefill, or any batch with a request
   of more than one query token): :8219, block_size at least 128, at most 512, a multiple of
   128 (v2: :8759 / :8776, the same words);
-* Q_S == 1 (the "当Q_S等于1时" branch at :8269; decode): :8280, non-zero, at most 512 and
-  16-aligned for float16/bfloat16 KV, 128 recommended.
+* Q_S == 1 (the "当Q_S等于1时" branch at :8269; decode): :8280, non-zero, at most 512,
+  16-aligned for float16/bfloat16 KV and 32-aligned for int8 KV, 128 recommended.
 
 In TND the query's Q_S is per request: a batch takes the Q_S > 1 branch when any request has
 more than one query token. An engine always runs prefills, so the configuration check asks
@@ -23,34 +23,40 @@ from __future__ import annotations
 
 from typing import Optional
 
-__all__ = ["MAX_PAGED_BLOCK_SIZE", "PAGED_BLOCK_ALIGNMENT", "PREFILL_BLOCK_ALIGNMENT", "PAGED_BLOCK_SIZE_SOURCE",
-           "paged_block_size_ok", "describe_paged_block_size", "block_size_problem"]
+__all__ = ["MAX_PAGED_BLOCK_SIZE", "PAGED_BLOCK_ALIGNMENT", "INT8_KV_BLOCK_ALIGNMENT", "PREFILL_BLOCK_ALIGNMENT",
+           "PAGED_BLOCK_SIZE_SOURCE", "paged_block_size_ok", "describe_paged_block_size", "block_size_problem"]
 
 MAX_PAGED_BLOCK_SIZE = 512
 PAGED_BLOCK_ALIGNMENT = 16  # Q_S == 1, float16/bfloat16 KV
+INT8_KV_BLOCK_ALIGNMENT = 32  # Q_S == 1, int8 KV
 PREFILL_BLOCK_ALIGNMENT = 128  # Q_S > 1
 PAGED_BLOCK_SIZE_SOURCE = (
     "torch-npu 2.13.0 torch_npu/_op_plugin_docs.py:8219 (Q_S > 1, the branch opening at :8201: page attention "
     "block_size at least 128, at most 512, a multiple of 128); :8280 (Q_S == 1, the branch at :8269: non-zero, "
-    "<= 512, 16-aligned for float16/bfloat16 KV, 128 recommended)"
+    "<= 512, 16-aligned for float16/bfloat16 KV, 32-aligned for int8 KV, 128 recommended)"
 )
 
 
-def _alignment(max_query_len: int) -> int:
-    return PREFILL_BLOCK_ALIGNMENT if int(max_query_len) > 1 else PAGED_BLOCK_ALIGNMENT
+def _alignment(max_query_len: int, int8_kv: bool = False) -> int:
+    if int(max_query_len) > 1:
+        return PREFILL_BLOCK_ALIGNMENT
+    return INT8_KV_BLOCK_ALIGNMENT if int8_kv else PAGED_BLOCK_ALIGNMENT
 
 
-def paged_block_size_ok(block_size: int, max_query_len: int = 2) -> bool:
+def paged_block_size_ok(block_size: int, max_query_len: int = 2, *, int8_kv: bool = False) -> bool:
     """Whether page attention takes ``block_size`` for a batch whose longest request has
-    ``max_query_len`` query tokens (Q_S; the default asks for the prefill rule)."""
-    alignment = _alignment(max_query_len)
+    ``max_query_len`` query tokens (Q_S; the default asks for the prefill rule), over an int8
+    KV cache when ``int8_kv``."""
+    alignment = _alignment(max_query_len, int8_kv)
     return alignment <= int(block_size) <= MAX_PAGED_BLOCK_SIZE and int(block_size) % alignment == 0
 
 
-def describe_paged_block_size(block_size: int, max_query_len: int = 2) -> str:
-    alignment = _alignment(max_query_len)
-    branch = f"Q_S={max_query_len} > 1 (a request of several query tokens)" if alignment > PAGED_BLOCK_ALIGNMENT \
-        else "Q_S == 1 (decode)"
+def describe_paged_block_size(block_size: int, max_query_len: int = 2, *, int8_kv: bool = False) -> str:
+    alignment = _alignment(max_query_len, int8_kv)
+    if int(max_query_len) > 1:
+        branch = f"Q_S={max_query_len} > 1 (a request of several query tokens)"
+    else:
+        branch = "Q_S == 1 (decode) over an int8 KV cache" if int8_kv else "Q_S == 1 (decode)"
     return (f"block_size={block_size}; with {branch} page attention needs {alignment}..{MAX_PAGED_BLOCK_SIZE} in "
             f"steps of {alignment} (128 is vLLM Ascend's kernel block size)")
 

@@ -102,7 +102,8 @@ class KernelCall:
 
 
 def _paged_attention_calls(args: Sequence[Any], in_graph: bool) -> list[KernelCall]:
-    query, key_cache, value_cache, block_table, ends, seq_lens, scale, out = args[:8]  # then workspace, lse[:8]  # workspace, softmax_lse follow
+    query, key_cache, value_cache, block_table, ends, seq_lens, scale, out = args[:8]  # workspace, softmax_lse follow
+    workspace = args[8] if len(args) > 8 else None
     op_args = dict(query=query, key_cache=key_cache, value_cache=value_cache, block_table=block_table,
                    actual_seq_lengths=list(ends), seq_lens=list(seq_lens), scale=scale, out=out)
     calls = [KernelCall(PAGED_ATTENTION_OP, op_args)]
@@ -131,6 +132,8 @@ def _paged_attention_calls(args: Sequence[Any], in_graph: bool) -> list[KernelCa
         sparse_mode=FIA_SPARSE_MODE,
         block_size=block_size,
     )
+    if workspace is not None and int(workspace.numel()) > 0:  # hw runs .out in it (an empty one: hw queries its own)
+        fia["workspace"] = workspace
     calls.append(KernelCall(FIA, fia))
     return calls
 

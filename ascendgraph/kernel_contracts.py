@@ -44,6 +44,11 @@ from ascendgraph.block_sizes import (
 )
 from ascendgraph.attention_limits import TND_DECODE_QUERY_LEN_SOURCE
 from ascendgraph.errors import KernelContractError
+from ascendgraph.workspace_sizes import (
+    fused_attention_workspace_bytes,
+    paged_attention_workspace_bytes,
+    tensor_bytes,
+)
 
 __all__ = [
     "KernelRule",
@@ -59,6 +64,7 @@ __all__ = [
     "FIA_MASK_SIZE",
     "FIA_SPARSE_MODE",
     "CONFIG_RULES",
+    "SIMULATOR_MODEL_RULES",
 ]
 
 FIA = "npu_fused_infer_attention_score"
@@ -211,7 +217,7 @@ def _q_s(a: Mapping[str, Any]) -> int:
         return int(query.shape[0]) if query is not None else 0
     if query is None or query.dim() < 3:
         return 1
-    return int(query.shape[2] if a.get("input_layout") == "BNSD" else query.shape[1])
+    return int(query.shape[2] if a.get("input_layout") in ("BNSD", "BNSD_BSND") else query.shape[1])
 
 
 def _batch(a: Mapping[str, Any]) -> int:
@@ -247,7 +253,49 @@ def _kv_heads(a: Mapping[str, Any]) -> int:
 
 
 def _head_dim(a: Mapping[str, Any]) -> int:
-    return int(a["query"].shape[-1])
+    """The query's D (:8064: D = H/N): its last axis, except in BSH (the schema's default
+    layout), whose last axis is H = N*D."""
+    last = int(a["query"].shape[-1])
+    if (a.get("input_layout") or "BSH") == "BSH":
+        return last // max(int(a.get("num_heads") or 1), 1)
+    return last
+
+
+def _int8_in(a: Mapping[str, Any], *names: str) -> bool:
+    return any(getattr(a.get(name), "dtype", None) == torch.int8 for name in names)
+
+
+def _query_dtype_ok(a: Mapping[str, Any]) -> bool:
+    """:8065: float16, bfloat16 or int8; the Q_S > 1 branch refuses an int8 query with page
+    attention (:8224), the Q_S == 1 branch int8 query, key and value together (:8272)."""
+    dtype = a["query"].dtype
+    if dtype in HALF:
+        return True
+    if dtype != torch.int8:
+        return False
+    if _q_s(a) > 1:
+        return not _paged(a)
+    return not _int8_in(a, "key") or not _int8_in(a, "value")
+
+
+def _describe_query_dtype(a: Mapping[str, Any]) -> str:
+    if a["query"].dtype != torch.int8:
+        return (f"query dtype is {_dt(a['query'])}; the fused attention takes float16, bfloat16 or int8 "
+                "(run the model in --dtype bfloat16)")
+    if _q_s(a) > 1:
+        return f"an int8 query with page attention (block_table) and Q_S={_q_s(a)} > 1; use float16 or bfloat16"
+    return "int8 query, key and value together with Q_S == 1; use a float16 or bfloat16 query"
+
+
+def _head_dim_alignment(a: Mapping[str, Any]) -> int:
+    """:8210 (the Q_S > 1 branch): 32 when query, key or value is int8, 16 when all are half."""
+    return 32 if _int8_in(a, "query", "key", "value") else 16
+
+
+def _kv_hidden_limit(a: Mapping[str, Any]) -> int:
+    """KV_N*D of the (blocknum, blocksize, H) cache layout: :8220 (Q_S > 1) refuses it "over
+    65535", :8287 (Q_S == 1) "over 64k"."""
+    return 65535 if _q_s(a) > 1 else 65536
 
 
 def _gqa_ok(a: Mapping[str, Any]) -> bool:
@@ -271,13 +319,288 @@ def _nondecreasing(values: list[int]) -> bool:
     return all(v >= 0 for v in values) and all(b >= a for a, b in zip(values, values[1:]))
 
 
+# --------------------------------------------------------------------------- the fused attention's semantics (v1 and v2)
+# The rules below hold for both fused-attention kernels; each kernel states them in its own
+# argument names (`_FusedNames`) and at its own op-docs lines (`_FusedLines`), so one factory
+# (`_fused_semantics_rules`) writes both sets. What the simulator computes for the calls they
+# accept is sim/attention.py.
+
+MASK_DTYPES = (torch.bool, torch.int8, torch.uint8)
+NON_TND_LAYOUTS = ("BSH", "BSND", "BNSD", "BNSD_BSND")
+SRC_TND_MASKED_MODE_0 = (
+    f"{VLLM_ASCEND} vllm_ascend/attention/attention_mask.py@{VA_COMMIT}:58-66 (a TND call with sparse_mode 0 and a "
+    "mask runs: the card applies the mask as defaultMask, so non-causal layers must pass none)"
+)
+SRC_OP_PLUGIN_FIA = (
+    "Ascend/op-plugin op_plugin/ops/opapi/FusedInferAttentionScoreKernelNpuOpApi.cpp "
+    "(get_query_and_attention_out_layout: \"query's dim should be consistent with that of Layout\"; get_value_d: "
+    "an unpaged value has the query's dims)"
+)
+
+
+@dataclass(frozen=True)
+class _FusedNames:
+    """A fused-attention kernel's spelling of the arguments the shared rules read."""
+
+    q_lengths: str
+    kv_lengths: str
+    heads: str
+
+
+_V1_NAMES = _FusedNames("actual_seq_lengths", "actual_seq_lengths_kv", "num_heads")
+_V2_NAMES = _FusedNames("actual_seq_qlen", "actual_seq_kvlen", "num_query_heads")
+
+
+@dataclass(frozen=True)
+class _FusedLines:
+    """Where a kernel's op docs state each shared rule."""
+
+    layouts: str
+    lengths: str
+    full_mask: str
+    band: str
+    inner_precise: str
+    tnd_sparse: str
+
+
+_V1_LINES = _FusedLines(
+    layouts=f"{DOCS}:8112-8115 (BSH, BSND, BNSD, BNSD_BSND, TND; BNSD_BSND only with Q_S > 1)",
+    lengths=f"{DOCS}:8082-8083 (outside TND one entry per batch, or one for all; each at most the S axis); "
+            ":8222 (page attention: actual_seq_lengths_kv required)",
+    full_mask=f"{DOCS}:8076 (bool/int8/uint8, contiguous); :8077-8080 (sparse_mode 0/1: (Q_S, KV_S), (B, KV_S) at "
+              "Q_S == 1, (1, Q_S, KV_S), (B, 1, Q_S, KV_S), (1, 1, Q_S, KV_S), S rounded up allowed); :8119 (sparse_mode "
+              "1 needs the full mask); :8225-8226 (page attention: KV_S >= block_table columns * block_size)",
+    band=f"{DOCS}:8200 (sparse_mode 4: pre_tokens >= -actual_seq_qlen, next_tokens >= -actual_seq_kvlen, pre_tokens "
+         "+ next_tokens >= 0); the band's two edges must meet (npu_fusion_attention, :1645)",
+    inner_precise=f"{DOCS}:8124-8128 (inner_precise 0-3; Q_S == 1 takes only 0 and 1)",
+    tnd_sparse=f"{DOCS}:8198, 8200 (TND: sparse_mode 0, or 3 / 4 with the mask)",
+)
+_V2_LINES = _FusedLines(
+    layouts=f"{DOCS}:8631-8634 (BSH, BSND, BNSD, BNSD_BSND, TND and the NTD/NBSD variants; BNSD_BSND only with "
+            "Q_S > 1)",
+    lengths=f"{DOCS}:8609-8610 (outside TND one entry per batch, or one for all; each at most the S axis); "
+            ":8780 (page attention: actual_seq_kvlen required)",
+    full_mask=f"{DOCS}:8602 (bool/int8/uint8, contiguous); :8603-8606 (sparse_mode 0/1: (Q_S, KV_S), (B, KV_S) at "
+              "Q_S == 1, (1, Q_S, KV_S), (B, 1, Q_S, KV_S), (1, 1, Q_S, KV_S), S rounded up allowed); :8637 (sparse_mode "
+              "1 needs the full mask); :8782-8783 (page attention: KV_S >= block_table columns * block_size)",
+    band=f"{DOCS}:8735 (sparse_mode 4: pre_tokens >= -actual_seq_qlen, next_tokens >= -actual_seq_kvlen, pre_tokens "
+         "+ next_tokens >= 0); the band's two edges must meet (npu_fusion_attention, :1645)",
+    inner_precise=f"{DOCS}:8656-8660 (inner_precise 0-3; Q_S == 1 takes only 0 and 1)",
+    tnd_sparse=f"{DOCS}:8719, 8735 (TND: sparse_mode 0, or 3 / 4 with the mask)",
+)
+
+
+def _layout(a: Mapping[str, Any]) -> str:
+    return str(a.get("input_layout", "BSH"))
+
+
+def _query_batch_s(a: Mapping[str, Any]) -> tuple[int, int]:
+    """(B, Q_S) of a non-TND query (BNSD keeps S at dim 2)."""
+    query = a["query"]
+    axis = 2 if _layout(a) in ("BNSD", "BNSD_BSND") else 1
+    return int(query.shape[0]), int(query.shape[axis]) if query.dim() > axis else 1
+
+
+def _fused_q_s(a: Mapping[str, Any], n: _FusedNames) -> int:
+    if _tnd(a):
+        ends = _ints(a.get(n.q_lengths))
+        return max((b - s for s, b in zip([0, *ends[:-1]], ends)), default=0)
+    return _query_batch_s(a)[1]
+
+
+def _kv_span(a: Mapping[str, Any]) -> int:
+    """KV_S as the shapes give it: the paged table's reach, else the key's S axis."""
+    key = a["key"]
+    if _paged(a):
+        table = a["block_table"]
+        return int(table.shape[-1]) * int(a.get("block_size", 0) or 0) if table.dim() == 2 else 0
+    if _tnd(a):
+        return int(key.shape[0])
+    axis = 2 if _layout(a) in ("BNSD", "BNSD_BSND") else 1
+    return int(key.shape[axis]) if key.dim() > axis else 0
+
+
+def _per_batch(values: list[int], batch: int, default: int) -> list[int]:
+    if not values:
+        return [default] * batch
+    return values * batch if len(values) == 1 else values[:batch]
+
+
+def _request_lengths(a: Mapping[str, Any], n: _FusedNames) -> list[tuple[int, int]]:
+    """(q_len, kv_len) of every request of the call."""
+    if _tnd(a):
+        ends = _ints(a.get(n.q_lengths))
+        q_lens = [b - s for s, b in zip([0, *ends[:-1]], ends)]
+        kv = _ints(a.get(n.kv_lengths))
+        kv_lens = kv if _paged(a) else [b - s for s, b in zip([0, *kv[:-1]], kv)]
+        return list(zip(q_lens, kv_lens))
+    batch, s = _query_batch_s(a)
+    q_lens = [1] * batch if s == 1 else _per_batch(_ints(a.get(n.q_lengths)), batch, s)
+    kv_lens = _per_batch(_ints(a.get(n.kv_lengths)), batch, 0 if _paged(a) else _kv_span(a))
+    return list(zip(q_lens, kv_lens))
+
+
+def _mask_extent(a: Mapping[str, Any], n: _FusedNames) -> tuple[int, int, int]:
+    """(B, Q_S, KV_S) a full mask must cover: in TND the longest request's query and (unpaged)
+    key lengths, else the query's and key's S axes; paged, the block table's reach."""
+    if _tnd(a):
+        lengths = _request_lengths(a, n)
+        kv_s = _kv_span(a) if _paged(a) else max((kv for _, kv in lengths), default=0)
+        return len(lengths), max((q for q, _ in lengths), default=0), kv_s
+    batch, q_s = _query_batch_s(a)
+    return batch, q_s, _kv_span(a)
+
+
+def _full_mask_ok(a: Mapping[str, Any], n: _FusedNames) -> bool:
+    mask = a.get("atten_mask")
+    if mask is None or mask.dtype not in MASK_DTYPES or not _contiguous(mask):
+        return False
+    batch, q_s, kv_s = _mask_extent(a, n)
+    shape = _shape(mask)
+    if len(shape) == 2:
+        rows_ok = shape[0] == batch if q_s == 1 and not _tnd(a) else shape[0] >= q_s
+        return rows_ok and shape[1] >= kv_s
+    if len(shape) == 3:
+        return shape[0] == 1 and shape[1] >= q_s and shape[2] >= kv_s
+    if len(shape) == 4:
+        return shape[0] in (1, batch) and shape[1] == 1 and shape[2] >= q_s and shape[3] >= kv_s
+    return False
+
+
+def _describe_full_mask(a: Mapping[str, Any], n: _FusedNames) -> str:
+    mask = a.get("atten_mask")
+    batch, q_s, kv_s = _mask_extent(a, n)
+    need = (f"sparse_mode {a.get('sparse_mode')} needs a contiguous bool/int8/uint8 mask of (Q_S, KV_S), "
+            f"(1, Q_S, KV_S) or (B|1, 1, Q_S, KV_S) with Q_S={q_s}, KV_S={kv_s}, B={batch}"
+            + (" (or (B, KV_S): Q_S is 1)" if q_s == 1 and not _tnd(a) else ""))
+    if mask is None:
+        return f"atten_mask is missing; {need}"
+    return f"atten_mask has shape {_shape(mask)}, dtype {_dt(mask)}, contiguous={_contiguous(mask)}; {need}"
+
+
+def _band_ok(a: Mapping[str, Any], n: _FusedNames) -> bool:
+    pre, nxt = int(a.get("pre_tokens", 2147483647)), int(a.get("next_tokens", 2147483647))
+    return pre + nxt >= 0 and all(pre >= -q and nxt >= -kv for q, kv in _request_lengths(a, n))
+
+
+def _lengths_ok(a: Mapping[str, Any], n: _FusedNames) -> bool:
+    batch, q_s = _query_batch_s(a)
+    q_values, kv_values = a.get(n.q_lengths), a.get(n.kv_lengths)
+    if q_values is not None and q_s > 1:
+        q = _ints(q_values)
+        if not (len(q) == 1 or len(q) >= batch) or any(v < 0 or v > q_s for v in q[:batch]):
+            return False
+    if kv_values is None:
+        return not _paged(a)
+    kv = _ints(kv_values)
+    limit = None if _paged(a) else _kv_span(a)
+    return (len(kv) == 1 or len(kv) >= batch) and all(v >= 0 and (limit is None or v <= limit) for v in kv[:batch])
+
+
+def _layout_ok(a: Mapping[str, Any], n: _FusedNames, layouts: tuple[str, ...]) -> bool:
+    layout = _layout(a)
+    if layout not in layouts:
+        return False
+    if layout not in NON_TND_LAYOUTS:
+        return True  # TND: tnd_query_rank and the TND rules; v2's NTD / NBSD variants: not modelled (sim.facade)
+    query = a["query"]
+    if query.dim() != (3 if layout == "BSH" else 4):
+        return False
+    heads = int(a.get(n.heads, 1) or 1)
+    if layout == "BSH" and int(query.shape[-1]) % heads:
+        return False
+    if layout == "BNSD_BSND" and _query_batch_s(a)[1] <= 1:
+        return False
+    if not _paged(a) and (a["key"].dim() != query.dim() or a["value"].dim() != query.dim()
+                          or int(a["key"].shape[0]) != int(query.shape[0])):
+        return False
+    return True
+
+
+def _inner_precise_ok(a: Mapping[str, Any], n: _FusedNames) -> bool:
+    value = int(a.get("inner_precise", 0))
+    return value in (0, 1) or (value in (2, 3) and _fused_q_s(a, n) > 1)
+
+
+def _workspace_needed(a: Mapping[str, Any], kernel: str) -> int:
+    return fused_attention_workspace_bytes(a, v2=kernel == FIA_V2)
+
+
+def _workspace_rule(kernel: str, prefix: str, needed: Callable[[Mapping[str, Any]], int], query: str,
+                    source: str) -> "KernelRule":
+    return KernelRule(
+        kernel, f"{prefix}workspace_too_small", source,
+        lambda a: a.get("workspace") is not None and hasattr(a["workspace"], "numel"),
+        lambda a: tensor_bytes(a["workspace"]) >= needed(a),
+        lambda a: f"workspace holds {tensor_bytes(a['workspace'])} bytes but this call needs {needed(a)} (what "
+                  f"{query} returns for its arguments): a workspace queried for a smaller call (another capture size, "
+                  "a layer with fewer heads, a narrower block table) cannot serve it; query it for the largest call "
+                  "that will use it and keep the largest",
+    )
+
+
+SRC_WORKSPACE = (
+    "torch-npu 2.13.0 registered schemas (the .out overloads run in the caller's Tensor? workspace); the size "
+    "comes from the workspace query (Ascend/op-plugin FusedInferAttentionScoreKernelNpuOpApi.cpp, "
+    "EXEC_GET_MAX_WORKSPACE_CMD); the formula is the simulator's model, ascendgraph/workspace_sizes.py "
+    "(docs/facade.md, \"What is approximated\")"
+)
+
+
+def _fused_semantics_rules(kernel: str, prefix: str, n: _FusedNames, lines: _FusedLines,
+                           layouts: tuple[str, ...], workspace_query: str,
+                           tnd_sparse_rule: bool = True) -> tuple["KernelRule", ...]:
+    """The rules of masks, sparse modes, lengths, precision and workspace the two fused
+    attention kernels share (see the block comment above). ``tnd_sparse_rule=False``: the
+    kernel's own sparse-mode rule already covers TND (v2_sparse_mode)."""
+    mode = lambda a: int(a.get("sparse_mode", 0))  # noqa: E731
+    rules = (
+        KernelRule(kernel, f"{prefix}input_layout", f"{lines.layouts}; {SRC_OP_PLUGIN_FIA}",
+                   _present("query", "key", "value"), lambda a: _layout_ok(a, n, layouts),
+                   lambda a: f"input_layout={_layout(a)!r} with query {_shape(a['query'])}, key {_shape(a['key'])}, "
+                             f"value {_shape(a['value'])}, {n.heads}={a.get(n.heads)}: the layouts are "
+                             f"{', '.join(layouts)}; BSH is [B, S, N*D], BSND/BNSD 4-D, an unpaged key/value has the "
+                             "query's dims and batch, BNSD_BSND needs Q_S > 1"),
+        KernelRule(kernel, f"{prefix}tnd_sparse_mode", f"{lines.tnd_sparse}; {SRC_TND_MASKED_MODE_0}",
+                   lambda a: _tnd(a), lambda a: mode(a) in (0, 3, 4),
+                   lambda a: f"sparse_mode={mode(a)} in TND: the layout takes sparse_mode 0 (no mask, or a full mask "
+                             "applied as defaultMask) or 3 / 4 with the 2048 x 2048 mask"),
+        KernelRule(kernel, f"{prefix}full_mask", f"{lines.full_mask}; TND: {SRC_TND_MASKED_MODE_0}",
+                   lambda a: _present("query", "key")(a)
+                   and (mode(a) == 1 or (mode(a) == 0 and a.get("atten_mask") is not None)),
+                   lambda a: _full_mask_ok(a, n), lambda a: _describe_full_mask(a, n)),
+        KernelRule(kernel, f"{prefix}band_tokens", lines.band,
+                   lambda a: mode(a) == 4 and _present("query", "key")(a) and _fused_q_s(a, n) > 1,
+                   lambda a: _band_ok(a, n),
+                   lambda a: f"pre_tokens={a.get('pre_tokens')}, next_tokens={a.get('next_tokens')} for (q_len, kv_len) "
+                             f"{_request_lengths(a, n)}: the band needs pre_tokens + next_tokens >= 0, pre_tokens >= "
+                             "-q_len and next_tokens >= -kv_len"),
+        KernelRule(kernel, f"{prefix}inner_precise", lines.inner_precise, _present("query"),
+                   lambda a: _inner_precise_ok(a, n),
+                   lambda a: f"inner_precise={a.get('inner_precise')} with Q_S={_fused_q_s(a, n)}: 0-3, and only 0 or "
+                             "1 when Q_S is 1"),
+        KernelRule(kernel, f"{prefix}batch_lengths", lines.lengths,
+                   lambda a: not _tnd(a) and _present("query", "key")(a) and _layout(a) in NON_TND_LAYOUTS,
+                   lambda a: _lengths_ok(a, n),
+                   lambda a: f"{n.q_lengths}={a.get(n.q_lengths)!r}, {n.kv_lengths}={a.get(n.kv_lengths)!r} for B, Q_S = "
+                             f"{_query_batch_s(a)}, KV_S={_kv_span(a)}: one entry per batch (or one for all), each "
+                             f"within its S axis{'; page attention needs ' + n.kv_lengths if _paged(a) else ''}"),
+        _workspace_rule(kernel, prefix, lambda a: _workspace_needed(a, kernel), workspace_query, SRC_WORKSPACE),
+    )
+    return tuple(rule for rule in rules if tnd_sparse_rule or rule.name != f"{prefix}tnd_sparse_mode")
+
+
+V1_LAYOUTS = ("TND", "BSH", "BSND", "BNSD", "BNSD_BSND")
+V2_LAYOUTS = (*V1_LAYOUTS, "NTD", "TND_NTD", "NTD_TND", "BSH_NBSD", "BSND_NBSD", "BNSD_NBSD")
+
+
 # --------------------------------------------------------------------------- the table
 
 _FIA_RULES = (
-    KernelRule(FIA, "query_dtype", f"{DOCS}:8065 (query float16/bfloat16/int8); :8224 (no int8 query with page attention)",
-               _present("query"), lambda a: a["query"].dtype in HALF,
-               lambda a: f"query dtype is {_dt(a['query'])}; the fused attention takes float16 or bfloat16 "
-                         "(run the model in --dtype bfloat16)"),
+    KernelRule(FIA, "query_dtype", f"{DOCS}:8065 (query float16/bfloat16/int8); :8224 (Q_S > 1, the branch opening "
+               "at :8201: no int8 query with page attention); :8272 (Q_S == 1, the branch at :8269: query, key and "
+               "value all int8 not supported)",
+               _present("query"), _query_dtype_ok, _describe_query_dtype),
     KernelRule(FIA, "query_contiguous", f"{DOCS}:8065 (query: non-contiguous tensors are not supported)",
                _present("query"), lambda a: _contiguous(a["query"]),
                lambda a: f"query of shape {_shape(a['query'])} is not contiguous"),
@@ -289,10 +612,19 @@ _FIA_RULES = (
                lambda a: a["key"].dtype == a["value"].dtype and a["key"].dtype in (*HALF, torch.int8),
                lambda a: f"key dtype {_dt(a['key'])}, value dtype {_dt(a['value'])}; page attention takes equal "
                          "float16/bfloat16/int8 caches"),
+    KernelRule(FIA, "paged_kv_layout", f"{DOCS}:8220, 8285 (page attention: the cache is (blocknum, blocksize, H) or, "
+               "for a BNSD or TND query only, (blocknum, KV_N, blocksize, D))",
+               lambda a: _paged(a) and _present("key")(a),
+               lambda a: a["key"].dim() == 3 or (a["key"].dim() == 4 and (a.get("input_layout") or "BSH") in
+                                                  ("BNSD", "BNSD_BSND", "TND")),
+               lambda a: f"key cache of shape {_shape(a['key'])} with input_layout={a.get('input_layout') or 'BSH'!r}; "
+                         "page attention takes (blocknum, blocksize, H), or (blocknum, KV_N, blocksize, D) with a "
+                         "BNSD or TND query"),
     KernelRule(FIA, "paged_kv_same_shape", f"{DOCS}:8220 (key and value shapes must agree)",
                lambda a: _paged(a) and _present("key", "value")(a), lambda a: _shape(a["key"]) == _shape(a["value"]),
                lambda a: f"key shape {_shape(a['key'])} != value shape {_shape(a['value'])}"),
-    KernelRule(FIA, "tnd_query_rank", f"{DOCS}:8113 (TND: query is [T, N, D])",
+    KernelRule(FIA, "tnd_query_rank", f"{DOCS}:8064 (the layout letters: T the tokens of all batches, N the heads, "
+               "D the head dim, so a TND query is [T, N, D]); :8113 (TND is an input_layout)",
                lambda a: _tnd(a) and _present("query")(a), lambda a: a["query"].dim() == 3,
                lambda a: f"TND query has shape {_shape(a['query'])}, not [T, N, D]"),
     KernelRule(FIA, "tnd_actual_seq_lengths", f"{DOCS}:8082 (TND: actual_seq_lengths required, cumulative, "
@@ -318,9 +650,9 @@ _FIA_RULES = (
                lambda a: f"block_table dtype is {_dt(a['block_table'])}, not int32"),
     KernelRule(FIA, "block_table_rows", f"{DOCS}:8223, 8284 (page attention: block_table 2-D, first dim == batch); "
                f"{CANN_TEXT_BLOCK_TABLE}",
-               lambda a: _paged(a) and a.get("actual_seq_lengths") is not None,
-               lambda a: a["block_table"].dim() == 2 and int(a["block_table"].shape[0]) == len(a["actual_seq_lengths"]),
-               lambda a: f"block_table has shape {_shape(a['block_table'])} for {len(a['actual_seq_lengths'])} "
+               lambda a: _paged(a) and (a.get("actual_seq_lengths") is not None or not _tnd(a)),
+               lambda a: a["block_table"].dim() == 2 and int(a["block_table"].shape[0]) == _batch(a),
+               lambda a: f"block_table has shape {_shape(a['block_table'])} for {_batch(a)} "
                          "requests; it needs one row per request"),
     KernelRule(FIA, "block_table_columns", f"{DOCS}:8223, 8284 (second dim >= maxBlockNumPerSeq of the longest "
                f"actual_seq_lengths_kv); {CANN_TEXT_BLOCK_TABLE}",
@@ -335,24 +667,35 @@ _FIA_RULES = (
                lambda a: f"the cache holds {int(a['key'].shape[0])} blocks but the KV lengths "
                          f"{_ints(a['actual_seq_lengths_kv'])} need {sum(_blocks_needed(a))} of {a['block_size']}"),
     KernelRule(FIA, "paged_block_size", PAGED_BLOCK_SIZE_SOURCE,
-               _paged, lambda a: paged_block_size_ok(a.get("block_size", 0), _q_s(a)),
-               lambda a: describe_paged_block_size(a.get("block_size", 0), _q_s(a))),
+               _paged, lambda a: paged_block_size_ok(a.get("block_size", 0), _q_s(a), int8_kv=_int8_in(a, "key")),
+               lambda a: describe_paged_block_size(a.get("block_size", 0), _q_s(a), int8_kv=_int8_in(a, "key"))),
     *_q_s_gt_1_limits(FIA, "", _q_s, _batch, "num_heads", f"{DOCS}:8203 (Q_S > 1, the branch opening at :8201: "
                       "the B axis at most 65536)", f"{DOCS}:8204 (Q_S > 1: the N axis at most 256)"),
     # No kv_len >= q_len rule: the op docs' sparse_mode 3 interception (:8248) belongs to the
     # int8-output list (:8244, "输出为int8 ... quant_offset2"), and the TND one (:8198) to the
     # D=192 branch (:8193-8199); neither is this call (bf16 out, D 128), and the rule refused
     # vLLM Ascend's own dummy request (kv_len 1 behind a longer padded query).
-    KernelRule(FIA, "head_dim_16_aligned", f"{DOCS}:8210 (float16/bfloat16: the D axis must be 16-aligned)",
-               _present("query"), lambda a: _head_dim(a) % 16 == 0 and _head_dim(a) <= 512,
-               lambda a: f"head_dim={_head_dim(a)}; the fused attention needs a multiple of 16 (<= 512)"),
+    KernelRule(FIA, "head_dim_16_aligned", f"{DOCS}:8210 (Q_S > 1, the branch opening at :8201: D 16-aligned when "
+               "query, key and value are float16/bfloat16, 32-aligned when one is int8; the Q_S == 1 branch at :8269 "
+               "asks no alignment)",
+               lambda a: _present("query")(a) and _q_s(a) > 1, lambda a: _head_dim(a) % _head_dim_alignment(a) == 0,
+               lambda a: f"head_dim={_head_dim(a)} with Q_S={_q_s(a)} > 1; the fused attention needs a multiple of "
+                         f"{_head_dim_alignment(a)}"),
+    KernelRule(FIA, "head_dim_limit", f"{DOCS}:8204 (Q_S > 1: the D axis at most 512); :8271 (Q_S == 1: the D axis "
+               "at most 512)",
+               _present("query"), lambda a: _head_dim(a) <= 512,
+               lambda a: f"head_dim={_head_dim(a)}; the fused attention takes at most 512"),
     KernelRule(FIA, "gqa_ratio", f"{DOCS}:8116 (num_heads divisible by num_key_value_heads, ratio <= 64)",
                _always, _gqa_ok,
                lambda a: f"num_heads={a.get('num_heads', 1)}, num_key_value_heads={_kv_heads(a)}: heads must be a "
                          "multiple of kv heads with at most 64 per kv head"),
-    KernelRule(FIA, "kv_hidden_limit", f"{DOCS}:8220, 8287 ((blocknum, blocksize, H) layout: KV_N*D > 65535 is rejected)",
-               lambda a: _paged(a) and _present("query")(a), lambda a: _kv_heads(a) * _head_dim(a) <= 65535,
-               lambda a: f"num_key_value_heads*head_dim={_kv_heads(a) * _head_dim(a)} exceeds 65535"),
+    KernelRule(FIA, "kv_hidden_limit", f"{DOCS}:8220 (Q_S > 1: a (blocknum, blocksize, H) cache with KV_N*D over "
+               "65535 is rejected; the (blocknum, KV_N, blocksize, D) layout is the way out); :8287 (Q_S == 1: over 64k)",
+               lambda a: _paged(a) and _present("query", "key")(a) and a["key"].dim() == 3,
+               lambda a: _kv_heads(a) * _head_dim(a) <= _kv_hidden_limit(a),
+               lambda a: f"num_key_value_heads*head_dim={_kv_heads(a) * _head_dim(a)} exceeds {_kv_hidden_limit(a)} "
+                         "in the (blocknum, blocksize, H) cache layout; use GQA or the (blocknum, KV_N, blocksize, D) "
+                         "layout"),
     KernelRule(FIA, "sparse_mode_range", f"{DOCS}:8212 (sparse_mode only 0-4)",
                _always, lambda a: int(a.get("sparse_mode", 0)) in (0, 1, 2, 3, 4),
                lambda a: f"sparse_mode={a.get('sparse_mode')} is not one of 0-4"),
@@ -362,6 +705,8 @@ _FIA_RULES = (
                lambda a: "atten_mask is missing" if a.get("atten_mask") is None else
                f"atten_mask has shape {_shape(a['atten_mask'])}, dtype {_dt(a['atten_mask'])}; sparse_mode "
                f"{a.get('sparse_mode')} needs a contiguous 2048 x 2048 bool mask"),
+    *_fused_semantics_rules(FIA, "", _V1_NAMES, _V1_LINES, V1_LAYOUTS,
+                            "_npu_fused_infer_attention_score_get_max_workspace"),
 )
 
 _PAGED_ATTENTION_RULES = (
@@ -598,10 +943,10 @@ _FIA_V2_RULES = (
                lambda a: f"query has T={int(a['query'].shape[0])} tokens but actual_seq_qlen[-1]={_v2_ends(a)[-1]}; "
                          "pad with a dummy request so the last end equals T"),
     KernelRule(FIA_V2, "v2_block_table", f"{DOCS}:8611 (block_table int32); :8780 (page attention: 2-D, first dim == batch)",
-               lambda a: _paged(a) and a.get("actual_seq_qlen") is not None,
+               lambda a: _paged(a) and (a.get("actual_seq_qlen") is not None or not _v2_tnd(a)),
                lambda a: a["block_table"].dtype == torch.int32 and a["block_table"].dim() == 2
-               and int(a["block_table"].shape[0]) == len(_v2_ends(a)),
-               lambda a: f"block_table {_shape(a['block_table'])} {_dt(a['block_table'])} for {len(_v2_ends(a))} "
+               and int(a["block_table"].shape[0]) == _v2_batch(a),
+               lambda a: f"block_table {_shape(a['block_table'])} {_dt(a['block_table'])} for {_v2_batch(a)} "
                          "requests: need int32 with one row per request"),
     KernelRule(FIA_V2, "v2_block_table_columns", f"{DOCS}:8780 (second dim >= maxBlockNumPerSeq)",
                lambda a: _v2_paged_lengths(a) and a["block_table"].dim() == 2,
@@ -609,10 +954,10 @@ _FIA_V2_RULES = (
                lambda a: f"block_table has {int(a['block_table'].shape[1])} columns but the longest KV length needs "
                          f"{max(_v2_blocks_needed(a), default=0)} blocks of {a['block_size']}"),
     KernelRule(FIA_V2, "v2_paged_block_size", f"{DOCS}:8776 (Q_S > 1, the branch at :8759: at least 128, at most "
-               "512, a multiple of 128); :8817 (Q_S == 1, the branch at :8806: 16-aligned for float16/bfloat16 KV); "
-               f"as v1's ({PAGED_BLOCK_SIZE_SOURCE})",
-               _paged, lambda a: paged_block_size_ok(a.get("block_size", 0), _v2_q_s(a)),
-               lambda a: describe_paged_block_size(a.get("block_size", 0), _v2_q_s(a))),
+               "512, a multiple of 128); :8817 (Q_S == 1, the branch at :8806: 16-aligned for float16/bfloat16 KV, "
+               f"32-aligned for int8 KV); as v1's ({PAGED_BLOCK_SIZE_SOURCE})",
+               _paged, lambda a: paged_block_size_ok(a.get("block_size", 0), _v2_q_s(a), int8_kv=_int8_in(a, "key")),
+               lambda a: describe_paged_block_size(a.get("block_size", 0), _v2_q_s(a), int8_kv=_int8_in(a, "key"))),
     *_q_s_gt_1_limits(FIA_V2, "v2_", _v2_q_s, _v2_batch, "num_query_heads",
                       f"{DOCS}:8761 (Q_S > 1, the branch opening at :8759: the B axis at most 65536); as v1's "
                       "q_s_gt_1_batch_limit", f"{DOCS}:8762 (Q_S > 1: the N axis at most 256); as v1's "
@@ -645,6 +990,8 @@ _FIA_V2_RULES = (
                lambda a: f"learnable_sink {_shape(a['learnable_sink'])} {_dt(a['learnable_sink'])} with "
                          f"{a.get('num_query_heads')} query heads, layout {a.get('input_layout')!r}, value D "
                          f"{_v2_value_head_dim(a)}"),
+    *_fused_semantics_rules(FIA_V2, "v2_", _V2_NAMES, _V2_LINES, V2_LAYOUTS,
+                            "_npu_fused_infer_attention_score_v2_get_max_workspace", tnd_sparse_rule=False),
 )
 
 _ATB_PAGED_ATTENTION_RULES = (
@@ -684,6 +1031,10 @@ _ATB_PAGED_ATTENTION_RULES = (
                lambda a: _shape(a["out"]) == _shape(a["query"]) and a["out"].dtype == a["query"].dtype
                and _contiguous(a["out"]),
                lambda a: f"out {_shape(a['out'])} {_dt(a['out'])} vs query {_shape(a['query'])} {_dt(a['query'])}"),
+    _workspace_rule(ATB_PAGED_ATTENTION, "pa_", paged_attention_workspace_bytes, "_npu_paged_attention_get_workspace",
+                    f"{SRC_PA_CALL} (full_graph_pa queries _npu_paged_attention_get_workspace once per capture size "
+                    "and hands it to every launch); the formula is the simulator's model, ascendgraph/workspace_sizes.py "
+                    "(docs/facade.md, \"What is approximated\")"),
 )
 
 _SCATTER_RULES = (
@@ -730,6 +1081,11 @@ RULES: tuple[KernelRule, ...] = (
 )
 
 KERNELS: tuple[str, ...] = tuple(dict.fromkeys(rule.kernel for rule in RULES))
+
+# Rules whose limit is the simulator's model, not a card's (the workspace sizes of
+# ascendgraph/workspace_sizes.py): the simulator enforces them, hw's pre-check on a card
+# leaves them to CANN, which sized the workspace itself.
+SIMULATOR_MODEL_RULES = frozenset(rule.name for rule in RULES if rule.name.endswith("workspace_too_small"))
 
 # Rules a single kernel call cannot show, checked on the configuration (`ascendgraph.config`,
 # torch-free modules): name -> source.

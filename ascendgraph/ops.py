@@ -30,6 +30,7 @@ from torch import Tensor
 from torch._ops import OpOverload, OpOverloadPacket
 
 from ascendgraph.dynamo_gate import defer_kernel_dynamo_guard
+from ascendgraph.workspace_sizes import paged_attention_op_workspace_bytes
 
 __all__ = [
     "argument_tensors",
@@ -47,7 +48,6 @@ __all__ = [
     "reshape_and_cache",
     "paged_attention",
     "attention_workspace",
-    "ATTENTION_WORKSPACE_BYTES_PER_ROW",
     "all_reduce",
     "COLLECTIVE_OP_NAMES",
     "collective_group",
@@ -348,12 +348,6 @@ def _(
     return None
 
 
-# Size of the workspace `attention_workspace` hands out: bytes per (query token, head) row.
-# torch_npu sizes FIA's workspace from its tiling, which nothing off a card can know; the
-# fake implementation (and so the simulator's graph-pool accounting) uses this stand-in.
-ATTENTION_WORKSPACE_BYTES_PER_ROW = 64
-
-
 @_op(
     "attention_workspace",
     "(Tensor query, Tensor key_cache, Tensor value_cache, Tensor block_table, int[] actual_seq_lengths,"
@@ -386,8 +380,9 @@ def _(
     seq_lens: list[int],
     scale: float,
 ) -> Tensor:
-    rows = query.shape[0] * query.shape[1]
-    return query.new_empty((rows * ATTENTION_WORKSPACE_BYTES_PER_ROW,), dtype=torch.uint8)
+    # torch_npu sizes FIA's workspace from its tiling, which nothing off a card knows: the
+    # simulator's model (ascendgraph/workspace_sizes.py), the one its kernels check against.
+    return query.new_empty((paged_attention_op_workspace_bytes(query, key_cache, block_table),), dtype=torch.uint8)
 # --------------------------------------------------------------------------- collectives
 # A model with tensor parallelism issues its collectives as ops, so a graph capture records
 # them and a device can charge what the captured collective costs (sim/budget.py: streams

@@ -48,6 +48,7 @@ from sim import pool_checks
 from sim.pool_memory import GraphMemory
 from sim.npu_device.device_type import HOST_WORK
 from sim.static_addresses import tensors_in as _tensors_in
+from sim.mode_stack import withdraw
 from sim.recorder import (
     ALIAS,
     ALLOC,
@@ -262,10 +263,10 @@ class Capture:
         self._active = True
 
     def stop(self) -> None:
+        """Take the capture's modes off torch's stacks (wherever they sit: `sim.mode_stack`)."""
         if self._active:
             self._active = False
-            self.recorder.__exit__(None, None, None)
-            self.guard.__exit__(None, None, None)
+            withdraw(self.recorder, self.guard)
 
     def host_sync_error(self, what: str) -> CaptureConstraintError:
         if self.open_group is not None:

@@ -45,7 +45,19 @@ from typing import Any, Callable, ContextManager, Iterator, Mapping, Optional, U
 
 import torch
 
-from ascendgraph.device import DeviceProfile, DeviceStats
+from ascendgraph.device import (
+    DeviceProfile,
+    DeviceStats,
+    FaultInjection,
+    Float32Attention,
+    HcclExpansionMode,
+    KernelLog,
+    KernelPrecheck,
+    StaticKernels,
+    SuperKernels,
+    VirtualClock as VirtualClockCapability,
+    WarmupScope,
+)
 from ascendgraph.errors import GRAPH_HANG_STREAM, TEXT_DEVICE_LOST, ConfigError, DeviceLost, GraphHang
 from sim import kernels
 from sim.budget import StreamLedger
@@ -55,12 +67,12 @@ from sim.clock import VirtualClock
 from sim.cost import CostModel
 from sim.faults import Action, FaultPlan, Term, fault_error
 from sim.graph import ReplayRun, SimGraph
-from sim.memory import DeviceMemory, MemoryOwner
-from sim.options import CAPABILITIES, OPTIONS, check_option_names, stream_error
+from sim.memory import DeviceMemory, DeviceMemoryOwner
+from sim.options import OPTIONS, check_option_names, stream_error
 from sim.pool_memory import PoolAllocation, PoolWeakTensor
 from sim.pools import GraphPools, SimPoolHandle
 from sim.profiles import DEFAULT_PROFILE, SimProfile, get_profile
-from sim.queues import StreamQueues
+from sim.queues import DeviceRunner, StreamQueues
 from sim.recorder import EagerTracker, OpInfo, classify
 from sim.replay import Replays
 from sim.streams import SimEvent, SimExternalEvent, SimStream
@@ -86,7 +98,9 @@ class SimDevice:
     """The CPU simulator device (see the module docstring)."""
 
     name = "sim"
-    capabilities = CAPABILITIES  # ascendgraph.device's optional capabilities it provides (sim.options)
+    # The optional capabilities of ascendgraph.device the simulator provides (the conformance suite checks them).
+    capabilities = (FaultInjection, KernelLog, VirtualClockCapability, WarmupScope, StaticKernels, SuperKernels,
+                    HcclExpansionMode, Float32Attention, KernelPrecheck)
 
     def __init__(
         self,
@@ -103,7 +117,8 @@ class SimDevice:
             raise ConfigError(f"stream_limit must be a positive integer, got {stream_limit!r}", key="stream_limit")
         self.uid = id(self)
         self.cost = cost_model or CostModel(self.sim_profile.cost)
-        self.env: Mapping[str, str] = options.get("env") if options.get("env") is not None else os.environ
+        env = options.get("env")
+        self.env: Mapping[str, str] = env if env is not None else os.environ
         self.seed = int(options.get("seed", 0))
         self.allow_rng_in_capture = bool(options.get("allow_rng_in_capture", False))
         self.poison_capture_outputs = bool(options.get("poison_capture_outputs", True))
@@ -139,9 +154,9 @@ class SimDevice:
 
         self.virtual_clock = VirtualClock()
         self.trace = Trace(self.virtual_clock, record=bool(options.get("record_kernels", False)))
-        self.queues = StreamQueues(_QueueRunner(self), lag=str(options.get("lag", "device")))
+        self.queues = StreamQueues(DeviceRunner(self), lag=str(options.get("lag", "device")))
         self.pools = GraphPools(self.uid)
-        self.memory = DeviceMemory(_DeviceMemoryOwner(self))
+        self.memory = DeviceMemory(DeviceMemoryOwner(self))
         self.captures = Captures(self)
         self.replays = Replays(self)
         self.task_groups = TaskGroups(self)
@@ -300,6 +315,43 @@ class SimDevice:
         """The `sim.capture.Capture` under way on this device, or None."""
         return self.captures.active
 
+    @property
+    def update_in_progress(self) -> Any:
+        """The `sim.capture.Update` (task update) open on this device, or None."""
+        return self.task_groups.open_update
+
+    def open_work(self) -> list[str]:
+        """What is open on this device right now, in words: a task update, a capture (and a
+        task group open in it). Empty when nothing is."""
+        found = []
+        update = self.task_groups.open_update
+        if update is not None:
+            found.append(f"a task update of {update.group.name} on {update.stream}")
+        capture = self.captures.active
+        if capture is not None:
+            group = f", with a task group open on {capture.open_group[0]}" if capture.open_group is not None else ""
+            found.append(f"the capture of {capture.graph.name} on {capture.stream}{group}")
+        return found
+
+    def abandon_open_work(self) -> list[str]:
+        """Close whatever a caller left open, as leaving it by an exception does: the task update
+        is discarded (its group keeps its previous parameters), the capture is aborted (no graph;
+        streams and pool bytes given back), and their modes come off torch's mode stacks
+        (`sim.mode_stack`). Returns what was open, in words (`open_work`)."""
+        found = self.open_work()
+        self.task_groups.abandon_update()
+        capture = self.captures.active
+        if capture is not None:
+            self.task_groups.abandon_group()
+            self.captures.abort(capture.graph)
+        return found
+
+    def abandon_task_update(self) -> None:
+        self.task_groups.abandon_update()
+
+    def abandon_task_group(self) -> None:
+        self.task_groups.abandon_group()
+
     def capturing_stream(self) -> Optional[SimStream]:
         """The stream a capture is recording on right now, or None."""
         capture = self.captures.active
@@ -383,6 +435,10 @@ class SimDevice:
         if isinstance(tensor, PoolWeakTensor):
             return tensor
         return tensor.detach()
+
+    def graph_pools(self) -> list[Any]:
+        """The graph pools alive (`sim.memory_ledger` reads them)."""
+        return self.pools.all()
 
     def pool_allocation(self, tensor: torch.Tensor) -> Optional[PoolAllocation]:
         """The live graph-pool block ``tensor`` lies on (handed to a capture), or None."""
@@ -539,62 +595,3 @@ class SimDevice:
 def _within(outer: ContextManager[Any], inner: ContextManager[Any]) -> Iterator[Any]:
     with outer, inner as value:
         yield value
-
-
-class _QueueRunner:
-    """What `sim.queues.StreamQueues` needs from its device."""
-
-    __slots__ = ("_device",)
-
-    def __init__(self, device: SimDevice) -> None:
-        self._device = device
-
-    def advance(self, run: Any, stream: SimStream) -> bool:
-        return self._device.replays.advance(run, stream)
-
-    def surface_stale(self) -> None:
-        self._device.task_groups.surface_stale()
-
-    def host_clock_us(self) -> float:
-        return self._device.virtual_clock.host_us
-
-    def released(self, run: Any, event: Any) -> None:
-        self._device.task_groups.stale_at_release(run, event)
-
-
-class _DeviceMemoryOwner(MemoryOwner):
-    """What `sim.memory.DeviceMemory` needs from its device: the limit, the graph pools, the capture."""
-
-    __slots__ = ("_device",)
-
-    def __init__(self, device: SimDevice) -> None:
-        self._device = device
-
-    def memory_limit(self) -> int:
-        return int(self._device.profile.memory_bytes)
-
-    def graph_pool_bytes(self) -> int:
-        return self._device.captures.pool_bytes_now()
-
-    def capture_allocate(self, nbytes: int, stream: Optional[SimStream]) -> Optional[int]:
-        device = self._device
-        capture = device.captures.active
-        if capture is None or (stream or device.current_stream()) is not capture.stream:
-            return None
-        return capture.allocate_raw(nbytes)
-
-    def capture_free(self, address: int) -> bool:
-        capture = self._device.captures.active
-        return self._device.pools.release_raw(address, also=capture.pool if capture is not None else None)
-
-    def stream_id(self, stream: Optional[SimStream]) -> int:
-        return (stream or self._device.current_stream()).stream_id
-
-    def consult_malloc_fault(self, nbytes: int) -> None:
-        self._device.fault("malloc", size_bytes=nbytes)
-
-    def check_alive(self) -> None:
-        self._device.check_alive()
-
-    def has_memory(self) -> bool:
-        return not self._device.meta_tensors

@@ -3,9 +3,9 @@
 Numerics: norms, rope and attention compute in float32 and cast the result back to the
 input dtype; a fused kernel is written as the composition of the unfused ones, so a
 fusion pass that replaces ``add`` + ``rms_norm`` by ``add_rms_norm`` (and so on) changes
-no bit of the result. Attention is vectorised over the requests that share a query
-length (one group for a pure decode batch), so a batch costs a handful of torch calls
-rather than a Python loop over tokens.
+no bit of the result. Attention is the fused attention's computation (sim/attention.py,
+shared with the facade's torch_npu kernels) in its sparse_mode 3, vectorised over the
+requests that share a query length.
 
 Kernel contracts. Each registered kernel first checks its call against
 `ascendgraph.kernel_contracts` through hw's mapping (`ascendgraph.kernel_calls`), as an
@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import weakref
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
@@ -48,6 +47,8 @@ from ascendgraph import reference as _reference
 from ascendgraph.errors import CaptureConstraintError, KernelContractError
 from ascendgraph.kernel_calls import CHECKED_OPS, check_op
 from ascendgraph.kernel_contracts import FLOAT32_LENIENT_RULES, RULES, message, violations
+from ascendgraph.workspace_sizes import paged_attention_op_workspace_bytes
+from sim.attention import KVSource, Masking, attend
 
 __all__ = [
     "register_cpu_kernels",
@@ -154,48 +155,6 @@ def _check_attention_args(
             )
 
 
-def _attend_group(
-    query: Tensor,
-    key_cache: Tensor,
-    value_cache: Tensor,
-    block_table: Tensor,
-    requests: list[int],
-    starts: list[int],
-    q_len: int,
-    seq_lens: list[int],
-    scale: float,
-    out: Tensor,
-) -> None:
-    """Requests sharing one query length, batched with the KV padded to the longest."""
-    device = query.device
-    group = len(requests)
-    heads, head_dim = query.shape[1], query.shape[2]
-    block_size, kv_heads = key_cache.shape[1], key_cache.shape[2]
-    per_kv = heads // kv_heads
-    kv_lens = torch.tensor([seq_lens[r] for r in requests], device=device)
-    longest = max(seq_lens[r] for r in requests)
-    blocks = math.ceil(longest / block_size)
-
-    tokens = (torch.tensor(starts, device=device).unsqueeze(1) + torch.arange(q_len, device=device)).reshape(-1)
-    rows = torch.tensor(requests, device=device)
-    table = block_table.index_select(0, rows)[:, :blocks].long().clamp_(0, key_cache.shape[0] - 1)
-    k = key_cache[table].reshape(group, blocks * block_size, kv_heads, head_dim).float()
-    v = value_cache[table].reshape(group, blocks * block_size, kv_heads, head_dim).float()
-
-    q = query.index_select(0, tokens).float().reshape(group, q_len, kv_heads, per_kv, head_dim)
-    scores = torch.einsum("rqhgd,rlhd->rhgql", q, k) * scale
-    # Query token i of a request sees kv positions 0 .. kv_len - q_len + i.
-    last_visible = kv_lens.view(group, 1) - q_len + torch.arange(q_len, device=device).view(1, q_len)
-    positions = torch.arange(blocks * block_size, device=device)
-    visible = positions.view(1, 1, -1) <= last_visible.unsqueeze(-1)  # [group, q_len, L]
-    visible = visible.view(group, 1, 1, q_len, -1)
-    scores = scores.masked_fill(~visible, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    probs = torch.where(visible.any(dim=-1, keepdim=True), probs, torch.zeros_like(probs))
-    result = torch.einsum("rhgql,rlhd->rqhgd", probs, v).reshape(group * q_len, heads, head_dim)
-    out.index_copy_(0, tokens, result.to(out.dtype))
-
-
 def paged_attention_ref(
     query: Tensor,
     key_cache: Tensor,
@@ -216,20 +175,17 @@ def paged_attention_ref(
     end = ends[-1] if ends else 0
     if end < out.shape[0]:
         out[end:].zero_()
-    groups: dict[int, tuple[list[int], list[int]]] = {}
-    start = 0
-    for request, stop in enumerate(ends):
-        q_len = stop - start
-        if q_len > 0:
-            if lens[request] <= 0:
-                out[start:stop].zero_()
-            else:
-                members, starts = groups.setdefault(q_len, ([], []))
-                members.append(request)
-                starts.append(start)
-        start = stop
-    for q_len, (members, starts) in groups.items():
-        _attend_group(query, key_cache, value_cache, block_table, members, starts, q_len, lens, scale, out)
+    starts = [0, *ends[:-1]]
+    q_lens = [stop - start for start, stop in zip(starts, ends)]
+    kv_heads, head_dim = key_cache.shape[2], key_cache.shape[3]
+    kv = KVSource(key_cache.reshape(-1, kv_heads, head_dim), value_cache.reshape(-1, kv_heads, value_cache.shape[-1]),
+                  block_table, int(key_cache.shape[1]))
+    # The op's contract is FIA's sparse_mode 3 (rightDownCausal): query token i of a request
+    # sees kv positions 0 .. seq_len - q_len + i (sim/attention.py).
+    attend(query, starts, q_lens, lens, kv, CAUSAL, scale, out)
+
+
+CAUSAL = Masking(sparse_mode=3)
 
 
 # --------------------------------------------------------------------------- contracts and lazy init
@@ -434,9 +390,10 @@ def attention_workspace_ref(
     seq_lens: list[int],
     scale: float,
 ) -> Tensor:
-    """A fresh buffer of the size the op's fake implementation declares (no kernel runs)."""
-    rows = query.shape[0] * query.shape[1]
-    return torch.empty(rows * ops.ATTENTION_WORKSPACE_BYTES_PER_ROW, dtype=torch.uint8, device=query.device)
+    """A fresh buffer of the size the op's fake implementation declares (no kernel runs): the
+    fused attention's need for the call (ascendgraph/workspace_sizes.py)."""
+    size = paged_attention_op_workspace_bytes(query, key_cache, block_table)
+    return torch.empty(size, dtype=torch.uint8, device=query.device)
 
 
 # --------------------------------------------------------------------------- registration

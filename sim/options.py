@@ -1,21 +1,14 @@
 """The keyword options of `sim.device.SimDevice` besides profile / stream_limit / faults /
-cost_model: one table of names and meanings (unknown options are refused listing it), the
-checks of their values, and the capabilities the device declares."""
+cost_model: one table of names and meanings (unknown options are refused listing it), and the
+checks of their values."""
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ascendgraph.device import (FaultInjection, Float32Attention, HcclExpansionMode, KernelLog, KernelPrecheck,
-                                StaticKernels, SuperKernels, VirtualClock, WarmupScope)
 from ascendgraph.errors import ConfigError
 
-__all__ = ["OPTIONS", "CAPABILITIES", "STREAM_ERROR_VARIANTS", "check_option_names", "stream_error"]
-
-# The optional capabilities of ascendgraph.device SimDevice provides, whatever its options (the
-# conformance suite checks the list against what the device has).
-CAPABILITIES = (FaultInjection, KernelLog, VirtualClock, WarmupScope, StaticKernels, SuperKernels,
-                HcclExpansionMode, Float32Attention, KernelPrecheck)
+__all__ = ["OPTIONS", "STREAM_ERROR_VARIANTS", "check_option_names", "stream_error"]
 
 # Keyword options SimDevice accepts besides profile / stream_limit / faults / cost_model.
 OPTIONS = {
@@ -38,7 +31,8 @@ OPTIONS = {
     "torch_device": "the torch device the device's tensors live on: 'cpu' (default: CPU tensors stand for device "
     "memory) or 'npu' (the torch_npu facade's simulated NPU, sim.npu_device; set device_type too)",
     "lag": "when queued device work runs (sim.queues): 'device' (default, what a card does: when the host waits for "
-    "it) or 'immediate' (as soon as it is issued: the host waits for every item)",
+    "it), 'immediate' (as soon as it is issued; the host still waits only when asked, so the ordering hazards are "
+    "the same) or 'synchronous' (as soon as it is issued, and the host waits for every item)",
 }
 STREAM_ERROR_VARIANTS = ("207008", "el0009")
 

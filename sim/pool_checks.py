@@ -122,11 +122,11 @@ def _check_value(memory: GraphMemory, func: Any, value: Any, role: str, index: i
             strong_writes.append(value)
         return
     if check_strong:
-        allocation = _own(memory, value)
-        if allocation is not None and allocation.clobbered is not None:
+        own = _own(memory, value)
+        if own is not None and own.clobbered is not None:
             raise PoolBlockReused(REUSED_IN_CAPTURE.format(
-                op=func, index=index, graph=memory.name, what=f"{allocation.describe()}",
-                other=allocation.clobbered[1], fix=FIX_CLOBBERED))
+                op=func, index=index, graph=memory.name, what=f"{own.describe()}",
+                other=own.clobbered[1], fix=FIX_CLOBBERED))
         if role == UPDATE:
             strong_writes.append(value)
 

@@ -328,7 +328,7 @@ class PoolAllocation:
         self._aliases: dict[tuple, torch.Tensor] = {}
         if not raw:
             user = _alias(self.segment, self.start, nbytes)
-            self.user_storage = weakref.ref(user, lambda _ref, arena=arena, me=self: arena.freed(me))
+            self.user_storage = weakref.ref(user, _FreedWhenGone(arena, self))
             self._keep = user  # dropped by `PoolArena.allocate` once a tensor holds it
 
     @property
@@ -371,6 +371,19 @@ class PoolAllocation:
                 if stamp > mine:
                     return other, stamp
         return None
+
+
+class _FreedWhenGone:
+    """The callback of a block's user-alias weak reference: every user tensor is gone."""
+
+    __slots__ = ("arena", "allocation")
+
+    def __init__(self, arena: "PoolArena", allocation: PoolAllocation) -> None:
+        self.arena = arena
+        self.allocation = allocation
+
+    def __call__(self, _ref: Any) -> None:
+        self.arena.freed(self.allocation)
 
 
 class PoolArena:
@@ -490,7 +503,7 @@ class PoolWeakTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, tensor: torch.Tensor, allocation: PoolAllocation) -> "PoolWeakTensor":
-        return torch.Tensor._make_wrapper_subclass(  # type: ignore[attr-defined]
+        return torch.Tensor._make_wrapper_subclass(
             cls, tensor.shape, strides=tensor.stride(), storage_offset=tensor.storage_offset(),
             dtype=tensor.dtype, device=tensor.device, requires_grad=False,
         )
@@ -538,18 +551,19 @@ class PoolWeakTensor(torch.Tensor):
                 last[allocation.segment] = allocation.stamp
         return self._alias
 
-    def data_ptr(self) -> int:  # type: ignore[override]
+    def data_ptr(self) -> int:
         return self._alias.data_ptr()
 
-    def untyped_storage(self) -> torch.UntypedStorage:  # type: ignore[override]
+    def untyped_storage(self) -> torch.UntypedStorage:
         return self._alias.untyped_storage()
 
-    def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
+    def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]  # torch's Tensor.__repr__ takes tensor_contents keyword-only too, unannotated
         state = "readable" if self.alive else "not readable"
         return f"PoolWeakTensor({self._what} of {self._allocation.owner.name}, {state})"
 
     @classmethod
-    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_dispatch__(  # type: ignore[override]  # torch declares it with a narrower signature than the dispatcher calls
+            cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         op = str(func)
         roles, by_name = argument_roles(func)
 

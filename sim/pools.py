@@ -67,6 +67,10 @@ class SimPool:
                 self._arena = None
 
     @property
+    def arena_if_made(self) -> Optional[PoolArena]:  # None before the first real allocation (sim.memory_ledger)
+        return self._arena
+
+    @property
     def arena_bytes(self) -> int:
         """Host memory the pool reserves (0 before its first real allocation)."""
         return self._arena.reserved_bytes if self._arena is not None else 0

@@ -12,13 +12,15 @@ host read of device memory (``device.host_read``), an eager kernel the simulator
 that stream (it must not overtake the stream's queue), or another stream waiting on one of its
 events (the waiter pulls the recording stream up to the record). With ``lag="immediate"``
 every item runs as soon as it is issued, unless its stream is blocked (an unrecorded
-ExternalEvent wait): the host waits for each item.
+ExternalEvent wait), but the host still knows only what it waited for; with
+``lag="synchronous"`` the host also waits for each item.
 
 Ordering. Each queued item carries what is ordered before it; when the host issues an item that
 nothing orders after work a card might still run first — an ExternalEvent record before the
 previous replay's wait and reset, a task update before the previous replay, a host access to a
 buffer a queued copy has not filled — it is a named error, whatever the device's speed
-(`sim.stream_order`). Under ``lag="immediate"`` the host waits for every item, so none can happen.
+(`sim.stream_order`): the same with ``lag="device"`` and ``"immediate"``. Under
+``lag="synchronous"`` the host waits for every item, so none can happen.
 
 Replays run through the `Runner` the device gives the queues (``advance(run, stream)``
 returns False when the replay suspends at a captured wait); ExternalEvent flags are set and
@@ -49,6 +51,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "LAG_MODES",
+    "DeviceRunner",
     "StreamQueues",
     "Queued",
     "Work",
@@ -62,7 +65,10 @@ __all__ = [
 LAG_MODES = {
     "device": "queued work runs when the host waits for it (a synchronize, a host read, an eager kernel on its stream, "
     "a wait on one of its events): what a card does",
-    "immediate": "every item runs when it is issued unless its stream is blocked: the host waits for each item",
+    "immediate": "every item runs when it is issued unless its stream is blocked (a device as fast as can be), but the "
+    "host still knows only what it waited for: the ordering hazards are the same as with 'device'",
+    "synchronous": "every item runs when it is issued and the host waits for it: no ordering hazard can happen "
+    "(tests that look at the device between issue and completion)",
 }
 
 
@@ -186,6 +192,9 @@ class StreamQueues:
                 key="lag",
             )
         self.lag = lag
+        self.runs_at_issue = lag != "device"  # work runs when issued (unless its stream is blocked)
+        self.host_waits_each = lag == "synchronous"  # the host knows every item it issued has run
+        self.checks_order = lag != "synchronous"  # the ordering hazards (sim.stream_order) are errors
         self._runner = runner
         self._busy: set["SimStream"] = set()  # streams with something queued
         self._seq = count(1)
@@ -193,14 +202,10 @@ class StreamQueues:
         self._running = 0  # > 0 while queued work runs: it issues nothing of its own
         self._active: set["SimStream"] = set()  # streams running right now (further up the call stack)
 
-    @property
-    def immediate(self) -> bool:
-        return self.lag == "immediate"
-
     # ------------------------------------------------------------------ the public interface
     def submit(self, stream: "SimStream", work: Callable[[], None], *, label: str) -> None:
-        """Queue ``work`` on ``stream`` (it runs when the stream is waited for; at once with
-        ``lag="immediate"``)."""
+        """Queue ``work`` on ``stream`` (it runs when the stream is waited for; at once unless
+        ``lag="device"``)."""
         if not callable(work):
             raise ConfigError(f"queues.submit needs a callable, got {work!r} (label {label!r})", key="work")
         self.issue(stream, Work(label, work))
@@ -216,8 +221,10 @@ class StreamQueues:
         for each in streams:
             if each.pending:
                 raise self.hang(each, reason)
-        for each in streams:
-            self.order.host_waited_for(each)
+        if stream is None:
+            self.order.host_waited_for_all()
+        else:
+            self.order.host_waited_for(stream)
 
     def run(self, stream: "SimStream") -> None:
         """Run ``stream``'s queue as far as it can go, without raising for what must wait."""
@@ -260,9 +267,9 @@ class StreamQueues:
             self.order.note_copy(queued)
         stream.pending.append(queued)
         self._busy.add(stream)
-        if self.immediate and not self._running:
+        if self.runs_at_issue and not self._running:
             self._run_stream(stream)
-            if not stream.pending:
+            if self.host_waits_each and not stream.pending:
                 self.order.host_waited_for(stream)
         return queued
 
@@ -270,7 +277,7 @@ class StreamQueues:
         """A replay launched on ``stream``: queued; it consumes one record of every ExternalEvent
         its program resets."""
         queued = self.issue(stream, run)
-        if not self.immediate:
+        if self.checks_order:
             self.order.note_replay(queued, _resets(run.program))
         return queued
 
@@ -301,28 +308,28 @@ class StreamQueues:
         """An eager record of ``event`` on ``stream``: it must be ordered after whatever consumed
         the event's previous record; then it is queued (the flag is set when the stream gets there)."""
         self.check_record(event, stream)
-        consumer = None if self.immediate else self.order.check_record(event, stream)
+        consumer = self.order.check_record(event, stream) if self.checks_order else None
         queued = self.issue(stream, QueuedEventOp("record", event))
-        if self.immediate:
+        if not self.checks_order:
             return
         self.order.note_record(event, queued, consumer)
-        if consumer is not None and hasattr(consumer[0].item, "program"):
+        if not self.runs_at_issue and consumer is not None and hasattr(consumer[0].item, "program"):
             self._runner.released(consumer[0].item, event)  # what it gates may run stale for sure
             self._runner.surface_stale()
 
     def reset_external(self, event: "SimExternalEvent", stream: "SimStream") -> None:
         queued = self.issue(stream, QueuedEventOp("reset", event))
-        if not self.immediate:
+        if self.checks_order:
             self.order.note_consumer(event, queued, f"the reset on {stream}")
 
     def wait_external(self, event: "SimExternalEvent", stream: "SimStream") -> None:
         """An eager wait: ordered after the event's last record the host issued."""
-        self.issue(stream, EagerWait(event), after=None if self.immediate else self.order.last_record(event))
+        self.issue(stream, EagerWait(event), after=self.order.last_record(event) if self.checks_order else None)
 
     def check_update(self, graph: Any, group: str, stream: "SimStream", label: str) -> None:
         """A task update of ``graph``'s ``group`` on ``stream``: ordered after every earlier replay
         but the latest (`sim.stream_order`)."""
-        if not self.immediate:
+        if self.checks_order:
             self.order.check_update(graph, group, stream, label)
 
     # ------------------------------------------------------------------ running
@@ -351,19 +358,19 @@ class StreamQueues:
         if event.flag:
             raise RuntimeError(EXTERNAL_EVENT_NOT_RESET.format(event=event))
         event.flag = True
-        if self.immediate:
+        if self.runs_at_issue:
             self.wake(event)
             self._runner.surface_stale()
 
     def wake(self, event: "SimExternalEvent") -> None:
-        """Streams whose head waits on ``event`` go on (immediate: the host waits for everything)."""
-        if not self.immediate:
+        """Streams whose head waits on ``event`` go on (when work runs as it is issued)."""
+        if not self.runs_at_issue:
             return
         for stream in self.busy_streams():
             head = stream.pending[0].item if stream.pending else None
             if head is not None and waits_on(head) is event:
                 self._run_stream(stream)
-                if not stream.pending:
+                if self.host_waits_each and not stream.pending:
                     self.order.host_waited_for(stream)
 
     def drop(self, keep: Callable[[Any], bool]) -> None:
@@ -372,7 +379,7 @@ class StreamQueues:
             kept = [queued for queued in stream.pending if keep(queued.item)]
             if len(kept) != len(stream.pending):
                 stream.pending = deque(kept)
-                if self.immediate:
+                if self.runs_at_issue:
                     self._run_stream(stream)
                 if not stream.pending:
                     self._busy.discard(stream)
@@ -493,3 +500,24 @@ def _span(tensor: torch.Tensor) -> tuple[int, int]:
 def _copy(destination: torch.Tensor, source: torch.Tensor) -> None:
     with torch.no_grad():
         destination.copy_(source)
+
+
+class DeviceRunner:
+    """The `Runner` of a `sim.device.SimDevice`: its replays, its stale-parameter reports, its clock."""
+
+    __slots__ = ("_device",)
+
+    def __init__(self, device: Any) -> None:
+        self._device = device
+
+    def advance(self, run: Any, stream: "SimStream") -> bool:
+        return self._device.replays.advance(run, stream)
+
+    def surface_stale(self) -> None:
+        self._device.task_groups.surface_stale()
+
+    def host_clock_us(self) -> float:
+        return self._device.virtual_clock.host_us
+
+    def released(self, run: Any, event: "SimExternalEvent") -> None:
+        self._device.task_groups.stale_at_release(run, event)

@@ -57,12 +57,14 @@ from torch.overrides import TorchFunctionMode
 from ascendgraph.dynamo_gate import LazyDynamoDispatchMode
 
 from ascendgraph import ops as ag_ops
+from sim.mode_stack import reentered
 from sim.matmul import WIDENED_MATMULS, widened_matmul, widens
 from ascendgraph.errors import (
     CaptureConstraintError,
     DYNAMIC_SHAPE_DURING_CAPTURE,
     HOST_SYNC_DURING_CAPTURE,
     METADATA_CHANGE_DURING_CAPTURE,
+    KernelContractError,
     RNG_DURING_CAPTURE,
 )
 
@@ -325,6 +327,8 @@ def meta_outputs(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
             return cached
     try:
         result = func(*to_meta(args), **{k: to_meta(v) for k, v in kwargs.items()})
+    except KernelContractError:
+        raise  # the kernel refuses these arguments (its fake implementation checked the contract): say so
     except (NotImplementedError, RuntimeError, TypeError):
         result = NO_META
     if key is not None:
@@ -383,7 +387,7 @@ class _Mode(LazyDynamoDispatchMode):
         kwargs = kwargs or {}
         impl = ag_ops._WRAPPER_OPS.get(func)
         if impl is not None:
-            with self, wrapper_reentry():
+            with reentered(self), wrapper_reentry():
                 return impl(*args, **kwargs)
         return self.handle(func, args, kwargs)
 

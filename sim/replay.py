@@ -40,40 +40,37 @@ class Replays:
         self.device = device
         self.count = 0  # replays launched on the device
 
-    def record_external(self, event: SimExternalEvent, stream: Optional[SimStream]) -> None:
+    def _captured(self, kind: str, event: SimExternalEvent, stream: Optional[SimStream]) -> Optional[SimStream]:
+        """The stream an ExternalEvent ``kind`` goes to, or None when a capture recorded it as a node."""
         device = self.device
         device.check_alive()
         stream = stream or device.current_stream()
         capture = device.captures.active
         if capture is not None and stream is capture.stream:
-            capture.control("record", event)
+            capture.control(kind, event)
+            return None
+        return stream
+
+    def record_external(self, event: SimExternalEvent, stream: Optional[SimStream]) -> None:
+        target = self._captured("record", event, stream)
+        if target is None:
             return
-        term = device.fault("event_record", stream_id=stream.stream_id)
+        term = self.device.fault("event_record", stream_id=target.stream_id)
         if term is not None and term.action is Action.HANG:
             return  # the record never reaches the device
         # Stream order: the record runs after what the stream holds. If that is a wait for this
         # very event, the record can never run: a hang on the device (`sim.queues`).
-        device.queues.record_external(event, stream)
+        self.device.queues.record_external(event, target)
 
     def wait_external(self, event: SimExternalEvent, stream: Optional[SimStream]) -> None:
-        device = self.device
-        device.check_alive()
-        stream = stream or device.current_stream()
-        capture = device.captures.active
-        if capture is not None and stream is capture.stream:
-            capture.control("wait", event)
-            return
-        device.queues.wait_external(event, stream)
+        target = self._captured("wait", event, stream)
+        if target is not None:
+            self.device.queues.wait_external(event, target)
 
     def reset_external(self, event: SimExternalEvent, stream: Optional[SimStream]) -> None:
-        device = self.device
-        device.check_alive()
-        stream = stream or device.current_stream()
-        capture = device.captures.active
-        if capture is not None and stream is capture.stream:
-            capture.control("reset", event)
-            return
-        device.queues.reset_external(event, stream)  # stream order, as a record
+        target = self._captured("reset", event, stream)
+        if target is not None:
+            self.device.queues.reset_external(event, target)  # stream order, as a record
 
     # ------------------------------------------------------------------ graphs: replay
     def replay(self, graph: SimGraph) -> None:
@@ -100,7 +97,7 @@ class Replays:
         if term is not None and term.action is Action.HANG:
             run.waiting_on = SimExternalEvent(device, f"an injected hang at replay of {graph.name}")
         run.ready_us = clock.host_us
-        device.queues.issue_replay(stream, run)  # runs now under lag="immediate", else when waited for
+        device.queues.issue_replay(stream, run)  # runs when issued unless lag="device": then when waited for
         device.task_groups.surface_stale()
 
     def advance(self, run: ReplayRun, stream: SimStream) -> bool:

@@ -20,7 +20,7 @@ item is issued:
 * a host access to host memory a queued non-blocking copy writes (or reads) and the host did not
   wait for — ``StreamOrderError``.
 
-Under ``lag="immediate"`` the host waits for every item it issues, so the queues do not ask.
+Under ``lag="synchronous"`` the host waits for every item it issues, so the queues do not ask.
 """
 
 from __future__ import annotations
@@ -104,12 +104,18 @@ class StreamOrder:
         sid = stream.stream_id
         self.host = join(self.host, {**self._clocks.get(sid, {}), sid: self._positions.get(sid, 0)})
 
+    def host_waited_for_all(self) -> None:
+        """The host waited for every stream (``device.synchronize()``)."""
+        for sid, position in self._positions.items():
+            self.host = join(self.host, {**self._clocks.get(sid, {}), sid: position})
+
     def host_waited_until(self, queued: "Queued") -> None:
         """The host waited for ``queued`` (an event's record)."""
         self.host = join(self.host, upto(queued))
 
     # -- copies
     def note_copy(self, queued: "Queued") -> None:
+        self._copies = [each for each in self._copies if not each.ordered_before(self.host)]
         self._copies.append(queued)
 
     def check_host_access(self, start: int, nbytes: int, what: str, *, write: bool) -> None:
@@ -131,7 +137,10 @@ class StreamOrder:
         """A replay queued: later updates of its graph are checked against it; it consumes one
         record of every event in ``resets``."""
         run = queued.item
-        self._replays.setdefault(id(run.graph), []).append(queued)
+        if any(segment.groups for segment in run.program.segments):  # only task updates ask about it
+            replays = self._replays.setdefault(id(run.graph), [])
+            replays[:] = [each for each in replays if not each.ordered_before(self.host)]
+            replays.append(queued)
         for event in resets:
             self.note_consumer(event, queued, f"replay {run.number} of {run.graph.name}")
 

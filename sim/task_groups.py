@@ -30,6 +30,7 @@ from sim.faults import Action
 from sim.graph import CAPTURED, ReplayRun
 from sim.streams import SimStream
 from sim import pool_checks
+from sim.mode_stack import withdraw
 from sim.pool_memory import enter_graph, leave_graph
 from sim.queues import Work
 
@@ -77,11 +78,11 @@ class TaskGroups:
         if not self.device.require_task_updates:
             return
         segments = run.program.segments
-        start = next((index for index in range(run.segment, len(segments))
-                      if segments[index].control is not None and segments[index].control.kind == "wait"
-                      and segments[index].control.event is event), None)
-        if start is None:
+        waits = [index for index in range(run.segment, len(segments))
+                 if (control := segments[index].control) is not None and control.kind == "wait" and control.event is event]
+        if not waits:
             return
+        start = waits[0]
         for segment in segments[start + 1:]:
             for group in segment.groups:
                 if group.issued_stamp < run.stamp:
@@ -144,12 +145,31 @@ class TaskGroups:
         update.in_graph = enter_graph(graph.memory)
         self.open_update = update
 
+    def abandon_update(self) -> None:
+        """Close the task update under way without applying it, as leaving it by an exception
+        does: its calls are discarded (the group keeps its previous parameters) and its
+        collector comes off torch's mode stack (`sim.mode_stack`). No-op when none is open."""
+        update = self.open_update
+        if update is None:
+            return
+        self.open_update = None
+        withdraw(update.collector)
+        leave_graph(update.in_graph)
+
+    def abandon_group(self) -> None:
+        """Close the task group open in the capture under way without making it a group (no
+        handle: its ops stay plain captured tasks), as leaving it by an exception does, so the
+        capture can still end. No-op when none is open."""
+        capture = self.device.captures.active
+        if capture is not None:
+            capture.open_group = None
+
     def update_end(self, stream: SimStream) -> None:
         update = self.open_update
         if update is None or update.stream is not stream:
             raise self._misuse("task_update_end", f"no task update is open on {stream}; call task_update_begin first")
         self.open_update = None
-        update.collector.__exit__(None, None, None)
+        withdraw(update.collector)
         leave_graph(update.in_graph)
         self.device.check_alive()
         device = self.device

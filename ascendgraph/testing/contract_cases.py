@@ -18,6 +18,7 @@ from typing import Any, Callable
 import torch
 
 from ascendgraph import kernel_contracts as kc
+from ascendgraph.workspace_sizes import fused_attention_workspace_bytes, paged_attention_workspace_bytes
 
 __all__ = ["ContractCase", "CONTRACT_CASES", "missing_cases", "base_arguments"]
 
@@ -153,6 +154,37 @@ def _many_requests_v2(device: torch.device, requests: int) -> Args:
                    block_table=_t(device, requests, 1, dtype=torch.int32))
 
 
+def _fia_bsh(device: torch.device, v2: bool = False, **changes: Any) -> Args:
+    # An unpaged BSH call: 2 batches of 3 query tokens over 6 key positions, 4 query heads over 2 kv heads of 16,
+    # no mask (sparse_mode 0), in v1's names or v2's.
+    args: Args = dict(
+        query=_t(device, 2, 3, 64), key=_t(device, 2, 6, 32), value=_t(device, 2, 6, 32),
+        num_key_value_heads=2, input_layout="BSH", sparse_mode=0,
+    )
+    args.update(dict(num_query_heads=4, softmax_scale=0.25) if v2 else dict(num_heads=4, scale=0.25))
+    args.update(changes)
+    return args
+
+
+def _fia_v2_bsh(device: torch.device, **changes: Any) -> Args:
+    return _fia_bsh(device, v2=True, **changes)
+
+
+def _workspace_of(bytes_needed: int, device: torch.device) -> torch.Tensor:
+    return torch.empty(bytes_needed, dtype=torch.uint8, device=device)
+
+
+def _fia_workspace(device: torch.device, v2: bool, spare: int) -> Args:
+    base = _fia_v2(device) if v2 else _fia(device)
+    needed = fused_attention_workspace_bytes(base, v2=v2)
+    return {**base, "workspace": _workspace_of(needed + spare, device)}
+
+
+def _atb_workspace(device: torch.device, spare: int) -> Args:
+    base = _atb_paged(device)
+    return {**base, "workspace": _workspace_of(paged_attention_workspace_bytes(base) + spare, device)}
+
+
 def _atb_paged(device: torch.device, **changes: Any) -> Args:
     # Decode: 3 requests of one token over a [8, 16, 2, 16] cache.
     args: Args = dict(
@@ -196,6 +228,10 @@ _CASES = (
     _case(F, "paged_kv_dtype", lambda d: _fia(d, key=_t(d, 8, 128, 32, dtype=torch.float32),
                                                value=_t(d, 8, 128, 32, dtype=torch.float32)),
           lambda d: _fia(d, key=_t(d, 8, 128, 32, dtype=torch.int8), value=_t(d, 8, 128, 32, dtype=torch.int8))),
+    _case(F, "paged_kv_layout", lambda d: _fia(d, query=_t(d, 1, 5, 64), input_layout="BSH", key=_t(d, 8, 2, 128, 16),
+                                               value=_t(d, 8, 2, 128, 16)),
+          lambda d: _fia(d, key=_t(d, 8, 2, 128, 16), value=_t(d, 8, 2, 128, 16)),
+          "(blocknum, KV_N, blocksize, D): refused with a BSH query, accepted with a TND one"),
     _case(F, "paged_kv_same_shape", lambda d: _fia(d, value=_t(d, 8, 128, 16)), _fia),
     _case(F, "tnd_query_rank", lambda d: _fia(d, query=_t(d, 5, 64)), _fia),
     _case(F, "tnd_actual_seq_lengths", lambda d: _fia(d, actual_seq_lengths=[3, 2]),
@@ -217,14 +253,37 @@ _CASES = (
           "65536 requests (one of two query tokens) accepted, 65537 refused"),
     _case(F, "q_s_gt_1_heads_limit", lambda d: _fia(d, num_heads=260, num_key_value_heads=4),
           lambda d: _fia(d, num_heads=256, num_key_value_heads=4), "256 query heads accepted, 260 refused"),
-    _case(F, "head_dim_16_aligned", lambda d: _fia(d, query=_t(d, 5, 4, 8)), _fia),
+    _case(F, "head_dim_16_aligned", lambda d: _fia(d, query=_t(d, 5, 4, 8)), _fia,
+          "Q_S > 1 (:8210 sits in the branch opening at :8201): D 8 refused, 16 accepted"),
+    _case(F, "head_dim_limit", lambda d: _fia(d, query=_t(d, 5, 4, 528)), lambda d: _fia(d, query=_t(d, 5, 4, 512)),
+          "D 512 accepted, 528 refused"),
     _case(F, "gqa_ratio", lambda d: _fia(d, num_heads=130, num_key_value_heads=2),
           lambda d: _fia(d, num_heads=128, num_key_value_heads=2), "64 query heads per kv head accepted, 65 refused"),
     _case(F, "kv_hidden_limit", lambda d: _fia(d, num_key_value_heads=4096),
-          lambda d: _fia(d, num_key_value_heads=4095)),
+          lambda d: _fia(d, num_key_value_heads=4095), "(blocknum, blocksize, H) cache, Q_S > 1: KV_N*D 65535 "
+          "accepted, 65536 refused"),
     _case(F, "sparse_mode_range", lambda d: _fia(d, sparse_mode=5), lambda d: _fia(d, sparse_mode=4)),
     _case(F, "causal_mask_2048", lambda d: _fia(d, atten_mask=torch.ones(1024, 1024, dtype=torch.bool, device=d)),
           lambda d: _fia(d, atten_mask=torch.ones(1, 1, 2048, 2048, dtype=torch.bool, device=d))),
+    _case(F, "input_layout", lambda d: _fia_bsh(d, query=_t(d, 2, 3, 4, 16)),
+          lambda d: _fia_bsh(d, input_layout="BSND", query=_t(d, 2, 3, 4, 16), key=_t(d, 2, 6, 2, 16),
+                             value=_t(d, 2, 6, 2, 16)), "a 4-D query in BSH refused; BSND takes it"),
+    _case(F, "tnd_sparse_mode", lambda d: _fia(d, sparse_mode=2),
+          lambda d: _fia(d, sparse_mode=0), "leftUpCausal refused in TND; sparse_mode 0 with the mask accepted "
+          "(vLLM Ascend's non-causal fix shows the card runs it)"),
+    _case(F, "full_mask", lambda d: _fia_bsh(d, sparse_mode=1),
+          lambda d: _fia_bsh(d, sparse_mode=1, atten_mask=torch.zeros(1, 1, 3, 6, dtype=torch.bool, device=d)),
+          "allMask without a mask refused; a (1, 1, Q_S, KV_S) mask accepted"),
+    _case(F, "band_tokens", lambda d: _fia(d, sparse_mode=4, pre_tokens=-3, next_tokens=2),
+          lambda d: _fia(d, sparse_mode=4, pre_tokens=-2, next_tokens=2),
+          "pre + next < 0 refused; pre = -q_len of the shortest request with pre + next = 0 accepted"),
+    _case(F, "inner_precise", lambda d: _fia(d, inner_precise=4), lambda d: _fia(d, inner_precise=3),
+          "3 accepted with Q_S > 1"),
+    _case(F, "batch_lengths", lambda d: _fia_bsh(d, actual_seq_lengths=[4]),
+          lambda d: _fia_bsh(d, actual_seq_lengths=[3, 0], actual_seq_lengths_kv=[6]),
+          "a query length past S refused; S and 0 accepted, one KV length for all"),
+    _case(F, "workspace_too_small", lambda d: _fia_workspace(d, False, -1), lambda d: _fia_workspace(d, False, 0),
+          "one byte short refused, the queried size accepted"),
     _case(P, "paged_cache_layout", lambda d: _paged(d, key_cache=_t(d, 8, 16, 32)), _paged),
     _case(P, "out_like_query", lambda d: _paged(d, out=_t(d, 5, 4, 16, dtype=torch.float32)), _paged),
     _case(P, "cache_dtype_like_query", lambda d: _paged(d, key_cache=_t(d, 8, 16, 2, 16, dtype=torch.float16)), _paged),
@@ -316,6 +375,27 @@ _CASES = (
     _case(kc.FIA_V2, "v2_learnable_sink", lambda d: _fia_v2(d, learnable_sink=_t(d, 4, dtype=torch.float16)),
           lambda d: _fia_v2(d, key=_t(d, 8, 16, 256), value=_t(d, 8, 16, 256), query=_t(d, 5, 4, 128)),
           "bfloat16 (Q_N,) accepted; D 128 over 2 KV heads (H 256 per cache slot) is the edge"),
+    _case(kc.FIA_V2, "v2_input_layout", lambda d: _fia_v2_bsh(d, input_layout="SBH"),
+          lambda d: _fia_v2_bsh(d, input_layout="BNSD", query=_t(d, 2, 4, 3, 16), key=_t(d, 2, 2, 6, 16),
+                                value=_t(d, 2, 2, 6, 16))),
+    _case(kc.FIA_V2, "v2_full_mask",
+          lambda d: _fia_v2_bsh(d, sparse_mode=0, atten_mask=torch.zeros(3, 5, dtype=torch.bool, device=d)),
+          lambda d: _fia_v2_bsh(d, sparse_mode=0, atten_mask=torch.zeros(3, 6, dtype=torch.uint8, device=d)),
+          "a mask narrower than KV_S refused; (Q_S, KV_S) uint8 accepted"),
+    _case(kc.FIA_V2, "v2_band_tokens", lambda d: _fia_v2(d, sparse_mode=4, pre_tokens=1, next_tokens=-131),
+          lambda d: _fia_v2(d, sparse_mode=4, pre_tokens=130, next_tokens=-3),
+          "next_tokens below -kv_len refused; next = -kv_len of the shortest request accepted"),
+    _case(kc.FIA_V2, "v2_inner_precise",
+          lambda d: _fia_v2(d, inner_precise=2, query=_t(d, 2, 4, 16), actual_seq_qlen=[1, 2]),
+          lambda d: _fia_v2(d, inner_precise=1, query=_t(d, 2, 4, 16), actual_seq_qlen=[1, 2]),
+          "Q_S == 1 takes 0 or 1 only"),
+    _case(kc.FIA_V2, "v2_batch_lengths", lambda d: _fia_v2_bsh(d, actual_seq_kvlen=[6, 7]),
+          lambda d: _fia_v2_bsh(d, actual_seq_kvlen=[6, 6, 9]), "a KV length past the key's S refused; entries past B "
+          "are not read"),
+    _case(kc.FIA_V2, "v2_workspace_too_small", lambda d: _fia_workspace(d, True, -1),
+          lambda d: _fia_workspace(d, True, 0), "one byte short refused, the queried size accepted"),
+    _case(kc.ATB_PAGED_ATTENTION, "pa_workspace_too_small", lambda d: _atb_workspace(d, -1),
+          lambda d: _atb_workspace(d, 0), "one byte short refused, the queried size accepted"),
     _case(kc.ATB_PAGED_ATTENTION, "pa_dtype", lambda d: _atb_paged(d, key_cache=_t(d, 8, 16, 2, 16, dtype=torch.int8)),
           lambda d: _atb_paged(d, query=_t(d, 3, 4, 16, dtype=torch.float16), out=_t(d, 3, 4, 16, dtype=torch.float16),
                                key_cache=_t(d, 8, 16, 2, 16, dtype=torch.float16),

@@ -24,8 +24,10 @@ cannot undo it); `uninstall()` detaches the simulated NPU from the device.
 
 The facade says once on stderr that it is active, and names an installed torch_npu it
 shadows. Modules: ``runtime`` (the SimDevice and the task-group guard), ``npu`` (the
-``torch_npu.npu`` module), ``kernels`` (the ``npu_facade`` ops), ``contracts`` (the
-kernel-contract seam), ``modules`` (the module objects), ``__main__`` (the launcher).
+``torch_npu.npu`` module; ``super_kernel_options`` its option checks), ``kernels`` (the
+``npu_facade`` ops; ``norm_quant`` the norm and quantisation kernels, ``attention_calls`` the
+fused attention's argument layout), ``contracts`` (the kernel-contract seam), ``modules``
+(the module objects), ``__main__`` (the launcher).
 """
 
 from __future__ import annotations
@@ -37,8 +39,8 @@ from typing import Any, Optional
 
 from sim.facade.runtime import FacadeRuntime, configure, configured, runtime
 
-__all__ = ["install", "uninstall", "is_installed", "configure", "configured", "runtime", "device", "NOTICE_VARIABLE",
-           "notice_text", "real_torch_npu_location"]
+__all__ = ["install", "uninstall", "is_installed", "configure", "configured", "runtime", "device", "check_memory",
+           "NOTICE_VARIABLE", "notice_text", "real_torch_npu_location"]
 
 NOTICE_VARIABLE = "ASCENDGRAPH_NPU_FACADE"  # set once the notice was printed (inherited by subprocesses)
 _saved: dict[str, Any] = {}
@@ -144,6 +146,16 @@ def is_installed() -> bool:
 def device() -> Any:
     """The SimDevice behind the facade (recorded ops, stats, fault plans)."""
     return runtime().device
+
+
+def check_memory(*, records: Any = None, workspaces: Any = None, graphs: tuple[Any, ...] = ()) -> Any:
+    """What the facade's captured graphs keep alive and what they need not
+    (`sim.memory_ledger.check_memory` on the facade's SimDevice): ``records`` and
+    ``workspaces`` map a graph (an ``NPUGraph``, a SimGraph or its name) to the parameter
+    records / workspace cache kept for it, e.g. vLLM Ascend's ``graph_params.attn_params[n]``."""
+    from sim.memory_ledger import check_memory as check
+
+    return check(runtime().device, records=records, workspaces=workspaces, graphs=graphs)
 
 
 FacadeRuntime = FacadeRuntime

@@ -10,34 +10,42 @@ eagerly the CPU implementation runs, while a graph captures or a task update is
 collected the simulator computes outputs on the meta device, so the fake one runs.
 Either way a call a card would refuse is refused where it is issued.
 
-Two deliberate differences from the registered schemas, both invisible to callers:
+Two details where the wheel has two answers or none:
 
-* ``npu_fused_infer_attention_score.out`` is registered in libtorch_npu as
-  ``..., Tensor? workspace=None, Tensor[] out) -> (Tensor, Tensor)``. Here ``out`` is
-  annotated as written (``Tensor(a!)[] out``) and the op returns nothing, so the
-  simulator's recorder knows the kernel writes into ``out``; ``torch_npu.
-  npu_fused_infer_attention_score.out(...)`` (a `FacadeOpPacket`) still returns
-  ``(attention_out, softmax_lse)``.
+* ``npu_fused_infer_attention_score.out`` (and v2's) has two schemas in the wheel: the op
+  YAML's ``..., Tensor? workspace=None, Tensor(a!) attention_out, Tensor(b!) softmax_lse) ->
+  (Tensor(a!), Tensor(b!))`` (npu_native_functions_by_codegen.yaml:352, 364) and the string
+  libtorch_npu.so registers, ``..., Tensor? workspace=None, Tensor[] out) -> (Tensor, Tensor)``,
+  whose ``out=[attention_out, softmax_lse]`` is how vLLM Ascend and hw/ call it. The op here has
+  the YAML's schema (it says the kernel writes into its outputs, which the simulator's recorder
+  needs); ``torch_npu.npu_fused_infer_attention_score.out(...)`` (a `FacadeOpPacket`) takes
+  either spelling and returns ``(attention_out, softmax_lse)``.
 * The ATB ops ``_npu_reshape_and_cache`` / ``_npu_rotary_embedding`` have no schema string
   in the wheel (inferred from C++); the names here are descriptive, and like the real
   ones they are meant to be called with positional arguments only.
 
-The facade models the FIA call hw/ and vLLM Ascend make: TND layout over a paged KV cache
-(``block_table``), sparse_mode 3. Other layouts raise NotImplementedError.
+The fused attention (v1, v2, their ``.out`` and workspace queries) computes every sparse
+mode, mask, pre/next-token band, layout and length list the contract table accepts
+(`sim.facade.attention_calls` lays a call out, `sim.attention` computes it); what it does
+not model (quantisation, position bias, left padding, shared prefixes, MLA rope inputs, the
+NTD/NBSD layouts) raises NotImplementedError naming the argument. The workspace queries
+return `ascendgraph.workspace_sizes`' model, which the ``.out`` kernels check their
+workspace against (``workspace_too_small``). docs/facade.md, the kernel audit table, lists
+every argument of every kernel here and what the simulator does with it. The norm and
+quantisation kernels are `sim.facade.norm_quant`'s.
 
 The kernels of vLLM Ascend's A2/A3 graph paths (vllm_ascend/attention/attention_v1.py,
 vllm_ascend/device/device_op.py at 182b75ea) are here too:
 
 * ``npu_scatter_pa_kv_cache`` (the KV write; ``cache_mode="Norm"``, the ND cache
-  ``[blocks, block_size, kv_heads, D]``; the NZ layout is not modelled);
+  ``[blocks, block_size, kv_heads, D]``; the NZ layout and the compressed scene are not modelled);
 * ``_npu_paged_attention`` and ``_npu_paged_attention_get_workspace`` (ATB ops, the
   FULL_DECODE_ONLY decode branch: one query token per request); the names are the keywords
   vLLM Ascend passes, the order the C++ signature's in ``lib/libop_plugin_atb.so``;
 * ``npu_fused_infer_attention_score_v2`` with ``.out`` and
-  ``_npu_fused_infer_attention_score_v2_get_max_workspace`` (the sinks path): TND over a
-  paged cache, sparse_mode 3 (causal) or 4 (band: a sliding window of ``pre_tokens``), with
-  an optional ``learnable_sink`` (one logit per query head added to the softmax
-  denominator). Its ``.out`` is registered like v1's (``Tensor[] out``) and treated the same.
+  ``_npu_fused_infer_attention_score_v2_get_max_workspace`` (the sinks path), with an
+  optional ``learnable_sink`` (one logit per query head added to the softmax denominator).
+  Its ``.out`` is registered like v1's (``Tensor[] out``) and treated the same.
 """
 
 from __future__ import annotations
@@ -47,17 +55,21 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor
 
-from ascendgraph import reference
-from sim.facade.contracts import check
-from sim.npu_device.fallback import running_on_device
 import math
 
-from sim.kernels import paged_attention_ref, reshape_and_cache_ref
+from ascendgraph import reference
+from ascendgraph.workspace_sizes import fused_attention_workspace_bytes, paged_attention_workspace_bytes
+from sim.attention import KVSource, Masking, attend
+from sim.facade.attention_calls import FusedAttentionCall, lse_shape, output_shape
+from sim.facade.contracts import check
+from sim.facade.norm_quant import (add_rms_norm, add_rms_norm_dynamic_quant, add_rms_norm_quant, dynamic_quant,
+                                   quantize, rms_norm)
+from sim.kernels import reshape_and_cache_ref
+from sim.npu_device.fallback import running_on_device
 
-__all__ = ["NAMESPACE", "SCHEMAS", "FacadeOpPacket", "exported_ops", "WORKSPACE_ELEMENTS"]
+__all__ = ["NAMESPACE", "SCHEMAS", "FacadeOpPacket", "exported_ops"]
 
 NAMESPACE = "npu_facade"
-WORKSPACE_ELEMENTS = 4096  # what the facade's workspace query returns (the size is not modelled)
 FIA = "npu_fused_infer_attention_score"
 FIA_V2 = "npu_fused_infer_attention_score_v2"
 PAGED_ATTENTION = "_npu_paged_attention"
@@ -101,10 +113,14 @@ _PA_ARGS = (
     "Tensor block_table, Tensor context_lens"
 )
 
+# The .out overloads' tail (npu_native_functions_by_codegen.yaml:352, 364).
+_OUT_ARGS = ("Tensor? workspace=None, Tensor(a!) attention_out, Tensor(b!) softmax_lse) "
+             "-> (Tensor(a!), Tensor(b!))")
+
 # name (with overload) -> schema after the name; torch-npu 2.13.0 (see the module docstring).
 SCHEMAS: dict[str, str] = {
     FIA: f"({_FIA_ARGS}) -> (Tensor, Tensor)",
-    f"{FIA}.out": f"({_FIA_ARGS}, Tensor? workspace=None, Tensor(a!)[] out) -> ()",
+    f"{FIA}.out": f"({_FIA_ARGS}, {_OUT_ARGS}",
     "_npu_fused_infer_attention_score_get_max_workspace": f"({_FIA_ARGS}) -> Tensor",
     "_npu_fused_infer_attention_score_infer_output": (
         "(Tensor query, Tensor value, *, str input_layout=\"BSH\", Tensor? quant_scale2=None, "
@@ -146,7 +162,7 @@ SCHEMAS: dict[str, str] = {
     PAGED_ATTENTION: f"({_PA_ARGS}, Tensor(a!) out, Tensor? workspace=None) -> ()",
     "_npu_paged_attention_get_workspace": f"({_PA_ARGS}, Tensor out) -> Tensor",
     FIA_V2: f"({_FIA_V2_ARGS}) -> (Tensor, Tensor)",
-    f"{FIA_V2}.out": f"({_FIA_V2_ARGS}, Tensor? workspace=None, Tensor(a!)[] out) -> ()",
+    f"{FIA_V2}.out": f"({_FIA_V2_ARGS}, {_OUT_ARGS}",
     "_npu_fused_infer_attention_score_v2_get_max_workspace": f"({_FIA_V2_ARGS}) -> Tensor",
 }
 
@@ -179,137 +195,76 @@ def _bind(schema: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- implementations
-def _fia_compute(a: dict[str, Any], out: Tensor) -> None:
-    if a["input_layout"] != "TND" or a["block_table"] is None:
-        raise NotImplementedError(
-            f"sim.facade models {FIA} in TND layout with page attention (block_table) only, got "
-            f"input_layout={a['input_layout']!r}, block_table={'given' if a['block_table'] is not None else None}"
-        )
-    query, key, value = a["query"], a["key"], a["value"]
-    kv_heads = int(a["num_key_value_heads"]) or int(a["num_heads"])
-    head_dim = query.shape[-1]
-    num_blocks, block_size = key.shape[0], key.shape[1]
-    key_cache = key.reshape(num_blocks, block_size, kv_heads, head_dim)
-    value_cache = value.reshape(num_blocks, block_size, kv_heads, -1)
-    ends = [int(v) for v in a["actual_seq_lengths"] or []]
-    lens = [int(v) for v in a["actual_seq_lengths_kv"] or []]
-    result = torch.zeros(query.shape, dtype=out.dtype)
-    paged_attention_ref(query, key_cache, value_cache, a["block_table"], ends, lens, float(a["scale"]), result)
-    out.copy_(result.reshape(out.shape))
+def _fused_call(name: str, a: dict[str, Any]) -> FusedAttentionCall:
+    return FusedAttentionCall.from_v2(name, a) if name == FIA_V2 else FusedAttentionCall.from_v1(name, a)
 
 
-def _lse(query: Tensor, flag: bool) -> Tensor:
-    if flag:
-        return torch.zeros(query.shape[0], query.shape[1], 1, dtype=torch.float32, device=query.device)
-    return torch.zeros(1, dtype=torch.float32, device=query.device)
-
-
-def fia(a: dict[str, Any], fake: bool) -> Any:
+def _fused(name: str, a: dict[str, Any], fake: bool) -> tuple[Tensor, Tensor]:
+    """The functional kernel: attention_out and softmax_lse (op docs :8147-8148; [1] of zeros
+    without the lse flag)."""
+    call = _fused_call(name, a)
     query = a["query"]
-    attn = torch.empty_like(query)
-    lse = _lse(query, bool(a["softmax_lse_flag"]))
+    attn = torch.empty(output_shape(call), dtype=query.dtype, device=query.device)
+    lse = torch.zeros(lse_shape(call), dtype=torch.float32, device=query.device)
     if not fake:
-        _fia_compute(a, attn)
+        call.run(attn, lse if call.lse_flag else None)
     return attn, lse
 
 
-def fia_out(a: dict[str, Any], fake: bool) -> None:
-    out = a["out"]
-    if not isinstance(out, (list, tuple)) or len(out) != 2:
-        raise RuntimeError(f"{FIA}.out takes out=[attention_out, softmax_lse], got {out!r}")
+def _fused_out(name: str, a: dict[str, Any], fake: bool) -> tuple[Tensor, Tensor]:
+    """The ``.out`` kernel: writes attention_out (and, with the lse flag, softmax_lse) and
+    returns both, as the registered overload does."""
+    out = (a["attention_out"], a["softmax_lse"])
+    call = _fused_call(name, a)
+    expected = lse_shape(call)
+    if call.lse_flag and int(out[1].numel()) != math.prod(expected):
+        raise RuntimeError(
+            f"simulator: {name}.out with the softmax_lse flag writes softmax_lse of shape {expected}, but out[1] has "
+            f"shape {tuple(out[1].shape)} (the kernel would write past it)"
+        )
     if not fake:
-        _fia_compute(a, out[0])
+        call.run(out[0], out[1] if call.lse_flag else None)
+    return out
+
+
+def fia(a: dict[str, Any], fake: bool) -> Any:
+    return _fused(FIA, a, fake)
+
+
+def fia_out(a: dict[str, Any], fake: bool) -> tuple[Tensor, Tensor]:
+    return _fused_out(FIA, a, fake)
+
+
+def _workspace(a: dict[str, Any], needed: int) -> Tensor:
+    """A workspace of ``needed`` elements of the query's dtype, as op-plugin hands the byte
+    count back (FusedInferAttentionScoreKernelNpuOpApi.cpp: apply_tensor_without_format({size}, query dtype))."""
+    return torch.empty(needed, dtype=a["query"].dtype, device=a["query"].device)
 
 
 def fia_workspace(a: dict[str, Any], fake: bool) -> Tensor:
-    return torch.empty(WORKSPACE_ELEMENTS, dtype=a["query"].dtype, device=a["query"].device)
+    _fused_call(FIA, a)  # what the simulator cannot compute is refused at the query already
+    return _workspace(a, fused_attention_workspace_bytes(a))
+
+
+def fia_v2_workspace(a: dict[str, Any], fake: bool) -> Tensor:
+    _fused_call(FIA_V2, a)
+    return _workspace(a, fused_attention_workspace_bytes(a, v2=True))
 
 
 def fia_infer_output(a: dict[str, Any], fake: bool) -> tuple[Tensor, Tensor]:
     query = a["query"]
-    return torch.empty_like(query), _lse(query, bool(a["softmax_lse_flag"]))
-
-
-def _rstd(x: Tensor, eps: float) -> Tensor:
-    return torch.rsqrt(x.float().pow(2).mean(dim=-1, keepdim=True) + eps)
-
-
-def rms_norm(a: dict[str, Any], fake: bool) -> tuple[Tensor, Tensor]:
-    x, gamma, eps = a["input"], a["gamma"], float(a["epsilon"])
-    if fake:
-        return torch.empty_like(x), x.new_empty((*x.shape[:-1], 1), dtype=torch.float32)
-    return reference.rms_norm(x, gamma, eps), _rstd(x, eps)
-
-
-def add_rms_norm(a: dict[str, Any], fake: bool) -> tuple[Tensor, Tensor, Tensor]:
-    x1, x2, gamma, eps = a["x1"], a["x2"], a["gamma"], float(a["epsilon"])
-    if fake:
-        return torch.empty_like(x1), x1.new_empty((*x1.shape[:-1], 1), dtype=torch.float32), torch.empty_like(x1)
-    y, x_sum = reference.add_rms_norm(x1, x2, gamma, eps)
-    return y, _rstd(x_sum, eps), x_sum
-
-
-def dynamic_quant(a: dict[str, Any], fake: bool) -> tuple[Tensor, Tensor]:
-    x = a["input"]
-    if fake:
-        return torch.empty(x.shape, dtype=torch.int8, device=x.device), x.new_empty(x.shape[:-1], dtype=torch.float32)
-    if a["smooth_scales"] is not None:
-        x = (x.float() * a["smooth_scales"].float()).to(x.dtype)
-    return reference.dynamic_quant(x)
-
-
-def _along(values: Optional[Tensor], x: Tensor, axis: int) -> Optional[Tensor]:
-    if values is None or values.numel() == 1:
-        return values
-    shape = [1] * x.dim()
-    shape[axis] = values.numel()
-    return values.reshape(shape)
-
-
-def quantize(a: dict[str, Any], fake: bool) -> Tensor:
-    x = a["input"]
-    if fake:
-        return torch.empty(x.shape, dtype=torch.int8, device=x.device)
-    axis = int(a["axis"])
-    scales = _along(a["scales"], x, axis)
-    assert scales is not None, "npu_quantize takes a scales tensor (its signature has no default for it)"
-    return reference.quantize(x, scales, _along(a["zero_points"], x, axis))
-
-
-def add_rms_norm_quant(a: dict[str, Any], fake: bool) -> tuple[Tensor, Tensor, Tensor]:
-    x1 = a["x1"]
-    if fake:
-        y = torch.empty(x1.shape, dtype=torch.int8, device=x1.device)
-        return y, torch.empty_like(y), torch.empty_like(x1)
-    y, x_sum = reference.add_rms_norm(x1, a["x2"], a["gamma"], float(a["epsilon"]))
-    y1 = reference.quantize(y, a["scales1"], a["zero_points1"])
-    y2 = torch.zeros_like(y1) if a["scales2"] is None else reference.quantize(y, a["scales2"], a["zero_points2"])
-    return y1, y2, x_sum
-
-
-def add_rms_norm_dynamic_quant(a: dict[str, Any], fake: bool) -> tuple[Tensor, ...]:
-    x1 = a["x1"]
-    mask = list(a["output_mask"]) if a["output_mask"] is not None else [True, a["smooth_scale2"] is not None]
-    rows = x1.shape[:-1]
-    second = mask[1] and a["smooth_scale2"] is not None
-    y2_shape = x1.shape if second else (1,)
-    scale2_shape = rows if second else (1,)
-    if fake:
-        return (torch.empty(x1.shape, dtype=torch.int8, device=x1.device),
-                torch.empty(y2_shape, dtype=torch.int8, device=x1.device), torch.empty_like(x1),
-                x1.new_empty(rows, dtype=torch.float32), x1.new_empty(scale2_shape, dtype=torch.float32))
-    y, x_sum = reference.add_rms_norm(x1, a["x2"], a["gamma"], float(a["epsilon"]))
-
-    def quant(smooth: Optional[Tensor]) -> tuple[Tensor, Tensor]:
-        source = y if smooth is None else (y.float() * smooth.float()).to(y.dtype)
-        return reference.dynamic_quant(source)
-
-    y1, scale1 = quant(a["smooth_scale1"])
-    if second:
-        y2, scale2 = quant(a["smooth_scale2"])
+    flag = bool(a["softmax_lse_flag"])
+    if not flag:
+        return torch.empty_like(query), torch.zeros(1, dtype=torch.float32, device=query.device)
+    layout = a["input_layout"]
+    heads = int(a["num_heads"])
+    if layout == "TND":
+        shape: tuple[int, ...] = (int(query.shape[0]), heads, 1)
+    elif layout in ("BNSD", "BNSD_BSND"):
+        shape = (int(query.shape[0]), heads, int(query.shape[2]), 1)
     else:
-        y2, scale2 = torch.zeros(1, dtype=torch.int8), torch.zeros(1, dtype=torch.float32)
-    return y1, y2, x_sum, scale1, scale2
+        shape = (int(query.shape[0]), heads, int(query.shape[1]), 1)
+    return torch.empty_like(query), torch.zeros(shape, dtype=torch.float32, device=query.device)
 
 
 def reshape_and_cache(a: dict[str, Any], fake: bool) -> None:
@@ -329,6 +284,12 @@ def rotary_embedding(a: dict[str, Any], fake: bool) -> None:
 
 def scatter_pa_kv_cache(a: dict[str, Any], fake: bool) -> None:
     mode = a["cache_mode"]
+    compressed = [name for name in ("compress_lens", "compress_seq_offsets", "seq_lens") if a[name] is not None]
+    if compressed:
+        raise NotImplementedError(
+            f"sim.facade models {SCATTER_PA_KV_CACHE}'s scene 2 (op docs :6988-6994), not the compressed scene: got "
+            f"{', '.join(compressed)}"
+        )
     if mode not in (None, "Norm") or a["key"].dim() != 3:
         raise NotImplementedError(
             f"sim.facade models {SCATTER_PA_KV_CACHE} with cache_mode='Norm' (ND caches [blocks, block_size, "
@@ -340,85 +301,32 @@ def scatter_pa_kv_cache(a: dict[str, Any], fake: bool) -> None:
 
 
 def paged_attention(a: dict[str, Any], fake: bool) -> None:
+    """ATB's decode attention: query token i attends to positions [0, context_lens[i]) of
+    block_table row i (no mask, no sparse mode: one query token per request)."""
     if fake:
         return
-    query, out = a["query"], a["out"]
+    query, out, key_cache = a["query"], a["out"], a["key_cache"]
     lens = [int(v) for v in a["context_lens"].reshape(-1).tolist()]
+    kv_heads = int(key_cache.shape[2])
+    kv = KVSource(key_cache.reshape(-1, kv_heads, key_cache.shape[-1]),
+                  a["value_cache"].reshape(-1, kv_heads, a["value_cache"].shape[-1]),
+                  a["block_table"], int(key_cache.shape[1]))
     result = torch.zeros(query.shape, dtype=out.dtype)
-    ends = list(range(1, len(lens) + 1))  # decode: one query token per request
-    paged_attention_ref(query, a["key_cache"], a["value_cache"], a["block_table"], ends, lens,
-                        float(a["scale_value"]), result)
+    attend(query, list(range(len(lens))), [1] * len(lens), lens, kv, Masking(incremental=True),
+           float(a["scale_value"]), result)
     out.copy_(result.reshape(out.shape))
 
 
 def paged_attention_workspace(a: dict[str, Any], fake: bool) -> Tensor:
-    return torch.empty(WORKSPACE_ELEMENTS, dtype=torch.uint8, device=a["query"].device)
-
-
-def _attend_v2(a: dict[str, Any], out: Tensor) -> None:
-    """TND over a paged cache: causal (sparse 3) or a band of ``pre_tokens`` (sparse 4), each
-    query head's ``learnable_sink`` logit joining the softmax denominator."""
-    if a["input_layout"] != "TND" or a["block_table"] is None or int(a["sparse_mode"]) not in (3, 4):
-        raise NotImplementedError(
-            f"sim.facade models {FIA_V2} in TND layout with page attention and sparse_mode 3 or 4 only, got "
-            f"input_layout={a['input_layout']!r}, block_table={'given' if a['block_table'] is not None else None}, "
-            f"sparse_mode={a['sparse_mode']}"
-        )
-    query, key, value, table = a["query"], a["key"], a["value"], a["block_table"]
-    heads = int(a["num_query_heads"])
-    kv_heads = int(a["num_key_value_heads"]) or heads
-    head_dim = query.shape[-1]
-    block_size = key.shape[1]
-    k_cache = key.reshape(key.shape[0], block_size, kv_heads, head_dim)
-    v_cache = value.reshape(value.shape[0], block_size, kv_heads, -1)
-    window = int(a["pre_tokens"]) if int(a["sparse_mode"]) == 4 else None
-    sink = a["learnable_sink"]
-    scale = float(a["softmax_scale"])
-    ends = [int(v) for v in a["actual_seq_qlen"] or []]
-    lens = [int(v) for v in a["actual_seq_kvlen"] or []]
-    out.zero_()
-    start = 0
-    for request, (stop, kv_len) in enumerate(zip(ends, lens)):
-        q_len = stop - start
-        if q_len > 0 and kv_len > 0:
-            blocks = math.ceil(kv_len / block_size)
-            rows = table[request, :blocks].long()
-            k = k_cache[rows].reshape(-1, kv_heads, head_dim)[:kv_len].float()
-            v = v_cache[rows].reshape(-1, kv_heads, v_cache.shape[-1])[:kv_len].float()
-            k = k.repeat_interleave(heads // kv_heads, dim=1)
-            v = v.repeat_interleave(heads // kv_heads, dim=1)
-            q = query[start:stop].float()
-            scores = torch.einsum("qhd,lhd->hql", q, k) * scale
-            last = kv_len - q_len + torch.arange(q_len).view(q_len, 1)
-            position = torch.arange(kv_len).view(1, kv_len)
-            visible = position <= last
-            if window is not None:
-                visible &= position > last - window
-            scores = scores.masked_fill(~visible.unsqueeze(0), float("-inf"))
-            if sink is not None:
-                sink_logits = sink.float().view(heads, 1, 1).expand(heads, q_len, 1)
-                probs = torch.softmax(torch.cat([scores, sink_logits], dim=-1), dim=-1)[..., :kv_len]
-            else:
-                probs = torch.softmax(scores, dim=-1)
-            out[start:stop] = torch.einsum("hql,lhd->qhd", probs, v).to(out.dtype).reshape(out[start:stop].shape)
-        start = stop
+    return torch.empty(paged_attention_workspace_bytes(a), dtype=torch.uint8, device=a["query"].device)
 
 
 def fia_v2(a: dict[str, Any], fake: bool) -> Any:
-    query = a["query"]
-    attn = torch.empty_like(query)
-    lse = _lse(query, bool(a["return_softmax_lse"]))
-    if not fake:
-        _attend_v2(a, attn)
-    return attn, lse
+    return _fused(FIA_V2, a, fake)
 
 
-def fia_v2_out(a: dict[str, Any], fake: bool) -> None:
-    out = a["out"]
-    if not isinstance(out, (list, tuple)) or len(out) != 2:
-        raise RuntimeError(f"{FIA_V2}.out takes out=[attention_out, softmax_lse], got {out!r}")
-    if not fake:
-        _attend_v2(a, out[0])
+def fia_v2_out(a: dict[str, Any], fake: bool) -> tuple[Tensor, Tensor]:
+    return _fused_out(FIA_V2, a, fake)
 
 
 IMPLEMENTATIONS: dict[str, Callable[[dict[str, Any], bool], Any]] = {
@@ -439,7 +347,7 @@ IMPLEMENTATIONS: dict[str, Callable[[dict[str, Any], bool], Any]] = {
     "_npu_paged_attention_get_workspace": paged_attention_workspace,
     FIA_V2: fia_v2,
     f"{FIA_V2}.out": fia_v2_out,
-    "_npu_fused_infer_attention_score_v2_get_max_workspace": fia_workspace,
+    "_npu_fused_infer_attention_score_v2_get_max_workspace": fia_v2_workspace,
 }
 # Tensor arguments a kernel reads on the host, so they stay CPU tensors beside npu ones: the
 # ATB paged attention's context_lens (torch-npu 2.13.0 torch_npu/npu/_npugraph_handlers/
@@ -524,9 +432,14 @@ class FacadeOpPacket:
         return self._packet.default(*args, **kwargs)
 
     def out(self, *args: Any, **kwargs: Any) -> tuple[Tensor, Tensor]:
-        self._packet.out(*args, **kwargs)
-        result = kwargs["out"]
-        return result[0], result[1]
+        """The ``.out`` overload, called as libtorch_npu registers it (``out=[attention_out,
+        softmax_lse]``) or with the op YAML's keywords (``attention_out=, softmax_lse=``)."""
+        if "out" in kwargs:
+            out = kwargs.pop("out")
+            if not isinstance(out, (list, tuple)) or len(out) != 2:
+                raise RuntimeError(f"{self.__name__}.out takes out=[attention_out, softmax_lse], got {out!r}")
+            kwargs["attention_out"], kwargs["softmax_lse"] = out
+        return self._packet.out(*args, **kwargs)
 
     def overloads(self) -> list[str]:
         return self._packet.overloads()

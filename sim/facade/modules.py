@@ -102,14 +102,14 @@ class _DeviceProperties:
 
 
 def _memory_stats(device: Any = None) -> dict[str, int]:
-    memory = runtime().device.memory
-    allocated, reserved = int(memory.allocated_bytes()), int(memory.reserved_bytes())
+    rt = runtime()
+    allocated, reserved = rt.allocated_bytes(), rt.reserved_bytes()
     return {"allocated_bytes.all.current": allocated, "allocated_bytes.all.peak": allocated,
             "reserved_bytes.all.current": reserved, "reserved_bytes.all.peak": reserved}
 
 
 def _max_memory_allocated(device: Any = None) -> int:
-    return int(runtime().device.memory_allocated())
+    return runtime().allocated_bytes()
 
 
 def _reset_peak_memory_stats(device: Any = None) -> None:

@@ -18,7 +18,9 @@ import torch
 from ascendgraph.errors import CAPTURE_END_OTHER_STREAM, UNKNOWN_CAPTURE_ERROR_MODE, CaptureConstraintError
 from sim.capture import TaskGroup
 from sim.device import SimPoolHandle
+from sim.facade.error_codes import ErrCode, pta_error
 from sim.facade.runtime import runtime
+from sim.facade.super_kernel_options import check_super_kernel_options
 from sim.streams import SimEvent, SimExternalEvent, SimStream
 
 __all__ = [
@@ -27,7 +29,7 @@ __all__ = [
     "Stream", "Event", "ExternalEvent", "current_stream", "default_stream", "stream", "set_stream",
     "StreamContext", "NPUGraph", "graph", "graph_pool_handle", "is_current_stream_capturing",
     "graph_task_group_begin", "graph_task_group_end", "graph_task_update_begin", "graph_task_update_end",
-    "super_kernel_scope_begin", "super_kernel_scope_end", "make_graphed_callables", "manual_seed",
+    "super_kernel_scope_begin", "super_kernel_scope_end", "make_graphed_callables", "device", "manual_seed",
     "manual_seed_all", "seed", "seed_all", "initial_seed", "get_rng_state", "set_rng_state",
     "is_initialized",
 ]
@@ -37,17 +39,6 @@ _UPDATE_NEEDS_AUTO_DISPATCH = (
     "The current graph configuration does not support update,Try to capture by setting "
     "auto_dispatch_capture=True during capture"
 )
-# torch_npu 2.13 NPUGraph.super_kernel_optimize: the accepted keys (graphs.py:740-842).
-SUPER_KERNEL_OPTIMIZE_KEYS = frozenset({
-    "preload_code", "split_mode", "stream_fusion", "constant_codegen", "auto_op_parallel", "opt_extend",
-    "dcci_before_kernel_start", "dcci_after_kernel_end", "dcci_disable_on_kernel", "ubuf_lock_ignore_kernel",
-    "aggressive_opt_strategies", "early_start",
-})
-SUPER_KERNEL_DEBUG_KEYS = frozenset({
-    "debug_sync_all", "debug_op_exec_trace", "debug_cross_core_sync_check", "debug_per_op_max_core_num",
-    "debug_extend",
-})
-
 
 def _device():
     return runtime().device
@@ -63,7 +54,7 @@ def _check_device(device: Any) -> int:
     else:
         index = int(device)
     if not 0 <= index < runtime().device_count:
-        raise AssertionError("Invalid device id")
+        raise AssertionError("Invalid device id" + pta_error(ErrCode.VALUE))  # torch_npu/npu/__init__.py:538
     return index
 
 
@@ -98,6 +89,26 @@ def current_device() -> int:
     return runtime().current_index
 
 
+class device:
+    """``torch.npu.device(d)``: makes ``d`` the current device for the block; ``None`` or a
+    negative index is a no-op (torch_npu/npu/utils.py:104-127)."""
+
+    def __init__(self, device: Any) -> None:
+        self.idx = -1 if device is None or (isinstance(device, int) and device < 0) else _check_device(device)
+        self.prev_idx = -1
+
+    def __enter__(self) -> None:
+        if self.idx < 0:
+            return
+        rt = runtime()
+        self.prev_idx = rt.current_index
+        rt.current_index = self.idx
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.idx >= 0:
+            runtime().current_index = max(self.prev_idx, 0)
+
+
 def get_device_name(device_name: Any = None) -> str:
     _check_device(device_name)
     return runtime().device_name
@@ -115,19 +126,19 @@ def mem_get_info(device: Any = None) -> tuple[int, int]:
     _check_device(device)
     dev = _device()
     total = int(dev.profile.memory_bytes)
-    return total - int(dev.memory.reserved_bytes()), total
+    return total - runtime().reserved_bytes(), total
 
 
 def memory_allocated(device: Any = None) -> int:
     _check_device(device)
-    return int(_device().memory.allocated_bytes())
+    return runtime().allocated_bytes()
 
 
 def memory_reserved(device: Any = None) -> int:
     """Memory the caching allocator holds (torch_npu/npu/memory.py:491): at least what is
     allocated; freed blocks stay reserved until empty_cache."""
     _check_device(device)
-    return int(_device().memory.reserved_bytes())
+    return runtime().reserved_bytes()
 
 
 def empty_cache() -> None:
@@ -195,10 +206,23 @@ default_generators = _DefaultGenerators()
 
 # --------------------------------------------------------------------------- streams and events
 class Stream:
-    """torch_npu's Stream: a new object per ``current_stream()`` call, equal by id."""
+    """torch_npu's Stream: a new object per ``current_stream()`` call, equal by id.
 
-    def __init__(self, device: Any = None, priority: int = 0, *, _sim: Optional[SimStream] = None, **kwargs: Any) -> None:
-        _check_device(device)
+    ``Stream(stream_id=..., device_index=..., device_type=...)`` rebuilds the object of an
+    existing stream, as torch_npu's ``current_stream`` / ``default_stream`` do
+    (torch_npu/npu/utils.py:275, 290, from ``_npu_getCurrentStream``'s triple)."""
+
+    def __init__(self, device: Any = None, priority: int = 0, *, _sim: Optional[SimStream] = None,
+                 stream_id: Optional[int] = None, device_index: Optional[int] = None,
+                 device_type: Optional[int] = None, **kwargs: Any) -> None:
+        if kwargs:
+            name = next(iter(kwargs))
+            if name == "stream_ptr":
+                raise NotImplementedError("sim.facade does not model external streams (torch.npu.ExternalStream)")
+            raise TypeError(f"Stream() got an unexpected keyword argument '{name}'")
+        _check_device(device_index if device_index is not None else device)
+        if _sim is None and stream_id is not None:
+            _sim = _existing_stream(int(stream_id), device_type)
         self._sim = _sim if _sim is not None else _device().new_stream()
         from sim import npu_device
 
@@ -215,7 +239,13 @@ class Stream:
 
     @property
     def device_type(self) -> int:
-        return 20  # c10::DeviceType::PrivateUse1, as torch_npu reports it
+        return PRIVATEUSE1  # c10::DeviceType::PrivateUse1, as torch_npu reports it
+
+    @property
+    def device(self) -> torch.device:
+        """The stream's device: PrivateUse1 (``npu`` once the facade spells it so,
+        ``privateuseone`` otherwise) at the current index."""
+        return torch.device(torch._C._get_privateuse1_backend_name(), self.device_index)
 
     @property
     def npu_stream(self) -> int:
@@ -248,8 +278,21 @@ class Stream:
         return f"<torch_npu.npu.Stream device=npu:{self.device_index} npu_stream={self.stream_id} (facade: {self._sim.name})>"
 
 
+PRIVATEUSE1 = 20  # c10::DeviceType::PrivateUse1
+
+
 def _wrap(stream: SimStream) -> Stream:
     return Stream(_sim=stream)
+
+
+def _existing_stream(stream_id: int, device_type: Optional[int]) -> SimStream:
+    if device_type is not None and int(device_type) != PRIVATEUSE1:
+        raise RuntimeError(f"sim.facade: device_type {device_type} is not the NPU's ({PRIVATEUSE1}, PrivateUse1)")
+    for stream in _device()._streams:
+        if stream.stream_id == stream_id:
+            return stream
+    raise RuntimeError(f"sim.facade: no stream with stream_id={stream_id} on the simulated NPU (a stream of a "
+                       "replaced device, sim.facade.configure, or an id no stream had)")
 
 
 def _sim_stream(stream: Any) -> SimStream:
@@ -263,13 +306,18 @@ def _sim_stream(stream: Any) -> SimStream:
 
 
 class Event:
-    """torch_npu's Event (record / wait / query / synchronize)."""
+    """torch_npu's Event (record / wait / query / synchronize / elapsed_time). Timing events
+    read the simulator's virtual clock (`sim.cost`): ``elapsed_time`` is the virtual time
+    between the two records, in milliseconds, not a card's."""
 
     def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
         self._sim: SimEvent = _device().new_event()
+        self.enable_timing = bool(enable_timing)
+        self._recorded_us: Optional[float] = None
 
     def record(self, stream: Optional[Stream] = None) -> None:
         self._sim.record(_sim_stream(stream))
+        self._recorded_us = max(self._sim._device.clock())  # all work issued so far is done by then
 
     def wait(self, stream: Optional[Stream] = None) -> None:
         self._sim.wait(_sim_stream(stream))
@@ -281,7 +329,12 @@ class Event:
         self._sim.synchronize()
 
     def elapsed_time(self, end_event: "Event") -> float:
-        raise RuntimeError("sim.facade: event timing is not modelled (the simulator has a virtual clock only)")
+        if self._recorded_us is None or end_event._recorded_us is None:
+            raise RuntimeError("Both events must be recorded before calculating elapsed time.")  # libtorch_npu.so
+        if not (self.enable_timing and end_event.enable_timing):
+            raise RuntimeError("sim.facade: elapsed_time needs two events made with enable_timing=True (a card "
+                               "fails in aclrtEventElapsedTime)")
+        return (end_event._recorded_us - self._recorded_us) / 1000.0
 
 
 class ExternalEvent:
@@ -333,9 +386,11 @@ class StreamContext:
         set_stream(self.stream)
         return self.stream
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
         if self.stream is None or self.previous is None:
             return
+        if exc_type is not None and self.stream._sim.device is _device():
+            runtime().leave_stream_by_exception(self.stream._sim)  # work left open on it is closed
         set_stream(self.previous)
 
 
@@ -355,30 +410,35 @@ def is_current_stream_capturing() -> bool:
 def graph_task_group_begin(stream: Stream) -> None:
     rt = runtime()
     rt.device.task_group_begin(_sim_stream(stream))
-    rt.push_guard("graph_task_group_begin and graph_task_group_end")
+    rt.push_guard("group", "graph_task_group_begin and graph_task_group_end")
 
 
 def graph_task_group_end(stream: Stream) -> TaskGroup:
     rt = runtime()
-    rt.pop_guard()
+    rt.pop_guard("group")
     return rt.device.task_group_end(_sim_stream(stream))
 
 
 def graph_task_update_begin(stream: Stream, handle: TaskGroup) -> None:
     rt = runtime()
     rt.device.task_update_begin(_sim_stream(stream), handle)
-    rt.push_guard("graph_task_update_begin and graph_task_update_end")
+    rt.push_guard("update", "graph_task_update_begin and graph_task_update_end")
 
 
 def graph_task_update_end(stream: Stream) -> None:
     rt = runtime()
-    rt.pop_guard()
+    rt.pop_guard("update")
     rt.device.task_update_end(_sim_stream(stream))
 
 
+def _check_scope_name(scope_name: Optional[str]) -> None:
+    # torch_npu/npu/graphs.py:102-117 (a non-string fails in its .strip(), as there)
+    if scope_name is not None and not scope_name.strip():
+        raise RuntimeError("scope_name should be None or a non-empty string.", pta_error(ErrCode.PARAM))
+
+
 def super_kernel_scope_begin(scope_name: Optional[str] = None) -> None:
-    if scope_name is not None and (not isinstance(scope_name, str) or not scope_name.strip()):
-        raise RuntimeError("scope_name should be None or a non-empty string.")
+    _check_scope_name(scope_name)
     rt = runtime()
     rt.check_super_kernel("super_kernel_scope_begin")
     rt.open_super_kernel_scopes.append(scope_name)
@@ -388,21 +448,10 @@ def super_kernel_scope_begin(scope_name: Optional[str] = None) -> None:
 
 
 def super_kernel_scope_end(scope_name: Optional[str] = None) -> None:
-    if scope_name is not None and (not isinstance(scope_name, str) or not scope_name.strip()):
-        raise RuntimeError("scope_name should be None or a non-empty string.")
+    _check_scope_name(scope_name)
     scopes = runtime().open_super_kernel_scopes
     if scopes:
         scopes.pop()
-
-
-def _check_options(value: Any, keys: frozenset, option_name: str) -> None:
-    if value is None:
-        return
-    if not isinstance(value, dict):
-        raise RuntimeError(f"{option_name} param must be dict or None.")
-    for key in value:
-        if key not in keys:
-            raise RuntimeError(f"Invalid {option_name} param key: '{key}'.")
 
 
 class NPUGraph:
@@ -432,8 +481,7 @@ class NPUGraph:
         rt = runtime()
         if rt.device.current_stream() is not self._capture_stream:
             raise CaptureConstraintError(CAPTURE_END_OTHER_STREAM)
-        while rt.guarded:  # a task group left open: the simulator refuses and discards the capture
-            rt.pop_guard()
+        rt.pop_guard("group")  # a task group left open: the simulator refuses and discards the capture
         self._sim.capture_end()
 
     def replay(self) -> None:
@@ -447,7 +495,7 @@ class NPUGraph:
 
     def update(self, cpu_update_input: Any) -> None:
         if not self.auto_dispatch_capture:
-            raise RuntimeError(_UPDATE_NEEDS_AUTO_DISPATCH)
+            raise RuntimeError(_UPDATE_NEEDS_AUTO_DISPATCH, pta_error(ErrCode.PARAM))  # graphs.py:655-663
         raise NotImplementedError("sim.facade does not model auto_dispatch_capture graphs")
 
     def debug_dump(self, debug_path: str) -> None:
@@ -455,8 +503,8 @@ class NPUGraph:
             raise RuntimeError("Called NPUGraph::debug_dump without a preceding successful capture.")
 
     def super_kernel_optimize(self, optimize_options: Optional[dict] = None, debug_options: Optional[dict] = None) -> None:
-        _check_options(optimize_options, SUPER_KERNEL_OPTIMIZE_KEYS, "optimize_options")
-        _check_options(debug_options, SUPER_KERNEL_DEBUG_KEYS, "debug_options")
+        check_super_kernel_options(optimize_options, "optimize_options")
+        check_super_kernel_options(debug_options, "debug_options")
         if not self._sim.is_captured:
             raise RuntimeError("Called NPUGraph::super_kernel_optimize without a preceding successful capture.")
         runtime().check_super_kernel("NPUGraph.super_kernel_optimize")  # aclskOptimize fails off A3
@@ -513,6 +561,12 @@ class graph:
         self.npu_graph.capture_begin(self.pool[0] if self.pool else None, capture_error_mode=self.capture_error_mode)
 
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
+        if exc_type is not None:
+            # The block's exception left a task group open: close it, so the capture ends and the
+            # block's own error is what the caller sees (docs/facade.md, deviations table).
+            rt = runtime()
+            rt.pop_guard("group")
+            rt.device.abandon_task_group()
         self.npu_graph.capture_end()
         self.stream_ctx.__exit__(exc_type, exc_value, traceback)
 

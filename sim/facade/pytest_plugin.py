@@ -12,6 +12,13 @@ suspended replays, graphs and pools persist from one test to the next, so a test
 leaves state behind breaks the tests after it here as it would on a card (CI runs the
 npu suite this way). Tests that call ``sim.facade.configure()`` themselves still get the
 fresh device they ask for.
+
+Either way, a test that leaves a capture, a task group, a task update or a super kernel scope
+open fails itself, naming what it left open (its fixtures' teardown: an error of that test), and
+the simulated NPU is reset (`sim.facade.configure`: torch's mode stacks cleared of the facade's
+modes, a new current stream, capture stream, pools), so the next test starts clean in both
+modes. Without that reset, a task update's collector left on torch's dispatch stack turns every
+later op of the process into an uncomputed output.
 """
 
 from __future__ import annotations
@@ -70,12 +77,54 @@ def pytest_report_header(config: pytest.Config) -> Optional[str]:
     return f"npu: sim.facade (the simulator's torch_npu facade; no NPU is used; {state})"
 
 
+LEFT_OPEN = (
+    "{where} left {what} open on the simulated NPU (sim.facade); the NPU was reset for the next test. "
+    "Close each with its end call (capture_end, graph_task_group_end, graph_task_update_end, "
+    "super_kernel_scope_end) also when the work in between raises"
+)
+
+
+def _close_what_was_left_open(where: str) -> Optional[str]:
+    """Reset the facade's NPU when something is open on it; the failure text, or None."""
+    from sim import facade
+
+    rt = facade.runtime()
+    if not rt.open_work():
+        return None
+    left = rt.close_open_work()
+    facade.configure()
+    return LEFT_OPEN.format(where=where, what="; ".join(left))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    if not item.config.stash.get(_ACTIVE, False):
+        return (yield)
+    try:
+        result = yield
+    except BaseException as error:
+        left = _close_what_was_left_open("the test")
+        if left is not None:
+            error.add_note(left)
+        raise
+    left = _close_what_was_left_open("the test")
+    if left is not None:
+        pytest.fail(left, pytrace=False)
+    return result
+
+
 @pytest.fixture(autouse=True)
 def _fresh_facade_npu(request: pytest.FixtureRequest) -> Iterator[None]:
-    if not request.config.stash.get(_ACTIVE, False) or request.config.stash.get(_PROCESS_WIDE, False):
+    if not request.config.stash.get(_ACTIVE, False):
         yield
         return
     from sim import facade
 
-    facade.configure()
+    if request.config.stash.get(_PROCESS_WIDE, False):
+        _close_what_was_left_open("the previous test")  # already reported there; the NPU starts clean
+    else:
+        facade.configure()
     yield
+    left = _close_what_was_left_open("the test's fixtures")
+    if left is not None:
+        pytest.fail(left, pytrace=False)

@@ -41,6 +41,8 @@ from ascendgraph.dynamo_gate import LazyDynamoDispatchMode
 from ascendgraph import ops as ag_ops
 from ascendgraph.errors import CaptureConstraintError
 from sim.device import SimDevice
+from sim.memory_ledger import beyond_pool_bytes
+from sim.mode_stack import reentered, withdraw
 from sim.recorder import wrapper_reentry
 from sim.streams import SimStream
 
@@ -51,7 +53,9 @@ DEFAULT_PROFILE = "A2"
 # What get_device_name() reports per simulator profile generation (CANN SoC names).
 DEVICE_NAMES = {"A2": "Ascend910B3", "A3": "Ascend910_9392", "310P": "Ascend310P3", "A5": "Ascend950PR"}
 SUPER_KERNEL_SOC_PREFIX = "Ascend910_93"  # Atlas A3: the only product line of CANN's aclsk API
-# SimDevice options the facade sets unless a caller overrides them: what torch_npu does.
+# SimDevice options the facade sets unless a caller overrides them: what torch_npu does. Its
+# tensors are npu tensors whose host reads the simulated device sees (sim.npu_device), so the
+# device runs behind the host as a card does (lag "device", SimDevice's default).
 FACADE_DEVICE_DEFAULTS = {"allow_rng_in_capture": True, "lazy_kernel_init": False, "torch_device": "npu"}
 SUPER_KERNEL_UNSUPPORTED = (
     "{what}: super kernel is not supported on {device} (an Atlas {generation} device): CANN's super kernel "
@@ -90,7 +94,7 @@ class TaskGroupGuard(LazyDynamoDispatchMode):
         kwargs = kwargs or {}
         impl = ag_ops._WRAPPER_OPS.get(func)
         if impl is not None:  # see the kernels the wrapper issues, not the wrapper
-            with self, wrapper_reentry():
+            with reentered(self), wrapper_reentry():
                 return impl(*args, **kwargs)
         if _allocates(func):
             raise TaskGroupAllocation(
@@ -125,9 +129,20 @@ class FacadeRuntime:
         self.device_count = 1
         self.current_index = 0
         self.default_capture_stream: Optional[SimStream] = None  # torch.npu.graph's class-wide stream
-        self._guards: list[TaskGroupGuard] = []
+        self._guards: dict[str, TaskGroupGuard] = {}
         self.open_super_kernel_scopes: list[Optional[str]] = []
         self.lock = threading.RLock()
+
+    # -- memory: the device's caching allocator (sim.memory), plus the growth of shared pools
+    def allocated_bytes(self) -> int:
+        """What the allocator hands out (the device pool's blocks and the graph pools), plus what
+        shared pools hold beyond their largest graph because blocks stay held after capture
+        (sim.memory_ledger.beyond_pool_bytes: the graph pools are charged their largest graph)."""
+        return int(self.device.memory.allocated_bytes()) + beyond_pool_bytes(self.device)
+
+    def reserved_bytes(self) -> int:
+        """What the allocator holds (freed blocks stay until empty_cache), plus the same growth."""
+        return int(self.device.memory.reserved_bytes()) + beyond_pool_bytes(self.device)
 
     # -- super kernel: CANN's aclsk API exists on Atlas A3 only
     @property
@@ -144,19 +159,55 @@ class FacadeRuntime:
     def set_current(self, stream: SimStream) -> None:
         self.device.set_current_stream(stream)
 
-    # -- task-group guard
-    def push_guard(self, where: str) -> None:
+    # -- task-group guard: one while a task group is open ("group"), one while a task update is ("update")
+    def push_guard(self, kind: str, where: str) -> None:
+        self.pop_guard(kind)
         guard = TaskGroupGuard(where)
         guard.__enter__()
-        self._guards.append(guard)
+        self._guards[kind] = guard
 
-    def pop_guard(self) -> None:
-        if self._guards:
-            self._guards.pop().__exit__(None, None, None)
+    def pop_guard(self, kind: str) -> None:
+        guard = self._guards.pop(kind, None)
+        if guard is not None:
+            withdraw(guard)  # wherever it sits on torch's mode stack (sim.mode_stack)
 
     @property
     def guarded(self) -> bool:
         return bool(self._guards)
+
+    # -- what a caller left open, and closing it
+    def open_work(self) -> list[str]:
+        """What is open on the facade's NPU, in words: a task update, a capture (with a task
+        group open in it), a super kernel scope. Empty when nothing is."""
+        scopes = [f"super kernel scope {name!r}" if name else "a super kernel scope" for name in self.open_super_kernel_scopes]
+        return self.device.open_work() + scopes
+
+    def leave_stream_by_exception(self, stream: SimStream) -> None:
+        """An exception leaves ``torch.npu.stream(stream)``: a task update open on it is closed
+        (discarded), and so is a capture begun on it (aborted, its task group discarded); their
+        modes come off torch's mode stacks. torch_npu keeps them open (the next
+        ``graph_task_update_begin`` on a card fails until ``_end``), which a suite cannot recover
+        from; docs/facade.md, deviations table."""
+        device = self.device
+        update = device.update_in_progress
+        if update is not None and update.stream is stream:
+            self.pop_guard("update")
+            device.abandon_task_update()
+        capture = device.capture_in_progress
+        if capture is not None and capture.stream is stream:
+            self.pop_guard("group")
+            device.abandon_open_work()
+
+    def close_open_work(self) -> list[str]:
+        """Close everything `open_work` reports (as leaving it by an exception would) and say
+        what it was: the facade's guards and the simulator's collector and capture modes come off
+        torch's mode stacks, so later ops of the process run eagerly again."""
+        found = self.open_work()
+        for kind in list(self._guards):
+            self.pop_guard(kind)
+        self.device.abandon_open_work()
+        self.open_super_kernel_scopes.clear()
+        return found
 
 
 _LOCK = threading.Lock()
@@ -174,12 +225,14 @@ def runtime() -> FacadeRuntime:
 
 def configure(**device_options: Any) -> FacadeRuntime:
     """A fresh simulated NPU for the facade (SimDevice options: profile, faults, stream_limit,
-    seed ...). Graphs, streams and events of the previous one must not be used again."""
+    seed ...): the whole NPU is new (current stream, torch.npu.graph's capture stream, pools,
+    suspended replays, graphs), and what the previous one left open (a capture, a task group, a
+    task update) is closed first, its modes taken off torch's mode stacks. Graphs, streams and
+    events of the previous one must not be used again."""
     global _RUNTIME
     with _LOCK:
         if _RUNTIME is not None:
-            while _RUNTIME.guarded:
-                _RUNTIME.pop_guard()
+            _RUNTIME.close_open_work()  # its modes would stay on torch's stacks for the whole process
         _RUNTIME = FacadeRuntime(**device_options)
         return _RUNTIME
 
@@ -197,6 +250,5 @@ def configured(**device_options: Any) -> Iterator[FacadeRuntime]:
         yield fresh
     finally:
         with _LOCK:
-            while fresh.guarded:
-                fresh.pop_guard()
+            fresh.close_open_work()
             _RUNTIME = previous

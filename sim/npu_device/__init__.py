@@ -33,7 +33,7 @@ from sim.npu_device.fallback import running_on_device
 if TYPE_CHECKING:  # pragma: no cover
     from sim.device import SimDevice
 
-__all__ = ["enable", "enabled", "attach", "driver", "extension", "weak_alias", "default_generator", "pinned_bytes",
+__all__ = ["enable", "enabled", "attach", "driver", "extension", "weak_alias", "is_weak_alias", "default_generator", "pinned_bytes",
            "allow_host_tensors", "running_on_device",
            "NpuDeviceBuildError", "NoSimulatedNpu", "DEVICE_TYPE", "OTHER_BACKEND"]
 
@@ -92,7 +92,7 @@ def enable(cache_root: Optional[str] = None) -> _Device:
         _DEVICE = _Device(extension)
         if not hasattr(torch, DEVICE_TYPE):  # torch asks torch.<device> for a device's RNG and lazy init
             module = _device_module(extension)
-            torch.npu = module  # type: ignore[attr-defined]
+            torch.npu = module  # type: ignore[attr-defined]  # torch has no npu attribute of its own: the device module is ours
             sys.modules["torch.npu"] = module
         return _DEVICE
 
@@ -200,6 +200,13 @@ def weak_alias(tensor: torch.Tensor) -> torch.Tensor:
         what = f"shape {tuple(tensor.shape)}, {str(tensor.dtype).replace('torch.', '')}"
         token = state.driver.new_weak_token(owner, tensor, what)
     return state.extension.weak_alias(tensor, token)
+
+
+def is_weak_alias(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is a weak alias (`weak_alias`): an npu tensor that owns nothing."""
+    if _DEVICE is None or tensor.device.type != DEVICE_TYPE:
+        return False
+    return bool(_DEVICE.extension.weak_token(tensor) >= 0)
 
 
 def default_generator(index: int = 0) -> Any:

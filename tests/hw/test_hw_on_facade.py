@@ -350,3 +350,48 @@ def test_the_kv_write_is_npu_scatter_pa_kv_cache_on_a2_and_a3_and_the_atb_kernel
     torch.testing.assert_close(key_cache.view(-1, 2, 16)[slots], k, rtol=0, atol=0)
     torch.testing.assert_close(value_cache.view(-1, 2, 16)[slots], v, rtol=0, atol=0)
     assert "reshape_and_cache" not in device.router.fallbacks
+
+
+def test_a_non_int32_block_table_reaches_the_replay_through_the_task_update(npu: Any) -> None:
+    # hw casts a non-int32 block table into one static int32 copy. Captured outside the task
+    # group, the cast ran at replay after the update (the graph waits on the update's
+    # ExternalEvent first) and copied the capture-time table over the update's, so the attention
+    # silently read the capture's block table (docs/hw.md "Suspected card failures").
+    a = attention_args()
+    a["block_table"] = torch.tensor([[0, 1], [2, 3], [4, 5]], dtype=torch.int64, device="npu")
+    out = torch.zeros_like(a["query"])
+    graph, handle, event = capture_attention(npu, a, out)
+    step_table = torch.tensor([[6, 7], [2, 3], [4, 5]], dtype=torch.int64, device="npu")  # the step's, not the captured tensor
+    eager = torch.zeros_like(a["query"])
+    call_attention({**a, "block_table": step_table}, eager)
+    graph.replay()
+    update = npu.new_stream()
+    with npu.stream(update):
+        npu.task_update_begin(update, handle)
+        call_attention({**a, "block_table": step_table}, out)
+        npu.task_update_end(update)
+        event.record(update)
+    npu.synchronize()
+    torch.testing.assert_close(out, eager, atol=0, rtol=0)
+
+
+def test_a_capture_refused_at_capture_begin_needs_no_reset_to_capture_again(npu: Any) -> None:
+    # NPUGraph::capture_begin refuses before the graph owns anything (207008 comes from
+    # aclmdlRICaptureBegin, after which nothing is held), and NPUGraph::reset only acts after a
+    # successful capture_end: hw has nothing to reset on that path, and the same graph object
+    # captures once streams are free again (docs/hw.md "Suspected card failures").
+    from sim import facade
+
+    facade.device().set_fault_plan("capture_begin=1*raise(207008)->off")
+    default = npu.current_stream()
+    graph = npu.new_graph()
+    with pytest.raises(RuntimeError, match="207008"):
+        with npu.graph(graph):
+            pass
+    assert npu.current_stream() == default and not npu.is_current_stream_capturing()
+    x = torch.ones(4)
+    with npu.graph(graph):
+        x.mul_(2)
+    graph.replay()
+    npu.synchronize()
+    assert torch.equal(x, torch.full((4,), 2.0))  # captured, not run; the replay ran it

@@ -232,6 +232,46 @@ def test_every_facade_kernel_exists_in_the_wheel_and_its_keywords_are_schema_key
     assert keywords <= allowed, sorted(keywords - allowed)
 
 
+@pytest.mark.parametrize("name", sorted(set(facade_kernels.SCHEMAS) - set(ATB_KERNELS)))
+def test_every_facade_kernel_has_a_schema_of_the_wheel_verbatim(wheel: TorchNpuWheel, name: str) -> None:
+    # The op YAML's or the registered one (.out: the YAML's Tensor(a!) attention_out, Tensor(b!)
+    # softmax_lse; the registered Tensor[] out is the FacadeOpPacket's calling convention).
+    import torch
+
+    ours = str(torch._C.parse_schema(name + facade_kernels.SCHEMAS[name]))
+    theirs = {str(torch._C.parse_schema(text)) for text in wheel.schema_strings(name)}
+    assert theirs, f"{name}: no schema in the wheel"
+    assert ours in theirs, f"{ours}\nis none of\n" + "\n".join(sorted(theirs))
+
+
+def test_the_out_overloads_take_the_registered_out_list_and_the_yaml_keywords() -> None:
+    import torch
+
+    from sim import facade
+
+    facade.install(quiet=True)
+    try:
+        import torch_npu
+
+        query = torch.randn(2, 2, 16).bfloat16().npu()
+        cache = torch.randn(2, 128, 32).bfloat16().npu()
+
+        def call(**outs: object) -> tuple:
+            return torch_npu.npu_fused_infer_attention_score.out(
+                query, cache, cache, actual_seq_lengths=[1, 2], actual_seq_lengths_kv=[3, 5],
+                block_table=torch.tensor([[0], [1]], dtype=torch.int32, device="npu"), num_heads=2,
+                num_key_value_heads=2, input_layout="TND", block_size=128, scale=0.25, **outs)
+
+        attention_out, lse = torch.empty(2, 2, 16, dtype=torch.bfloat16, device="npu"), torch.empty(1, device="npu")
+        listed = call(out=[attention_out, lse])
+        assert listed[0] is attention_out and listed[1] is lse  # returns the out tensors, as registered
+        again = torch.empty_like(attention_out)
+        named = call(attention_out=again, softmax_lse=torch.empty(1, device="npu"))
+        assert named[0] is again and torch.equal(again, attention_out)
+    finally:
+        facade.uninstall()
+
+
 def test_every_facade_module_level_name_exists_in_the_wheel(wheel: TorchNpuWheel) -> None:
     from sim.facade.modules import FACADE_MARK, NPU_DTYPE_CODES, facade_modules
 
@@ -301,3 +341,37 @@ def test_every_api_hw_declares_resolves_on_the_facade() -> None:
     npu = api.TorchNpu(torch_npu_module())
     missing = [a.path for a in APIS if not npu.has(a)]
     assert not missing, f"hw/api.py declares names the facade does not provide: {missing}"
+
+
+# The op-doc lines the fused attention's rules cite (ascendgraph/kernel_contracts.py) and a few words
+# each must hold: which Q_S branch a line sits in decides whom its rule applies to.
+OP_DOCS = "torch_npu/_op_plugin_docs.py"
+FIA_CITED_LINES = {
+    8064: ("T表示", "D=H/N"),  # tnd_query_rank and _head_dim: the layout letters, D = H/N
+    8201: ("当Q_S大于1时",),  # the Q_S > 1 branch opens
+    8204: ("D轴小于等于512", "BSH"),  # head_dim_limit (Q_S > 1)
+    8210: ("D轴需16对齐", "32对齐"),  # head_dim_16_aligned
+    8220: ("(blocknum, blocksize, H)", "65535", "(blocknum, KV_N, blocksize, D)"),  # kv_hidden_limit (Q_S > 1)
+    8224: ("query为int8",),  # query_dtype (Q_S > 1, page attention)
+    8269: ("当Q_S等于1时",),  # the Q_S == 1 branch opens
+    8271: ("D轴小于等于512",),  # head_dim_limit (Q_S == 1)
+    8272: ("均为int8",),  # query_dtype (Q_S == 1)
+    8280: ("16对齐", "int8时需要32对齐"),  # paged_block_size (Q_S == 1)
+    8287: ("(blocknum, blocksize, H)", "64k"),  # kv_hidden_limit (Q_S == 1)
+}
+FIA_RULE_LINES = {
+    "tnd_query_rank": (8064,), "head_dim_16_aligned": (8210, 8201), "head_dim_limit": (8204, 8271),
+    "kv_hidden_limit": (8220, 8287), "query_dtype": (8224, 8272), "paged_block_size": (8280,),
+}
+
+
+def test_the_attention_rules_cite_op_doc_lines_that_say_what_the_rules_check(wheel: TorchNpuWheel) -> None:
+    from ascendgraph import kernel_contracts as kc
+
+    lines = wheel.text(OP_DOCS).splitlines()
+    for number, words in FIA_CITED_LINES.items():
+        assert all(word in lines[number - 1] for word in words), (number, lines[number - 1][:120])
+    sources = {rule.name: rule.source for rule in kc.rules_for(kc.FIA)}
+    for name, cited in FIA_RULE_LINES.items():
+        for number in cited:
+            assert f":{number}" in sources[name] or f", {number}" in sources[name], (name, number, sources[name])

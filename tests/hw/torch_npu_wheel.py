@@ -198,6 +198,15 @@ class TorchNpuWheel:
         """``name`` as a NUL-terminated string: how pybind / torch.library keep names."""
         return b"\0" + name.encode() + b"\0" in self.library(library)
 
+    def schema_strings(self, name: str) -> list[str]:
+        """The schemas of op ``name`` (with its overload) as the wheel writes them: the op
+        YAML's ``func:`` lines, then the strings libtorch_npu.so registers (the two can differ)."""
+        found = [match.group(1) for match in re.finditer(rf"^\s*-\s*func:\s*({re.escape(name)}\(.*\)\s*->.*)$",
+                                                         self.text(OP_YAML), re.M)]
+        pattern = re.compile(rb"\0(" + re.escape(name.encode()) + rb"\([\x20-\x7e]*\) -> [\x20-\x7e]+)\0")
+        found += [match.group(1).decode() for match in pattern.finditer(self.library(C_LIBRARIES[0]))]
+        return found
+
     def c_binding_exists(self, name: str) -> bool:
         extensions = [m for m in self.members if m.startswith("torch_npu/_C.") and m.endswith(".so")]
         return any(self.library_has_symbol(lib, name) for lib in (*C_LIBRARIES, *extensions))

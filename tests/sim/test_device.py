@@ -186,7 +186,7 @@ def test_capture_memory_beyond_the_device_is_an_oom():
 
 
 def test_reset_drops_a_suspended_replay():
-    device = SimDevice(lag="immediate")  # it looks at the device between issue and completion
+    device = SimDevice(lag="synchronous")  # it looks at the device between issue and completion
     event = device.new_external_event()
     graph = device.new_graph()
     with device.graph(graph):
@@ -240,7 +240,7 @@ def test_an_eager_wait_on_an_unrecorded_event_hangs_synchronize_until_recorded()
 
 
 def test_a_replay_behind_a_blocked_stream_waits_its_turn():
-    device = SimDevice(lag="immediate")  # it looks at the device between issue and completion
+    device = SimDevice(lag="synchronous")  # it looks at the device between issue and completion
     x = torch.ones(2)
     graph, out = capture(device, lambda: x * 3)
     stream = device.new_stream()
@@ -272,7 +272,7 @@ def test_stream_synchronize_names_the_suspended_graph():
 
 
 def test_a_graph_that_records_an_external_event_releases_its_waiters():
-    device = SimDevice(lag="immediate")  # it looks at the device between issue and completion
+    device = SimDevice(lag="synchronous")  # it looks at the device between issue and completion
     event = device.new_external_event()
     x = torch.ones(2)
     producer, _ = capture(device, lambda: event.record(device.current_stream()))
@@ -506,7 +506,7 @@ def test_a_record_on_the_stream_its_own_wait_blocks_is_a_hang_at_the_record():
 
 
 def test_a_record_behind_other_pending_work_takes_effect_when_the_stream_reaches_it():
-    device = SimDevice(lag="immediate")  # it looks at the device between issue and completion
+    device = SimDevice(lag="synchronous")  # it looks at the device between issue and completion
     first, second = device.new_external_event(), device.new_external_event()
     stream, other = device.new_stream(), device.new_stream()
     first.wait(stream)
@@ -531,7 +531,7 @@ def test_an_eager_wait_ahead_of_a_record_of_the_same_event_is_a_hang():
 def test_a_reset_behind_a_suspended_replay_runs_after_the_replay_is_released():
     # The replay's own stream resets the event after its wait, as vLLM Ascend does: queued, the
     # reset clears the flag only once the update's record has released the replay.
-    device = SimDevice(lag="immediate")  # it looks at the device between issue and completion
+    device = SimDevice(lag="synchronous")  # it looks at the device between issue and completion
     event = device.new_external_event()
     stream = _replay_suspended_at(device, event)
     event.reset(stream)  # queued behind the suspended replay

@@ -12,7 +12,7 @@ from ascendgraph.errors import CaptureConstraintError
 from sim import SimDevice
 from sim.pool_memory import DeadWeakReference, PoolArena, PoolBlockReused, PoolWeakTensor
 
-# Devices here run every replay when it is issued (lag="immediate"): the tests read the pool
+# Devices here run every replay when it is issued and wait for it (lag="synchronous"): the tests read the pool
 # memory right after a replay, which on a card is itself a synchronising read of device memory.
 N = 4096  # elements per test tensor: 16 KiB in float32
 
@@ -34,7 +34,7 @@ def overlaps(a: tuple[int, int], b: tuple[int, int]) -> bool:
 
 
 def test_a_later_capture_reuses_the_blocks_an_earlier_one_freed():
-    device = SimDevice(lag="immediate")
+    device = SimDevice(lag="synchronous")
     pool = device.graph_pool_handle()
     x = torch.ones(N)
     first, out = capture(device, lambda: x * 2, pool=pool)
@@ -52,7 +52,7 @@ def test_a_later_capture_reuses_the_blocks_an_earlier_one_freed():
 
 
 def test_a_block_still_held_is_not_handed_out_again():
-    device = SimDevice(lag="immediate")
+    device = SimDevice(lag="synchronous")
     pool = device.graph_pool_handle()
     x = torch.ones(N)
     _, out = capture(device, lambda: x * 2, pool=pool)
@@ -62,7 +62,7 @@ def test_a_block_still_held_is_not_handed_out_again():
 
 
 def test_reading_a_graph_output_after_another_graph_reused_its_block_is_detected():
-    device = SimDevice(lag="immediate")
+    device = SimDevice(lag="synchronous")
     pool = device.graph_pool_handle()
     x = torch.ones(N)
     first, out = capture(device, lambda: x * 2, pool=pool)
@@ -80,7 +80,7 @@ def test_reading_a_graph_output_after_another_graph_reused_its_block_is_detected
 
 
 def test_a_capture_poisoning_a_reused_block_makes_the_old_reference_stale():
-    device = SimDevice(lag="immediate")
+    device = SimDevice(lag="synchronous")
     pool = device.graph_pool_handle()
     x = torch.ones(N)
     first, out = capture(device, lambda: x * 2, pool=pool)
@@ -93,7 +93,7 @@ def test_a_capture_poisoning_a_reused_block_makes_the_old_reference_stale():
 
 
 def test_a_graph_of_another_part_of_the_pool_leaves_the_reference_readable():
-    device = SimDevice(lag="immediate")
+    device = SimDevice(lag="synchronous")
     pool = device.graph_pool_handle()
     x = torch.ones(N)
     first, out = capture(device, lambda: x * 2, pool=pool)
@@ -108,7 +108,7 @@ def test_a_graph_of_another_part_of_the_pool_leaves_the_reference_readable():
 
 
 def test_a_weak_reference_into_a_reset_graph_is_dead():
-    device = SimDevice(lag="immediate")
+    device = SimDevice(lag="synchronous")
     x = torch.ones(N)
     graph, out = capture(device, lambda: x * 2)
     graph.replay()
@@ -123,7 +123,7 @@ def test_a_weak_reference_into_a_reset_graph_is_dead():
 def test_a_weak_reference_keeps_the_graph_data_after_the_strong_tensor_goes():
     # vLLM Ascend's full_graph_fia keeps only a weak reference to its capture-allocated
     # softmax_lse and writes into it at every update: the block is its graph's until reset.
-    device = SimDevice(lag="immediate")
+    device = SimDevice(lag="synchronous")
     x = torch.ones(N)
     graph, out = capture(device, lambda: x * 2)
     weak = device.weak_ref(out)
@@ -134,7 +134,7 @@ def test_a_weak_reference_keeps_the_graph_data_after_the_strong_tensor_goes():
 
 
 def test_a_replay_whose_captured_input_moved_is_refused():
-    device = SimDevice(lag="immediate")
+    device = SimDevice(lag="synchronous")
     static_input = torch.ones(N)
     graph, _ = capture(device, lambda: static_input * 2)
     graph.replay()
@@ -144,7 +144,7 @@ def test_a_replay_whose_captured_input_moved_is_refused():
 
 
 def test_a_replay_whose_input_was_refilled_in_place_runs():
-    device = SimDevice(lag="immediate")
+    device = SimDevice(lag="synchronous")
     static_input = torch.ones(N)
     graph, out = capture(device, lambda: static_input * 2)
     static_input.copy_(torch.full((N,), 4.0))
@@ -153,7 +153,7 @@ def test_a_replay_whose_input_was_refilled_in_place_runs():
 
 
 def test_the_pool_of_graphs_captured_largest_first_costs_the_largest_graph():
-    device = SimDevice(lag="immediate")
+    device = SimDevice(lag="synchronous")
     pool = device.graph_pool_handle()
     total = 0
     for size in (768 * N, 384 * N, 192 * N, 96 * N):  # the first graph: two 12 MiB blocks, a segment each
@@ -183,7 +183,7 @@ def test_an_arena_sweep_frees_only_blocks_whose_tensors_are_gone():
 
 
 def test_a_pool_whose_graphs_are_all_reset_gives_its_memory_back():
-    device = SimDevice(lag="immediate")
+    device = SimDevice(lag="synchronous")
     pool = device.graph_pool_handle()
     x = torch.ones(N)
     first, out = capture(device, lambda: x * 2, pool=pool)
@@ -215,7 +215,7 @@ def test_a_workspace_is_written_before_it_is_read_so_only_whoever_else_held_the_
     # (attention_v1.py@182b75ea full_graph_fia: graph_params.workspaces.get(num_tokens)): the kernel
     # writes its workspace before reading it, so whose data was there does not matter to it; the
     # graph whose block it was loses its data, and reading that data afterwards is refused.
-    device = SimDevice(lag="immediate")
+    device = SimDevice(lag="synchronous")
     pool = device.graph_pool_handle()
     x = torch.ones(N)
     first, out = capture(device, lambda: x * 2, pool=pool)
@@ -241,7 +241,7 @@ def test_a_workspace_is_written_before_it_is_read_so_only_whoever_else_held_the_
 
 
 def test_a_block_freed_inside_a_capture_is_handed_out_again_in_that_capture():
-    device = SimDevice(lag="immediate")
+    device = SimDevice(lag="synchronous")
     x = torch.ones(N)
     addresses = []
 
@@ -262,7 +262,7 @@ def test_a_block_freed_inside_a_capture_is_handed_out_again_in_that_capture():
 
 
 def test_a_weak_reference_read_after_its_block_was_handed_to_another_allocation_fails_the_capture():
-    device = SimDevice(lag="immediate")
+    device = SimDevice(lag="synchronous")
     x = torch.ones(N)
     kept = {}
 
@@ -286,7 +286,7 @@ def test_a_workspace_weak_referenced_too_early_is_caught_when_another_layers_ten
     # (vLLM Ascend weak-references its workspaces only after the capture: acl_graph.py
     # weak_ref_workspaces): the next layer's allocation is handed its block, the next attention call
     # writes its workspace over that tensor, and the tensor's next read would be garbage on a card.
-    device = SimDevice(lag="immediate")
+    device = SimDevice(lag="synchronous")
     x = torch.ones(N)
 
     def layers():
@@ -306,7 +306,7 @@ def test_a_workspace_weak_referenced_too_early_is_caught_when_another_layers_ten
 
 
 def test_a_workspace_held_until_the_capture_ends_is_fine_and_its_graph_replays_right():
-    device = SimDevice(lag="immediate")
+    device = SimDevice(lag="synchronous")
     x = torch.ones(N)
 
     def layers():
@@ -323,7 +323,7 @@ def test_a_workspace_held_until_the_capture_ends_is_fine_and_its_graph_replays_r
 
 
 def test_a_graph_output_taken_over_later_in_its_own_capture_is_refused_after_the_replay():
-    device = SimDevice(lag="immediate")
+    device = SimDevice(lag="synchronous")
     x = torch.ones(N)
     kept = {}
 
@@ -340,25 +340,31 @@ def test_a_graph_output_taken_over_later_in_its_own_capture_is_refused_after_the
         kept["weak"].sum()
 
 
+def first_graph_of_a_size(device, pool, x: torch.Tensor, elements: int):
+    """A graph that makes the size's workspace and runs a kernel with it; then, as vLLM Ascend's
+    weak_ref_workspaces after the capture, only a weak reference to the workspace is kept."""
+    held = {}
+
+    def body():
+        held["workspace"] = torch.empty(elements)
+        return torch.ops.agtest_pool.use_scratch(x, held["workspace"]) * 1
+
+    graph, out = capture(device, body, pool=pool)
+    return graph, out, device.weak_ref(held.pop("workspace"))
+
+
 def test_the_shared_workspace_of_one_size_stays_legitimate_across_graphs():
     # The second graph of a size passes the first graph's (weakly held) workspace; its own tensors
     # may be handed the workspace's block, and that is fine while none of them lives across a
     # kernel writing the workspace. A workspace over 1 MiB sits in the large pool, the small
     # activations of a decode step in the small one (sim.memory): they never share bytes.
-    device = SimDevice(lag="immediate")
+    device = SimDevice(lag="synchronous")
     pool = device.graph_pool_handle()
     x = torch.ones(N)
-    holder = {}
-
-    def first_graph():
-        holder["workspace"] = torch.empty(128 * N)  # 2 MiB
-        return torch.ops.agtest_pool.use_scratch(x, holder["workspace"]) * 1
-
-    first, out1 = capture(device, first_graph, pool=pool)
-    holder["workspace"] = device.weak_ref(holder["workspace"])  # weak_ref_workspaces after the capture
+    first, out1, workspace = first_graph_of_a_size(device, pool, x, 128 * N)  # 2 MiB
 
     def second_graph():
-        h = torch.ops.agtest_pool.use_scratch(x * 3, holder["workspace"])
+        h = torch.ops.agtest_pool.use_scratch(x * 3, workspace)
         return h + 1
 
     second, out2 = capture(device, second_graph, pool=pool)
@@ -369,21 +375,14 @@ def test_the_shared_workspace_of_one_size_stays_legitimate_across_graphs():
 
 
 def test_a_tensor_living_across_a_write_of_the_shared_workspace_is_refused():
-    device = SimDevice(lag="immediate")
+    device = SimDevice(lag="synchronous")
     pool = device.graph_pool_handle()
     x = torch.ones(N)
-    holder = {}
-
-    def first_graph():
-        holder["workspace"] = torch.empty(N)
-        return torch.ops.agtest_pool.use_scratch(x, holder["workspace"]) * 1
-
-    first, _ = capture(device, first_graph, pool=pool)
-    holder["workspace"] = device.weak_ref(holder["workspace"])
+    _, _, workspace = first_graph_of_a_size(device, pool, x, N)
 
     def second_graph():
         residual = x * 5  # handed the (freed) workspace's block
-        h = torch.ops.agtest_pool.use_scratch(x, holder["workspace"])  # writes over `residual`
+        h = torch.ops.agtest_pool.use_scratch(x, workspace)  # writes over `residual`
         return h + residual
 
     graph = device.new_graph()
@@ -393,18 +392,11 @@ def test_a_tensor_living_across_a_write_of_the_shared_workspace_is_refused():
 
 
 def test_a_kernel_writing_its_workspace_over_its_own_input_is_refused():
-    device = SimDevice(lag="immediate")
+    device = SimDevice(lag="synchronous")
     pool = device.graph_pool_handle()
     x = torch.ones(N)
-    holder = {}
-
-    def first_graph():
-        holder["workspace"] = torch.empty(N)
-        return torch.ops.agtest_pool.use_scratch(x, holder["workspace"]) * 1
-
-    capture(device, first_graph, pool=pool)
-    holder["workspace"] = device.weak_ref(holder["workspace"])
+    _, _, workspace = first_graph_of_a_size(device, pool, x, N)
     graph = device.new_graph()
     with pytest.raises(PoolBlockReused, match="its own write through a weak reference"):
         with device.graph(graph, pool=pool):
-            torch.ops.agtest_pool.use_scratch(x * 3, holder["workspace"])  # x * 3 was handed the workspace's block
+            torch.ops.agtest_pool.use_scratch(x * 3, workspace)  # x * 3 was handed the workspace's block

@@ -77,7 +77,7 @@ def test_bad_queue_input_is_refused_with_the_fix():
     device = SimDevice()
     with pytest.raises(ConfigError, match="callable"):
         device.queues.submit(device.default_stream(), "not work", label="x")  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match="lag must be one of device, immediate, got 'later'"):
+    with pytest.raises(ConfigError, match="lag must be one of device, immediate, synchronous, got 'later'"):
         SimDevice(lag="later")
 
 
@@ -178,8 +178,14 @@ def test_synchronizing_before_each_full_replay_keeps_the_steps_in_order():
     torch.testing.assert_close(attention.out, attention.eager([9, 9]))
 
 
-def test_the_immediate_setting_waits_for_every_item_so_the_same_loop_passes():
-    device = SimDevice(lag="immediate")
+def test_the_hazard_does_not_depend_on_how_fast_the_device_is():
+    # A device that runs every item as it is issued still lets the host run ahead: the same race.
+    with pytest.raises(StreamOrderError, match="is not ordered after replay 1 of graph#1"):
+        _async_steps(SimDevice(lag="immediate"), synchronize=False)
+
+
+def test_the_synchronous_setting_waits_for_every_item_so_the_same_loop_passes():
+    device = SimDevice(lag="synchronous")
     attention = _async_steps(device, synchronize=False)
     torch.testing.assert_close(attention.out, attention.eager([9, 9]))
 

@@ -15,6 +15,7 @@ import torch
 
 from ascendgraph import ops
 from ascendgraph.errors import CaptureConstraintError, StaleGraphParams
+from ascendgraph.workspace_sizes import paged_attention_op_workspace_bytes
 from sim import SimDevice
 
 
@@ -124,7 +125,7 @@ def test_the_workspace_query_and_output_allocations_before_the_group_are_fine():
         ops.paged_attention(query, key, value, table, ends, lens, scale, out, workspace, lse)
         device.task_group_end(stream)
     assert graph.recorded_ops() == ["ascendgraph.paged_attention.default"]  # the query is no kernel
-    assert workspace.dtype == torch.uint8 and workspace.numel() == 2 * 4 * ops.ATTENTION_WORKSPACE_BYTES_PER_ROW
+    assert workspace.dtype == torch.uint8 and workspace.numel() == paged_attention_op_workspace_bytes(query, key, table)
     assert graph.pool_bytes >= workspace.numel() + out.numel() * 4
 
 
@@ -184,7 +185,7 @@ def test_a_replay_whose_group_was_updated_after_it_began_is_fine():
 
 
 def test_a_replay_executing_a_group_without_an_update_raises_stale_graph_params():
-    device = SimDevice(lag="immediate")  # the stale group surfaces when the host hears from the device at once
+    device = SimDevice(lag="synchronous")  # the stale group surfaces when the host hears from the device at once
     graph, handle, event, x, out = _updatable(device)
     graph.replay()
     with pytest.raises(StaleGraphParams) as excinfo:
@@ -201,7 +202,7 @@ def test_a_replay_executing_a_group_without_an_update_raises_stale_graph_params(
 
 
 def test_an_update_before_the_replay_began_does_not_count():
-    device = SimDevice(lag="immediate")  # the stale group surfaces when the host hears from the device at once
+    device = SimDevice(lag="synchronous")  # the stale group surfaces when the host hears from the device at once
     graph, handle, event, x, out = _updatable(device)
     graph.replay()
     _update(device, handle, event, x, out, 3.0)
@@ -212,7 +213,7 @@ def test_an_update_before_the_replay_began_does_not_count():
 
 
 def test_a_skipped_update_fault_is_caught_whatever_the_numbers():
-    device = SimDevice(faults="task_update=skip_update", lag="immediate")
+    device = SimDevice(faults="task_update=skip_update", lag="synchronous")
     graph, handle, event, x, out = _updatable(device)
     graph.replay()
     with pytest.raises(StaleGraphParams):
@@ -229,7 +230,7 @@ def test_without_required_updates_a_stale_group_is_left_to_the_numbers():
 
 
 def test_a_stale_group_replayed_without_a_wait_surfaces_at_the_replay():
-    device = SimDevice(lag="immediate")  # the stale group surfaces when the host hears from the device at once
+    device = SimDevice(lag="synchronous")  # the stale group surfaces when the host hears from the device at once
     x, out = torch.ones(2), torch.empty(2)
     graph = device.new_graph()
     with device.graph(graph):

@@ -246,3 +246,92 @@ def test_rules_quote_canns_own_texts_where_vllm_ascend_quotes_them() -> None:
     for name in ("block_table_rows", "block_table_columns"):
         assert "PR #10769" in sources[name] and "CheckBlockTableShape" in sources[name]
     assert "CheckFAISeqlenDataInTND" in sources["tnd_tokens_equal_last_end"]
+
+
+# ----------------------------------------------------------------- the attention rules against the op docs' text
+# torch-npu 2.13.0 torch_npu/_op_plugin_docs.py: the Q_S > 1 branch opens at :8201, the Q_S == 1
+# branch at :8269 (tests/hw/test_torch_npu_contract.py checks that the cited lines say so).
+
+def _broken(args: dict) -> list[str]:
+    return [rule.name for rule in kc.violations(kc.FIA, args)]
+
+
+def _decode(d: torch.device = CPU, **changes) -> dict:
+    """A TND decode call (every request one query token: Q_S == 1)."""
+    from ascendgraph.testing.contract_cases import _fia
+
+    return _fia(d, **{"query": torch.zeros(2, 4, 16, dtype=torch.bfloat16), "actual_seq_lengths": [1, 2],
+                      "actual_seq_lengths_kv": [3, 130], **changes})
+
+
+def _fia_args(**changes) -> dict:
+    from ascendgraph.testing.contract_cases import _fia
+
+    return _fia(CPU, **changes)
+
+
+def test_the_head_dim_alignment_is_a_rule_of_the_q_s_gt_1_branch_only() -> None:
+    # :8210 sits in the Q_S > 1 branch; the Q_S == 1 branch asks only D <= 512 (:8271).
+    assert "head_dim_16_aligned" not in _broken(_decode(query=torch.zeros(2, 4, 8, dtype=torch.bfloat16)))
+    assert "head_dim_16_aligned" in _broken(_fia_args(query=torch.zeros(5, 4, 8, dtype=torch.bfloat16)))
+    assert "head_dim_limit" in _broken(_decode(query=torch.zeros(2, 4, 528, dtype=torch.bfloat16)))
+    # with an int8 input, 32-aligned (:8210)
+    int8_kv = dict(key=torch.zeros(8, 128, 32, dtype=torch.int8), value=torch.zeros(8, 128, 32, dtype=torch.int8))
+    assert "head_dim_16_aligned" in _broken(_fia_args(**int8_kv))  # D 16
+    assert "head_dim_16_aligned" not in _broken(_fia_args(query=torch.zeros(5, 4, 32, dtype=torch.bfloat16), **int8_kv))
+
+
+def test_the_head_dim_of_a_bsh_query_is_h_over_the_heads() -> None:
+    # :8064: D = H/N. BSH's last axis is H: 2 heads of 300 (H 600) is D 300, within 512; 4 heads
+    # of 8 (H 32) is D 8, not 16-aligned.
+    bsh = dict(input_layout="BSH", actual_seq_lengths=None, actual_seq_lengths_kv=None, block_table=None,
+               sparse_mode=0, atten_mask=None)
+    wide = _fia_args(query=torch.zeros(2, 3, 600, dtype=torch.bfloat16), num_heads=2, num_key_value_heads=2, **bsh)
+    assert kc._head_dim(wide) == 300 and "head_dim_limit" not in _broken(wide)
+    narrow = _fia_args(query=torch.zeros(2, 3, 32, dtype=torch.bfloat16), num_heads=4, num_key_value_heads=2, **bsh)
+    assert kc._head_dim(narrow) == 8 and "head_dim_16_aligned" in _broken(narrow)
+    bsnd = _fia_args(query=torch.zeros(2, 3, 4, 16, dtype=torch.bfloat16), **{**bsh, "input_layout": "BSND"})
+    assert kc._head_dim(bsnd) == 16
+
+
+def test_the_kv_hidden_limit_is_a_rule_of_the_three_dimensional_cache_layout() -> None:
+    # :8220 / :8287: over the limit, (blocknum, blocksize, H) is rejected and (blocknum, KV_N,
+    # blocksize, D) is the way out.
+    assert "kv_hidden_limit" in _broken(_fia_args(num_key_value_heads=4096))
+    four_d = dict(key=torch.zeros(8, 4096, 128, 16, dtype=torch.bfloat16).expand(8, 4096, 128, 16),
+                  value=torch.zeros(8, 4096, 128, 16, dtype=torch.bfloat16).expand(8, 4096, 128, 16))
+    assert "kv_hidden_limit" not in _broken(_fia_args(num_key_value_heads=4096, **four_d))
+    # Q_S == 1 rejects "over 64k": KV_N*D 65536 is accepted there, 65552 is not
+    assert "kv_hidden_limit" not in _broken(_decode(num_key_value_heads=4096))
+    assert "kv_hidden_limit" in _broken(_decode(num_key_value_heads=4097))
+
+
+def test_an_int8_query_is_refused_only_where_the_op_docs_refuse_it() -> None:
+    int8 = torch.zeros(5, 4, 16, dtype=torch.int8)
+    unpaged = dict(block_table=None)
+    assert "query_dtype" not in _broken(_fia_args(query=int8, **unpaged))  # :8065 lists int8
+    assert "query_dtype" in _broken(_fia_args(query=int8))  # Q_S > 1 with page attention (:8224)
+    decode_int8 = torch.zeros(2, 4, 16, dtype=torch.int8)
+    assert "query_dtype" not in _broken(_decode(query=decode_int8))  # Q_S == 1, bf16 KV
+    int8_kv = dict(key=torch.zeros(8, 128, 32, dtype=torch.int8), value=torch.zeros(8, 128, 32, dtype=torch.int8))
+    assert "query_dtype" in _broken(_decode(query=decode_int8, **int8_kv))  # all three int8 (:8272)
+    assert "query_dtype" in _broken(_fia_args(query=torch.zeros(5, 4, 16, dtype=torch.float32)))
+
+
+def test_the_decode_block_size_is_32_aligned_over_an_int8_kv_cache() -> None:
+    # :8280: 16-aligned for float16/bfloat16 KV, 32-aligned for int8 KV.
+    def cache(dtype: torch.dtype, block_size: int) -> dict:
+        shape = (8, block_size, 32)
+        return dict(key=torch.zeros(shape, dtype=dtype), value=torch.zeros(shape, dtype=dtype), block_size=block_size,
+                    block_table=torch.zeros(2, 16, dtype=torch.int32))
+
+    assert "paged_block_size" not in _broken(_decode(**cache(torch.bfloat16, 16)))
+    assert "paged_block_size" in _broken(_decode(**cache(torch.int8, 16)))
+    assert "paged_block_size" not in _broken(_decode(**cache(torch.int8, 32)))
+    with pytest.raises(KernelContractError, match="int8 KV cache"):
+        kc.check(kc.FIA, _decode(**cache(torch.int8, 48)))
+
+
+def test_the_tnd_query_rank_cites_the_line_that_names_the_layout_letters() -> None:
+    (rule,) = [r for r in kc.rules_for(kc.FIA) if r.name == "tnd_query_rank"]
+    assert ":8064" in rule.source and ":8113 (TND: query is" not in rule.source

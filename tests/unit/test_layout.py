@@ -50,8 +50,6 @@ LINE_LIMIT = 600
 LONG_FILES: dict[str, str] = {
     "ascendgraph/resolve.py": "the resolution pipeline is one ordered sequence of rules; a split "
                               "is planned with the next rule change",
-    "ascendgraph/testing/conformance.py": "the device conformance suite, being split into parts by "
-                                          "the test-trust issue",
     "ascendgraph/kernel_contracts.py": "the contract table: torch_npu's rules plus the kernels vLLM Ascend's "
                                         "A2 graph paths issue (FIA v2, paged attention, scatter KV); to be "
                                         "split per kernel family",
@@ -97,9 +95,10 @@ def test_the_rules_modules_import_neither_the_cli_nor_the_tools_nor_the_runtime(
 
 
 # The building blocks below the runtime: the forward context (vLLM: vllm/forward_context.py), the
-# models, the compile backend with its graph wrapper (vLLM: vllm/compilation/cuda_graph.py) and the
-# xlite routing rules. None of them may reach up into the engine.
-BELOW_THE_RUNTIME = ("forward_context.py", "xlite.py", "models", "compile")
+# models, the compile backend with its graph wrapper (vLLM: vllm/compilation/cuda_graph.py), the
+# xlite routing rules, the device protocol and the Ascend profile formats (the backends write them
+# too). None of them may reach up into the engine.
+BELOW_THE_RUNTIME = ("forward_context.py", "xlite.py", "models", "compile", "device.py", "profile_formats.py")
 
 
 def _below_the_runtime() -> list[Path]:
@@ -177,6 +176,10 @@ def _source_files() -> list[Path]:
     return [*files, REPO / "conftest.py"]
 
 
+def test_every_long_file_listed_exists():
+    assert [name for name in LONG_FILES if not (REPO / name).is_file()] == []
+
+
 def test_no_file_outside_tests_is_longer_than_the_limit_unless_listed_with_a_reason():
     too_long = {}
     for path in _source_files():
@@ -228,3 +231,140 @@ def test_the_simulated_device_is_assembled_from_components_not_mixins():
     for name in SIM_COMPONENTS:
         docstring = ast.get_docstring(ast.parse((REPO / "sim" / f"{name}.py").read_text(encoding="utf-8"))) or ""
         assert "Theory of operation" in docstring, f"sim/{name}.py needs a theory-of-operation docstring"
+
+
+# --------------------------------------------------------------------------- backends below the runtime
+
+
+def test_the_backends_never_import_the_runtime():
+    # sim/ and hw/ implement the device layer; what they share with the runtime (the profile
+    # formats, the device protocol, the ops) sits below both (docs/ARCHITECTURE.md "Layers").
+    backends = [path for root in ("sim", "hw") for path in sorted((REPO / root).rglob("*.py"))]
+    assert len(backends) > 30
+    assert _offenders(backends, ("ascendgraph.runtime", "ascendgraph.cli", "ascendgraph.tools")) == {}
+
+
+# --------------------------------------------------------------------------- the engine's stages
+
+RUNTIME = CORE / "runtime"
+STAGES = RUNTIME / "stages"
+
+
+def _engine_and_stages() -> list[Path]:
+    return [RUNTIME / "engine.py", *sorted(STAGES.glob("*.py"))]
+
+
+def _private_reaches(path: Path) -> list[str]:
+    """Where a file reaches into another object's or module's privates: ``x._name`` for any
+    receiver but ``self`` / ``cls`` (dunders aside), and ``from m import _name`` of the runtime."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            name = node.attr
+            private = name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+            own = isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
+            if private and not own:
+                found.append(f"line {node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ascendgraph.runtime"):
+            found += [f"line {node.lineno}: from {node.module} import {a.name}" for a in node.names
+                      if a.name.startswith("_")]
+    return found
+
+
+def test_no_stage_reaches_into_another_stage_or_the_engine():
+    # Each stage is an object: what it needs comes through its constructor, what it offers are
+    # its public methods (ascendgraph/runtime/engine.py "Theory of operation").
+    paths = _engine_and_stages()
+    assert len(paths) > 7
+    reaches = {str(p.relative_to(REPO)): found for p in paths if (found := _private_reaches(p))}
+    assert reaches == {}
+
+
+def test_stages_are_composed_not_inherited():
+    from ascendgraph.runtime import engine
+    from ascendgraph.runtime.stages import capture, check, forward, report, serve
+
+    stages = [capture.CaptureStage, check.CheckStage, forward.ForwardPlumbing, report.ReportStage, serve.ServeStage]
+    assert engine.Engine.__bases__ == (object,)
+    assert {stage: stage.__bases__ for stage in stages} == {stage: (object,) for stage in stages}
+
+
+def test_the_stages_never_import_the_engine():
+    assert _offenders(sorted(STAGES.glob("*.py")), ("ascendgraph.runtime.engine",)) == {}
+
+
+def _runtime_import_cycles() -> list[list[str]]:
+    modules = {
+        ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__"): path
+        for path in RUNTIME.rglob("*.py")
+    }
+    graph = {name: sorted(m for m in _imported_modules(path) if m in modules and m != name)
+             for name, path in modules.items()}
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(name: str) -> None:
+        state[name] = 1
+        stack.append(name)
+        for other in graph[name]:
+            if state.get(other) == 1:
+                cycles.append(stack[stack.index(other):] + [other])
+            elif other not in state:
+                visit(other)
+        stack.pop()
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name)
+    return cycles
+
+
+def test_the_runtime_has_no_import_cycles():
+    # Lazy and TYPE_CHECKING imports count: a cycle hidden behind either is still one to untangle.
+    assert _runtime_import_cycles() == []
+
+
+def test_the_stage_checks_see_a_planted_violation(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text(
+        "from ascendgraph.runtime.stages.capture import _helper\n"
+        "class ServeStage:\n"
+        "    def step(self, batch):\n"
+        "        self.check._judge(batch)\n"
+        "        return self._own(batch)\n"
+    )
+    assert _private_reaches(planted) == [
+        "line 1: from ascendgraph.runtime.stages.capture import _helper", "line 4: self.check._judge",
+    ]
+
+
+# --------------------------------------------------------------------------- type checking (docs/decisions.md)
+
+
+def test_every_type_ignore_names_its_error_code_and_says_why():
+    import re
+
+    ignore = re.compile(r"#\s*type:\s*ignore(?P<code>\[[a-z, -]+\])?(?P<rest>.*)$")
+    bare = {}
+    for root in ("ascendgraph", "sim", "hw"):
+        for path in sorted((REPO / root).rglob("*.py")):
+            for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                found = ignore.search(line)
+                if found and (not found.group("code") or not re.match(r"\s+#\s*\S", found.group("rest"))):
+                    bare[f"{path.relative_to(REPO)}:{number}"] = line.strip()
+    assert bare == {}, "write `# type: ignore[code]  # why`"
+
+
+def test_the_type_checker_is_configured_as_decided():
+    import tomllib
+
+    config = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["mypy"]
+    assert config["files"] == ["ascendgraph", "sim", "hw"]
+    assert config["check_untyped_defs"] and config["disallow_incomplete_defs"] and config["warn_unused_ignores"]
+    assert "ignore_missing_imports" not in config, "only per module, for torch_npu and vllm"
+    missing_ok = [o for o in config.get("overrides", []) if o.get("ignore_missing_imports")]
+    assert {m.split(".")[0] for o in missing_ok for m in o["module"]} == {"torch_npu", "vllm"}
+    assert "typecheck:" in (REPO / "Makefile").read_text() and "make typecheck" in (REPO / ".ci" / "run").read_text()

@@ -6,12 +6,18 @@ session under ``python -m sim.facade --npu-device --``. Every test here is marke
 ``vllm_ascend`` (excluded from the default run). Outside that set-up the modules skip with
 the reason — except when the run selects ``-m vllm_ascend`` with ``ASCENDGRAPH_CI=1``
 (``.ci/run``): then a missing environment fails the run instead of turning it green.
+
+``--check-memory``: after each test, the simulator's memory ledger (sim/memory_ledger.py)
+checks what vLLM Ascend's graphs keep alive — its ``graph_params`` records and per-size
+workspaces (compilation/acl_graph.py) — and the run's summary lists every tensor a record
+holds strongly and every shared pool that grows with each capture size (docs/vllm-ascend.md).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from typing import Any, Iterator
 
 import pytest
 
@@ -32,3 +38,37 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if os.path.dirname(str(item.fspath)) == _HERE:
             item.add_marker(pytest.mark.vllm_ascend)
+
+
+MEMORY_PROPERTY = "graph memory"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--check-memory", action="store_true", default=False,
+                     help="after each vLLM Ascend test, report what its graphs' parameter records and workspaces keep "
+                          "alive that weak references would have served (sim/memory_ledger.py)")
+
+
+@pytest.fixture(autouse=True)
+def _check_graph_memory(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    if not request.config.getoption("--check-memory"):
+        return
+    import graph_memory
+
+    findings = [str(finding) for finding in graph_memory.check().findings]
+    if findings:
+        request.node.user_properties.append((MEMORY_PROPERTY, "\n".join(findings)))
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    if not config.getoption("--check-memory"):
+        return
+    seen = []
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            for name, text in getattr(report, "user_properties", ()):
+                if name == MEMORY_PROPERTY and getattr(report, "when", "") == "teardown":
+                    seen.append(f"{report.nodeid}:\n{text}")
+    terminalreporter.section("memory held by vLLM Ascend's graphs (--check-memory)")
+    terminalreporter.write_line("\n".join(seen) if seen else "nothing held that weak references would have served")

@@ -23,7 +23,7 @@ from vllm.compilation.monitor import set_cudagraph_capturing_enabled  # noqa: E4
 from vllm.config import CUDAGraphMode  # noqa: E402
 
 import vllm_ascend.ops  # noqa: E402,F401  (before attention_v1, as the model runner imports it)
-from ascendgraph.errors import CaptureConstraintError, GraphHang  # noqa: E402
+from ascendgraph.errors import CaptureConstraintError, GraphHang, KernelContractError  # noqa: E402
 from sim import facade  # noqa: E402
 from vllm_ascend.attention.attention_v1 import AscendAttentionBackend  # noqa: E402
 from vllm_ascend.compilation import acl_graph  # noqa: E402
@@ -31,11 +31,16 @@ from vllm_ascend.compilation import acl_graph  # noqa: E402
 SIZE = 8
 
 
-@pytest.fixture(autouse=True)
-def fresh() -> None:
+def reset_for_a_test() -> None:
+    """What every test starts from: a fresh simulated NPU and vLLM Ascend's module state reset."""
     facade.configure()
     harness.reset_vllm_ascend_state()
     set_cudagraph_capturing_enabled(True)
+
+
+@pytest.fixture(autouse=True)
+def fresh() -> None:
+    reset_for_a_test()
 
 
 class FullGraphRun:
@@ -66,7 +71,9 @@ class FullGraphRun:
             self.wrapper()
             assert context.capturing is True  # ACLGraphWrapper set it (acl_graph.py:183)
 
-    def step(self, step: harness.Step, seed: int, *, update: bool = True) -> None:
+    def step(self, step: harness.Step, seed: int, *, update: bool = True, wait: bool = True) -> None:
+        """One step; ``wait=False``: the host goes on to the next step without waiting for the
+        device, as the runner does under async scheduling."""
         self.model.load_inputs(step, seed)
         with harness.forward_context(self.config, self.model.metadata(step, self.builder), "FULL", SIZE,
                                      sinks=self.sinks) as context:
@@ -74,7 +81,8 @@ class FullGraphRun:
             if update:
                 acl_graph.update_full_graph_params(AscendAttentionBackend, self.update_stream, context, SIZE,
                                                    harness.update_config(self.config))
-        torch.npu.synchronize()
+        if wait:
+            torch.npu.synchronize()
 
     def eager_step(self, step: harness.Step, seed: int) -> None:
         unpadded = harness.Step(step.q_lens, step.kv_lens, state=step.state)
@@ -116,6 +124,23 @@ def test_full_capture_then_per_step_update_in_the_model_runners_order_is_bitwise
     kernels = set(log.kernels())
     assert {"npu_scatter_pa_kv_cache", "npu_fused_infer_attention_score"} <= kernels
     assert log.violations() == []
+
+
+def test_steps_the_host_does_not_wait_for_stay_ordered_by_the_wrappers_synchronize() -> None:
+    # Async scheduling (model_runner_v1.py@182b75ea use_async_scheduling): the host issues step
+    # N + 1 — its replay, then its task updates and event records on the update stream — before it
+    # waited for step N. Only ACLGraphWrapper's synchronize of the current stream before a FULL
+    # replay (compilation/acl_graph.py@182b75ea:253-266) orders step N + 1's records after step N's
+    # waits and resets; without it the facade reports the race a card hangs on (a GraphHang at the
+    # record, or a StreamOrderError at the update that would reach the previous replay first).
+    run = FullGraphRun()
+    run.capture()
+    for index, (q_lens, kv_lens) in enumerate(STEPS):
+        run.step(harness.Step(q_lens, kv_lens, padded_to=SIZE), seed=index, wait=False)
+    torch.npu.synchronize()
+    for index, (q_lens, kv_lens) in enumerate(STEPS):  # the eager twin, step by step
+        run.eager_step(harness.Step(q_lens, kv_lens, padded_to=SIZE), seed=index)
+    run.assert_equal(harness.Step(*STEPS[-1], padded_to=SIZE))
 
 
 def test_a_replay_without_its_update_is_refused() -> None:
@@ -197,20 +222,39 @@ def test_the_sinks_update_keeps_the_captured_block_table_so_fewer_requests_break
     # (3 and the dummy): 8 rows for a batch of 4, which the op doc forbids ("first dim must
     # equal B": torch-npu 2.13.0 _op_plugin_docs.py:8780), so the table refuses the update.
     # The simulator computes a task update's outputs with the fake kernel, whose contract
-    # check refuses; it reports that as an update it cannot re-issue, and the kernel log's
-    # independent re-check names the rule.
+    # check refuses with the rule's name; the kernel log's independent re-check names it too.
     run = FullGraphRun(sinks=True)
     run.capture()
     log = harness.KernelLog()
-    with log.recording(), pytest.raises(CaptureConstraintError, match="cannot be re-issued in a task update"):
+    with log.recording(), pytest.raises(KernelContractError, match="v2_block_table"):
         run.step(harness.Step(*STEPS[0], padded_to=SIZE), seed=0)
-    # update_graph_params has no try/finally around graph_task_update_begin/_end: the refused
-    # kernel leaves the update open, as a failing kernel would on a card. Close it.
-    torch.npu.graph_task_update_end(run.update_stream)
+    # update_graph_params has no try/finally around graph_task_update_begin/_end, but the refusal
+    # leaves its `with torch.npu.stream(update_stream)`, which closes the update on the facade
+    # (docs/facade.md "Work left open, and recovering from it"; a card would keep it open).
+    assert facade.runtime().open_work() == []
     assert log.violations() == ["npu_fused_infer_attention_score_v2: ['v2_block_table']"]
     refused = [args for name, args in log.calls if name == "npu_fused_infer_attention_score_v2"
                and len(args["actual_seq_qlen"]) == 4]  # this step's batch: 3 requests and the dummy
     assert refused and all(tuple(args["block_table"].shape) == (SIZE, 2) for args in refused)  # the capture's rows
+
+
+def test_a_refusal_inside_update_graph_params_does_not_change_the_next_tests_numbers() -> None:
+    # The refusal above, then what the next test of the worker does: the per-test reset
+    # (`fresh`: sim.facade.configure) and a FULL run that must be bitwise eager. When the
+    # update's collector outlived the refusal on torch's dispatch stack, every later op of the
+    # worker returned uncomputed memory (11 tests failed with garbage kernel arguments).
+    refused = FullGraphRun(sinks=True)
+    refused.capture()
+    with pytest.raises(KernelContractError, match="v2_block_table"):
+        refused.step(harness.Step(*STEPS[0], padded_to=SIZE), seed=0)
+    reset_for_a_test()
+    run = FullGraphRun()
+    run.capture()
+    for index, (q_lens, kv_lens) in enumerate(STEPS[:2]):
+        step = harness.Step(q_lens, kv_lens, padded_to=SIZE)
+        run.step(step, seed=index)
+        run.eager_step(step, seed=index)
+        run.assert_equal(step)
 
 
 def test_a_device_tensors_value_read_during_capture_is_still_refused() -> None:
