@@ -52,7 +52,7 @@ vllm-ascend-env:
 	ln -sfn "$$(dirname "$$(dirname "$$(scripts/vllm-ascend-env.sh | tail -n 1)")")" .venv-vllm-ascend
 
 vllm-ascend: vllm-ascend-env
-	.venv-vllm-ascend/bin/python -m sim.facade --npu-device -- .venv-vllm-ascend/bin/python -m pytest -m vllm_ascend \
+	.venv-vllm-ascend/bin/python -m sim.facade -- .venv-vllm-ascend/bin/python -m pytest -m vllm_ascend \
 		tests/vllm_ascend -q -p no:cacheprovider -p no:warnings $(VLLM_ASCEND_PYTEST_ARGS)
 
 # `ascendgraph scenario run --ray` on a local Ray instance against the serial run, in its own cached

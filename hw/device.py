@@ -97,7 +97,7 @@ class NpuGraph:
 
     def capture_end(self) -> None:
         self.graph.capture_end()
-        self.device._captured(self)
+        self.device.note_captured(self)
 
     def replay(self) -> None:
         self.graph.replay()
@@ -105,7 +105,7 @@ class NpuGraph:
     def reset(self) -> None:
         self.graph.reset()
         if self.state == CAPTURED:
-            self.device._released(self)
+            self.device.note_released(self)
         else:
             self.state = NEW
 
@@ -115,7 +115,7 @@ class NpuGraph:
     def __del__(self) -> None:  # torch_npu frees a dropped graph; keep the bookkeeping in step
         if getattr(self, "state", NEW) == CAPTURED:
             with contextlib.suppress(Exception):
-                self.device._released(self)
+                self.device.note_released(self)
 
     def __repr__(self) -> str:
         return f"<NpuGraph {self.name} {self.kind} {self.state}>"
@@ -174,9 +174,8 @@ class NpuDevice:
             supports_task_update=self.features["task_update"],
             supports_super_kernel_api=self.features["super_kernel_optimize"],
         )
-        self._device_type = api.torch_device_type(self._npu.module)
         if router is None:  # the process-wide kernels of the torch_npu in use
-            router = kernels.register_npu_kernels(self._npu, self._device_type)
+            router = kernels.register_npu_kernels(self._npu)
             kernels.prepare(self.torch_device)
         router.soc = self.profile.name  # the KV write's kernel follows the SoC (hw.kernels.SCATTER_SOCS)
         self.router = router
@@ -199,10 +198,8 @@ class NpuDevice:
 
     @property
     def torch_device(self) -> torch.device:
-        # Built on use: the "npu" device type exists once torch_npu has registered it. A
-        # stand-in that keeps tensors on the CPU (sim.facade) declares its device type.
-        if getattr(self, "_device_type", "npu") != "npu":
-            return torch.device(self._device_type)
+        # Built on use: the "npu" device type exists once torch_npu (or the simulator's facade)
+        # has registered it.
         return torch.device("npu", self.index)
 
     # ------------------------------------------------------------------ streams and events
@@ -291,7 +288,7 @@ class NpuDevice:
         finally:
             self._close_task()
         graph.pool_bytes = max(0, self._reserved_bytes() - reserved_before)
-        self._captured(graph)
+        self.note_captured(graph)
 
     @contextlib.contextmanager
     def _cache_flush_through_device(self) -> Iterator[None]:
@@ -308,13 +305,15 @@ class NpuDevice:
         finally:
             module.empty_cache = flush
 
-    def _captured(self, graph: NpuGraph) -> None:
+    def note_captured(self, graph: NpuGraph) -> None:
+        """``graph`` finished its capture: count it and let the router know."""
         graph.state = CAPTURED
         self._graphs[id(graph)] = graph
         self._captured_total += 1
         self.router.graph_captured()
 
-    def _released(self, graph: NpuGraph) -> None:
+    def note_released(self, graph: NpuGraph) -> None:
+        """``graph`` was reset or freed after a capture."""
         graph.state = RESET
         self._graphs.pop(id(graph), None)
         self.router.graph_released()

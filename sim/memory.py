@@ -66,6 +66,7 @@ __all__ = [
     "BlockPool",
     "DeviceMemory",
     "MemoryOwner",
+    "DeviceMemoryOwner",
     "out_of_memory",
 ]
 
@@ -381,3 +382,41 @@ class DeviceMemory:
                 f"the device holds {self.in_use()} bytes of its {limit}; a new {size}-byte segment does not fit",
             )
         return Segment(size, small)
+
+
+class DeviceMemoryOwner(MemoryOwner):
+    """`MemoryOwner` of a `sim.device.SimDevice`: its memory limit, its graph pools and capture."""
+
+    __slots__ = ("_device",)
+
+    def __init__(self, device: Any) -> None:
+        self._device = device
+
+    def memory_limit(self) -> int:
+        return int(self._device.profile.memory_bytes)
+
+    def graph_pool_bytes(self) -> int:
+        return self._device.captures.pool_bytes_now()
+
+    def capture_allocate(self, nbytes: int, stream: Optional["SimStream"]) -> Optional[int]:
+        device = self._device
+        capture = device.captures.active
+        if capture is None or (stream or device.current_stream()) is not capture.stream:
+            return None
+        return capture.allocate_raw(nbytes)
+
+    def capture_free(self, address: int) -> bool:
+        capture = self._device.captures.active
+        return self._device.pools.release_raw(address, also=capture.pool if capture is not None else None)
+
+    def stream_id(self, stream: Optional["SimStream"]) -> int:
+        return (stream or self._device.current_stream()).stream_id
+
+    def consult_malloc_fault(self, nbytes: int) -> None:
+        self._device.fault("malloc", size_bytes=nbytes)
+
+    def check_alive(self) -> None:
+        self._device.check_alive()
+
+    def has_memory(self) -> bool:
+        return not self._device.meta_tensors

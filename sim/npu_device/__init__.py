@@ -22,17 +22,19 @@ from __future__ import annotations
 import sys
 import threading
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Union, cast
 
 import torch
 
 from sim.npu_device.build import NpuDeviceBuildError, load_extension
 from sim.npu_device.driver import Driver, NoSimulatedNpu
+from sim.npu_device.fallback import running_on_device
 
 if TYPE_CHECKING:  # pragma: no cover
     from sim.device import SimDevice
 
-__all__ = ["enable", "enabled", "attach", "driver", "extension", "weak_alias", "default_generator", "pinned_bytes",
+__all__ = ["enable", "enabled", "attach", "driver", "extension", "weak_alias", "is_weak_alias", "default_generator", "pinned_bytes",
+           "allow_host_tensors", "running_on_device",
            "NpuDeviceBuildError", "NoSimulatedNpu", "DEVICE_TYPE", "OTHER_BACKEND"]
 
 DEVICE_TYPE = "npu"
@@ -50,10 +52,21 @@ class _Device:
 
         self.extension = extension
         self.driver = Driver()
+        self.driver._extension_weak_token = extension.weak_token
         extension.set_driver(self.driver)
-        self.fallback = Fallback(self.driver, extension)
+        from sim.pool_checks import register_weak_view_resolver
+
+        register_weak_view_resolver(self.driver.weak_view)  # a capture sees weak aliases of pool blocks
+        self.generators: dict[int, Any] = {}  # index -> torch.Generator (one Python object per default generator)
+        self.fallback = Fallback(self.driver, extension, self.default_generator)
         self.library = torch.library.Library("_", "IMPL")
         self.library.fallback(self.fallback, dispatch_key="PrivateUse1")
+
+    def default_generator(self, index: int) -> Any:
+        generator = self.generators.get(index)
+        if generator is None:
+            generator = self.generators[index] = self.extension.default_generator(index)
+        return generator
 
 
 _LOCK = threading.Lock()
@@ -77,19 +90,42 @@ def enable(cache_root: Optional[str] = None) -> _Device:
             torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True,
                                                                  for_packed_sequence=False)
         _DEVICE = _Device(extension)
-        if "torch.npu" not in sys.modules:  # torch imports torch.<device> at a device's first use
-            sys.modules["torch.npu"] = _device_module(extension)
+        if not hasattr(torch, DEVICE_TYPE):  # torch asks torch.<device> for a device's RNG and lazy init
+            module = _device_module(extension)
+            torch.npu = module  # type: ignore[attr-defined]  # torch has no npu attribute of its own: the device module is ours
+            sys.modules["torch.npu"] = module
         return _DEVICE
 
 
 def _device_module(extension: ModuleType) -> ModuleType:
-    """A minimal ``torch.npu`` for the device without the facade (which brings torch_npu's)."""
+    """A minimal ``torch.npu`` while the torch_npu facade (which brings torch_npu's) is not
+    installed: what torch itself asks a device module for once "npu" is its accelerator
+    (``torch.random.fork_rng``, ``torch.manual_seed``, a device's lazy initialisation)."""
     module = ModuleType("torch.npu", "the simulated NPU's device module (sim.npu_device); the torch_npu facade "
-                                     "replaces it with torch_npu.npu")
-    module.is_available = lambda: True  # type: ignore[attr-defined]
-    module.device_count = extension.device_count  # type: ignore[attr-defined]
-    module.current_device = extension.current_device  # type: ignore[attr-defined]
-    module.set_device = extension.set_device  # type: ignore[attr-defined]
+                                     "puts torch_npu.npu in its place while it is installed")
+
+    def generator(device: Any = None) -> Any:
+        index = torch.device(device).index if isinstance(device, (str, torch.device)) else device
+        return default_generator(extension.current_device() if index is None else int(index))
+
+    def manual_seed_all(seed: int) -> None:
+        for index in range(extension.device_count()):
+            default_generator(index).manual_seed(int(seed))
+
+    attributes: dict[str, Any] = {
+        "is_available": lambda: True,
+        "is_initialized": lambda: True,
+        "_is_in_bad_fork": lambda: False,
+        "device_count": extension.device_count,
+        "current_device": extension.current_device,
+        "set_device": extension.set_device,
+        "manual_seed": lambda seed: generator().manual_seed(int(seed)),
+        "manual_seed_all": manual_seed_all,
+        "get_rng_state": lambda device="npu": generator(device).get_state(),
+        "set_rng_state": lambda new_state, device="npu": generator(device).set_state(new_state),
+    }
+    for name, value in attributes.items():
+        setattr(module, name, value)
     return module
 
 
@@ -103,15 +139,34 @@ def _device() -> _Device:
     return _DEVICE
 
 
-def attach(device: Union[None, "SimDevice", Callable[[int], "SimDevice"]]) -> None:
-    """Which simulated NPU serves ``npu:<index>``: a SimDevice (for every index), a callable
-    ``index -> SimDevice``, or None (none: making an npu tensor raises NoSimulatedNpu)."""
+def attach(device: Union[None, "SimDevice", Mapping[int, "SimDevice"], Callable[[int], "SimDevice"]]) -> None:
+    """Which simulated NPU serves ``npu:<index>``: a SimDevice (``npu:0``, the only device), a
+    mapping ``{index: SimDevice}`` (as many devices as entries, numbered from 0), a callable
+    ``index -> SimDevice`` (one device), or None (none: making an npu tensor raises
+    NoSimulatedNpu)."""
     state = _device()
-    if device is None or callable(device) and not hasattr(device, "current_stream"):
-        state.driver.attach(device)  # type: ignore[arg-type]
-    else:
-        fixed = device
-        state.driver.attach(lambda index: fixed)  # type: ignore[misc,return-value]
+    if device is None:
+        state.driver.attach(None)
+        return
+    if isinstance(device, Mapping):
+        devices = dict(device)
+        if sorted(devices) != list(range(len(devices))):
+            raise ValueError(f"sim.npu_device.attach: device indices must be 0..{len(devices) - 1}, got {sorted(devices)}")
+        state.extension.set_device_count(len(devices))
+
+        def provider(index: int) -> "SimDevice":
+            if index not in devices:
+                raise RuntimeError("Invalid device id")
+            return devices[index]
+
+        state.driver.attach(provider)
+        return
+    state.extension.set_device_count(1)
+    if callable(device) and not hasattr(device, "current_stream"):
+        state.driver.attach(device)
+        return
+    fixed = cast("SimDevice", device)
+    state.driver.attach(lambda index: fixed)
 
 
 def driver() -> Driver:
@@ -120,6 +175,13 @@ def driver() -> Driver:
 
 def extension() -> ModuleType:
     return _device().extension
+
+
+def allow_host_tensors(op_name: str, arguments: frozenset[str]) -> None:
+    """Let the arguments ``arguments`` of the op ``op_name`` ("namespace::name") be host (CPU)
+    tensors next to npu ones: a kernel that reads them on the host (the ATB paged attention's
+    ``context_lens``). Every other CPU tensor beside npu tensors is refused in torch's words."""
+    _device().fallback.allow_host_tensors(op_name, frozenset(arguments))
 
 
 def weak_alias(tensor: torch.Tensor) -> torch.Tensor:
@@ -140,9 +202,16 @@ def weak_alias(tensor: torch.Tensor) -> torch.Tensor:
     return state.extension.weak_alias(tensor, token)
 
 
+def is_weak_alias(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is a weak alias (`weak_alias`): an npu tensor that owns nothing."""
+    if _DEVICE is None or tensor.device.type != DEVICE_TYPE:
+        return False
+    return bool(_DEVICE.extension.weak_token(tensor) >= 0)
+
+
 def default_generator(index: int = 0) -> Any:
     """torch_npu's default generator of ``npu:<index>`` (``torch.npu.default_generators[index]``)."""
-    return _device().extension.default_generator(index)
+    return _device().default_generator(index)
 
 
 def pinned_bytes() -> int:

@@ -23,7 +23,7 @@ from sim.npu_device import simulator
 
 if TYPE_CHECKING:  # pragma: no cover
     from sim.device import SimDevice
-    from sim.streams import SimEvent
+    from sim.streams import SimEvent, SimStream
 
 __all__ = ["Driver", "NoSimulatedNpu", "NOT_ATTACHED"]
 
@@ -43,12 +43,19 @@ class Driver:
     def __init__(self) -> None:
         self._provider: Optional[Callable[[int], "SimDevice"]] = None
         self._lock = threading.RLock()
-        # address -> the simulated NPU that handed it out (weakly: a device that is gone has
-        # nothing left to give the memory back to).
-        self._owners: dict[int, "weakref.ReferenceType[SimDevice]"] = {}
+        # address -> the simulated NPU that handed it out and the block. Held strongly: the
+        # memory (the device's segments, a graph pool's) must outlive every tensor on it, even
+        # after the facade moved on to a fresh simulated NPU or the graph was reset.
+        self._owners: dict[int, "SimDevice"] = {}
+        self._blocks: dict[int, simulator.Block] = {}
         self._events: dict[int, "SimEvent"] = {}
+        # stream id -> stream, for the streams the device guard may name (weakly: a stream nobody
+        # holds is gone). Keyed by the simulated NPU, whose stream ids start at 0 each.
+        self._streams: "weakref.WeakKeyDictionary[SimDevice, weakref.WeakValueDictionary[int, SimStream]]" = \
+            weakref.WeakKeyDictionary()
         self._event_ids = itertools.count(1)
         self._weak: dict[int, simulator.WeakRecord] = {}  # token -> what a weak alias was made from
+        self._extension_weak_token: Optional[Callable[[Any], int]] = None  # set with the extension
         self._weak_ids = itertools.count(1)
         # address -> how many times the allocator has handed it out (negative while it is free):
         # a weak alias made at one generation is dead at any other.
@@ -70,25 +77,31 @@ class Driver:
 
     def owner(self, address: int) -> Optional["SimDevice"]:
         """The simulated NPU whose memory ``address`` (a storage's base address) is."""
-        ref = self._owners.get(address)
-        return ref() if ref is not None else None
+        return self._owners.get(address)
 
     # ------------------------------------------------------------------ memory (the allocator)
     def malloc(self, nbytes: int, index: int) -> int:
         device = self.device(index)
-        address = simulator.allocate(device, int(nbytes))
+        block = simulator.allocate(device, int(nbytes))
+        address = block.address
         with self._lock:
-            self._owners[address] = weakref.ref(device)
+            self._owners[address] = device
+            self._blocks[address] = block
             self._generations[address] = abs(self._generations.get(address, 0)) + 1
         return address
 
     def free(self, address: int) -> None:
         with self._lock:
-            ref = self._owners.pop(address, None)
+            device = self._owners.pop(address, None)
+            block = self._blocks.pop(address, None)
             self._generations[address] = -abs(self._generations.get(address, 0))
-        device = ref() if ref is not None else None
-        if device is not None:
-            simulator.free(device, address)
+        if device is not None and block is not None:
+            simulator.free(device, block)
+
+    def keepers(self, addresses: list[int]) -> list[Any]:
+        """What keeps the memory at these base addresses mapped while queued work uses it."""
+        blocks = self._blocks
+        return [blocks[address].keeper for address in addresses if address in blocks]
 
     # ------------------------------------------------------------------ weak aliases
     def weak_record(self, token: int) -> simulator.WeakRecord:
@@ -104,8 +117,17 @@ class Driver:
         self._weak[token] = simulator.weak_reference(device, tensor, address, self.generation(address), what)
         return token
 
-    def check_weak(self, token: int, op: str, *, scratch: bool = False) -> None:
-        simulator.check_weak_reference(self._weak[token], op, self.generation, scratch=scratch)
+    def check_weak(self, token: int, op: Any, *, role: str) -> None:
+        simulator.check_weak_reference(self._weak[token], op, self.generation, role=role)
+
+    def weak_view(self, tensor: Any) -> Any:
+        """The pool's weak reference a weak alias of a graph-pool block stands for (None for any
+        other tensor): `sim.pool_checks.weak_view` asks, so a capture checks it."""
+        token = self._extension_weak_token(tensor) if self._extension_weak_token is not None else -1
+        if token < 0:
+            return None
+        record = self._weak.get(token)
+        return record.checker if record is not None else None
 
     def copy_weak_token(self, token: int) -> int:
         copy = next(self._weak_ids)
@@ -117,27 +139,38 @@ class Driver:
         self._weak.pop(token, None)
 
     # ------------------------------------------------------------------ streams (the device guard)
+    def note_stream(self, stream: "SimStream") -> "SimStream":
+        """Remember ``stream`` so the device guard can name it by id."""
+        known = self._streams.get(stream.device)
+        if known is None:
+            known = self._streams[stream.device] = weakref.WeakValueDictionary()
+        known[stream.stream_id] = stream
+        return stream
+
+    def _stream(self, device: "SimDevice", stream_id: int) -> "SimStream":
+        return simulator.stream_by_id(device, stream_id, self._streams.get(device, {}))
+
     def current_stream(self, index: int) -> int:
         if not self.attached:
             return 0
-        return simulator.current_stream(self.device(index)).stream_id
+        return self.note_stream(simulator.current_stream(self.device(index))).stream_id
 
     def new_stream(self, index: int, priority: int) -> int:
-        return simulator.new_stream(self.device(index)).stream_id
+        return self.note_stream(simulator.new_stream(self.device(index))).stream_id
 
     def exchange_stream(self, stream_id: int, index: int) -> int:
         device = self.device(index)
-        previous = simulator.current_stream(device).stream_id
-        simulator.set_current_stream(device, simulator.stream_by_id(device, stream_id))
+        previous = self.note_stream(simulator.current_stream(device)).stream_id
+        simulator.set_current_stream(device, self._stream(device, stream_id))
         return previous
 
     def query_stream(self, stream_id: int, index: int) -> bool:
         device = self.device(index)
-        return bool(simulator.stream_by_id(device, stream_id).query())
+        return bool(self._stream(device, stream_id).query())
 
     def synchronize_stream(self, stream_id: int, index: int) -> None:
         device = self.device(index)
-        simulator.stream_by_id(device, stream_id).synchronize()
+        self._stream(device, stream_id).synchronize()
 
     def synchronize(self, index: int) -> None:
         self.device(index).synchronize()
@@ -150,11 +183,11 @@ class Driver:
 
     def record_event(self, event_id: int, stream_id: int, index: int) -> None:
         device = self.device(index)
-        self._events[event_id].record(simulator.stream_by_id(device, stream_id))
+        self._events[event_id].record(self._stream(device, stream_id))
 
     def wait_event(self, event_id: int, stream_id: int, index: int) -> None:
         device = self.device(index)
-        self._events[event_id].wait(simulator.stream_by_id(device, stream_id))
+        self._events[event_id].wait(self._stream(device, stream_id))
 
     def query_event(self, event_id: int) -> bool:
         return bool(self._events[event_id].query())

@@ -10,9 +10,13 @@ device, the kernel run on the device's memory.
 What happens to one op (`run`), at the moment the host issues it:
 
 * tensors of another device are refused in torch's words (a CPU tensor where an npu one is
-  needed: "Expected all tensors to be on the same device, ..."); 0-dim CPU tensors are scalars
-  and pass, as TensorIterator lets them; index tensors of indexing ops may live on the host;
-* tensors of two simulated NPUs in one op are refused (the simulator's words);
+  needed, an ``npu:1`` tensor beside ``npu:0`` ones: "Expected all tensors to be on the same
+  device, ..."); 0-dim CPU tensors are scalars and pass, as TensorIterator lets them; index
+  tensors of indexing ops, and the host arguments a kernel declares (`allow_host_tensors`:
+  the ATB paged attention's ``context_lens``), may live on the host;
+* the op runs on the simulated NPU that serves its tensors' device index now; a tensor made on
+  a simulated NPU the facade has since replaced (a fresh one per test) stays usable: its memory
+  lives as long as the tensor;
 * a weak alias (``torch_npu._C._weak_ref_tensor``) whose block was freed or handed out again
   is refused (`sim.npu_device.simulator.check_weak_reference`);
 * views get their metadata from the meta device and alias the input's storage;
@@ -29,25 +33,48 @@ What happens to one op (`run`), at the moment the host issues it:
   memory (`simulator.host_read`), refused inside a capture.
 
 The kernel itself is *submitted* to the current stream's queue (`simulator.submit`): the device
-runs it when it gets to it, behind the host. Copies between host and device follow torch's
-rules: a ``non_blocking`` copy from or into pinned host memory is queued like a kernel; any
+runs it when the host waits for the stream, behind the host. The queued work holds aliases that
+own nothing, plus the segments their bytes lie in: a tensor the host drops gives its block back
+to the caching allocator at once, as on a card, and the work still finds its bytes mapped.
+Copies between host and device follow torch's rules: a ``non_blocking`` copy from or into
+pinned host memory is queued (`simulator.copy`, whose host side the simulator guards); any
 other copy involving host memory is synchronous (the host waits for the stream; from the
 device this is a host read).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+import contextlib
+import contextvars
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from sim.npu_device import simulator
 from sim.npu_device.driver import Driver
-from sim.pool_memory import SCRATCH_ARGUMENTS
+from sim.pool_memory import READ, argument_roles
 from sim.recorder import NO_META, meta_outputs
 
-__all__ = ["Fallback", "DEVICE_MISMATCH", "TWO_SIMULATED_NPUS"]
+__all__ = ["Fallback", "DEVICE_MISMATCH", "running_on_device", "on_device"]
+
+_ON_DEVICE: contextvars.ContextVar[bool] = contextvars.ContextVar("sim_npu_device_on_device", default=False)
+
+
+def running_on_device() -> bool:
+    """Whether the code running is an npu op's CPU kernel on the device's memory (the
+    fallback's work), as opposed to a call the host made with CPU tensors."""
+    return _ON_DEVICE.get()
+
+
+@contextlib.contextmanager
+def on_device() -> Iterator[None]:
+    token = _ON_DEVICE.set(True)
+    try:
+        yield
+    finally:
+        _ON_DEVICE.reset(token)
+
 
 aten = torch.ops.aten
 NPU = "npu"
@@ -58,11 +85,6 @@ NPU = "npu"
 DEVICE_MISMATCH = (
     "Expected all tensors to be on the same device, but got {argument} is on {device}, different from other "
     "tensors on {common} (when checking argument in method {method})"
-)
-TWO_SIMULATED_NPUS = (
-    "simulator: {op} uses tensors of two simulated NPUs ({first} and {second}): one of them was made on a simulated "
-    "NPU that has since been replaced (sim.facade.configure() gives the facade a fresh one). A card has one memory "
-    "per device; move the tensor with .cpu() and back, or make it again on the current simulated NPU"
 )
 NO_FACTORY = (
     "sim.npu_device: {op} creates a tensor on the npu device without a tensor argument, which the simulated NPU does "
@@ -91,12 +113,44 @@ def _argument_names(op: Any, args: tuple, kwargs: dict) -> list[tuple[str, Any]]
     return pairs
 
 
+def _scalar_tensor(value: Any) -> torch.Tensor:
+    """A Python number as the 0-dim CPU tensor torch would have wrapped it in (the dtype a wrapped
+    number promotes like: the default float / complex dtype, int64, bool)."""
+    if isinstance(value, bool):
+        return torch.tensor(value, dtype=torch.bool)
+    if isinstance(value, int):
+        return torch.tensor(value, dtype=torch.int64)
+    if isinstance(value, complex):
+        return torch.tensor(value, dtype=torch.complex64 if torch.get_default_dtype() == torch.float32
+                            else torch.complex128)
+    return torch.tensor(value, dtype=torch.get_default_dtype())
+
+
+def _numbers_as_tensors(op: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Tensor arguments that reached the fallback as Python numbers (torch hands a wrapped number,
+    ``t % 8``'s ``8``, to a Python kernel as the number) become tensors again."""
+    arguments = op._schema.arguments
+    fixed = list(args)
+    for index, value in enumerate(args):
+        if index < len(arguments) and isinstance(value, (int, float, complex)) and \
+                str(arguments[index].type) in ("Tensor", "Optional[Tensor]"):
+            fixed[index] = _scalar_tensor(value)
+    if kwargs:
+        types = {a.name: str(a.type) for a in arguments}
+        kwargs = {name: _scalar_tensor(value) if isinstance(value, (int, float, complex))
+                  and types.get(name) in ("Tensor", "Optional[Tensor]") else value for name, value in kwargs.items()}
+    return tuple(fixed), kwargs
+
+
 class Fallback:
     """The PrivateUse1 fallback (see the module docstring); one per process, like the driver."""
 
-    def __init__(self, driver: Driver, extension: Any) -> None:
+    def __init__(self, driver: Driver, extension: Any, generator: Callable[[int], Any]) -> None:
         self.driver = driver
         self.ext = extension
+        self._generator = generator  # index -> the npu device's default generator
+        # Qualified op name -> arguments that may be host (CPU) tensors (`allow_host_tensors`).
+        self.host_arguments: dict[str, frozenset[str]] = {name: frozenset({"indices"}) for name in HOST_INDEX_OPS}
         self._special: dict[Any, Callable[..., Any]] = {
             aten._copy_from.default: self._copy_from,
             aten._copy_from_and_resize.default: self._copy_from_and_resize,
@@ -113,21 +167,23 @@ class Fallback:
         return self.run(op, args, kwargs)
 
     # ------------------------------------------------------------------ checks
+    def allow_host_tensors(self, op_name: str, arguments: frozenset[str]) -> None:
+        """Let ``op_name``'s ``arguments`` be host tensors (a kernel that reads them on the host)."""
+        self.host_arguments[op_name] = self.host_arguments.get(op_name, frozenset()) | arguments
+
     def _check_devices(self, op: Any, args: tuple, kwargs: dict) -> None:
-        common: Optional[torch.device] = None
-        host_index = op._schema.name in HOST_INDEX_OPS
+        common: Optional[torch.device] = next(self._npu_devices(args, kwargs), None)
+        host = self.host_arguments.get(op._schema.name, frozenset())
         for name, value in _argument_names(op, args, kwargs):
             values = value if isinstance(value, (list, tuple)) else (value,)
             for item in values:
                 if not isinstance(item, torch.Tensor):
                     continue
-                if item.device.type == NPU:
-                    common = common or item.device
+                if item.device == common:
                     continue
-                if item.device.type == "cpu" and (item.dim() == 0 or (host_index and name == "indices")):
+                if item.device.type == "cpu" and (item.dim() == 0 or name in host):
                     continue
-                first = common or next(self._npu_devices(args, kwargs), None)
-                raise RuntimeError(DEVICE_MISMATCH.format(argument=name, device=item.device, common=first,
+                raise RuntimeError(DEVICE_MISMATCH.format(argument=name, device=item.device, common=common,
                                                           method=_method_name(op)))
 
     @staticmethod
@@ -135,40 +191,43 @@ class Fallback:
         leaves, _ = tree_flatten((args, kwargs))
         return (leaf.device for leaf in leaves if isinstance(leaf, torch.Tensor) and leaf.device.type == NPU)
 
-    def _device_of(self, op: Any, bases: list[int]) -> Any:
-        """The simulated NPU the op runs on: the one that owns its tensors' memory."""
-        device = None
-        for base in bases:
-            if base == 0:
-                continue
-            owner = self.driver.owner(base)
-            if owner is None:
-                continue
-            if device is None:
-                device = owner
-            elif owner is not device:
-                raise RuntimeError(TWO_SIMULATED_NPUS.format(op=op, first=device, second=owner))
-        return device if device is not None else self.driver.device(0)
+    def _device_of(self, index: Optional[int], bases: list[int]) -> Any:
+        """The simulated NPU the op runs on: the one serving ``npu:<index>`` now (without one
+        attached, the one that made its tensors). A tensor of a simulated NPU replaced since
+        gets the work its own device still has queued done first."""
+        owners = [owner for owner in (self.driver.owner(base) for base in bases if base) if owner is not None]
+        if self.driver.attached or not owners:
+            device = self.driver.device(index or 0)
+        else:
+            device = owners[0]
+        for owner in dict.fromkeys(owners):
+            if owner is not device and owner.queues.pending():
+                simulator.flush(owner, None, reason=f"a tensor of {owner!r} used on {device!r}")
+        return device
 
     def _check_weak(self, op: Any, tokens: list[int], names: list[str]) -> None:
+        _, roles = argument_roles(op)
         for token, name in zip(tokens, names):
             if token >= 0:
-                self.driver.check_weak(token, str(op), scratch=name in SCRATCH_ARGUMENTS)
+                self.driver.check_weak(token, op, role=roles.get(name, READ))
 
     # ------------------------------------------------------------------ aliases
-    def _aliases(self, op: Any, args: tuple, kwargs: dict) -> tuple[Any, Any, Any]:
-        """(CPU-alias args, kwargs, the simulated NPU): npu tensors replaced by CPU aliases."""
+    def _aliases(self, op: Any, args: tuple, kwargs: dict) -> tuple[Any, Any, Any, list[Any]]:
+        """(CPU-alias args, kwargs, the simulated NPU, keepers): npu tensors replaced by CPU
+        aliases that own nothing, and what keeps their memory mapped (the blocks' segments) for
+        work that runs later: a tensor the host frees meanwhile gives its block back at once, as
+        the caching allocator does, while the queued work still reads or writes the bytes."""
         leaves, spec = tree_flatten((args, kwargs))
         positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor) and leaf.device.type == NPU]
         tensors = [leaves[i] for i in positions]
-        aliases, bases, weak = self.ext.cpu_aliases(tensors) if tensors else ([], [], [])
+        aliases, bases, weak = self.ext.cpu_aliases(tensors, False) if tensors else ([], [], [])
         if any(token >= 0 for token in weak):
             self._check_weak(op, weak, self._leaf_names(op, args, kwargs, positions))
-        device = self._device_of(op, bases)
+        device = self._device_of(tensors[0].device.index if tensors else None, bases)
         for position, alias in zip(positions, aliases):
             leaves[position] = alias
         cpu_args, cpu_kwargs = tree_unflatten(leaves, spec)
-        return cpu_args, cpu_kwargs, device
+        return cpu_args, cpu_kwargs, device, self.driver.keepers(bases)
 
     @staticmethod
     def _leaf_names(op: Any, args: tuple, kwargs: dict, positions: list[int]) -> list[str]:
@@ -192,8 +251,7 @@ class Fallback:
         position = names.index("generator")
         generator = args[position] if position < len(args) else kwargs.get("generator")
         if generator is None:
-            index = next(self._npu_devices(args, kwargs)).index or 0
-            generator = self.ext.default_generator(index)
+            generator = self._generator(next(self._npu_devices(args, kwargs)).index or 0)
         state = generator.get_state()
         draw = torch.Generator()
         draw.set_state(state)
@@ -208,6 +266,7 @@ class Fallback:
 
     # ------------------------------------------------------------------ ops
     def run(self, op: Any, args: tuple, kwargs: dict) -> Any:
+        args, kwargs = _numbers_as_tensors(op, args, kwargs)
         self._check_devices(op, args, kwargs)
         if not any(True for _ in self._npu_devices(args, kwargs)):
             raise NotImplementedError(NO_FACTORY.format(op=op))
@@ -225,16 +284,17 @@ class Fallback:
 
     def _synchronous(self, op: Any, args: tuple, kwargs: dict, *, reason: str) -> Any:
         args, kwargs = self._seeded(op, args, kwargs)
-        cpu_args, cpu_kwargs, device = self._aliases(op, args, kwargs)
+        cpu_args, cpu_kwargs, device, _ = self._aliases(op, args, kwargs)
         simulator.host_read(device, f"{op} ({reason})")
-        result = op(*cpu_args, **cpu_kwargs)
+        with on_device():
+            result = op(*cpu_args, **cpu_kwargs)
         return tree_map(lambda value: self._to_device(value) if isinstance(value, torch.Tensor) else value, result)
 
     def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
         if tensor.device.type == NPU:
             return tensor
         out = torch.empty_strided(tensor.size(), tensor.stride(), dtype=tensor.dtype, device=NPU)
-        (alias,), _, _ = self.ext.cpu_aliases([out])
+        (alias,), _, _ = self.ext.cpu_aliases([out], True)
         alias.copy_(tensor)
         return out
 
@@ -269,10 +329,11 @@ class Fallback:
             if isinstance(target, torch.Tensor) and isinstance(result, torch.Tensor) and target.shape != result.shape:
                 target.resize_(result.shape)  # an out= tensor of the wrong size, as torch's resize_output
         args, kwargs = self._seeded(op, args, kwargs)
-        cpu_args, cpu_kwargs, device = self._aliases(op, args, kwargs)
+        cpu_args, cpu_kwargs, device, keep = self._aliases(op, args, kwargs)
 
-        def work() -> None:
-            op(*cpu_args, **cpu_kwargs)
+        def work(keep: list[Any] = keep) -> None:
+            with on_device():
+                op(*cpu_args, **cpu_kwargs)
 
         simulator.submit(device, simulator.current_stream(device), work, label=str(op))
         if not schema.returns:
@@ -310,11 +371,13 @@ class Fallback:
         )
         out_leaves = [leaf for leaf in tree_flatten(outputs)[0] if isinstance(leaf, torch.Tensor)]
         args, kwargs = self._seeded(op, args, kwargs)
-        cpu_args, cpu_kwargs, device = self._aliases(op, args, kwargs)
-        out_aliases = self.ext.cpu_aliases(out_leaves)[0] if out_leaves else []
+        cpu_args, cpu_kwargs, device, keep = self._aliases(op, args, kwargs)
+        out_aliases, out_bases, _ = self.ext.cpu_aliases(out_leaves, False) if out_leaves else ([], [], [])
+        keep = keep + self.driver.keepers(out_bases)
 
-        def work() -> None:
-            result = op(*cpu_args, **cpu_kwargs)
+        def work(keep: list[Any] = keep) -> None:
+            with on_device():
+                result = op(*cpu_args, **cpu_kwargs)
             results = [leaf for leaf in tree_flatten(result)[0] if isinstance(leaf, torch.Tensor)]
             for target, value in zip(out_aliases, results):
                 target.copy_(value)
@@ -326,31 +389,49 @@ class Fallback:
     def _copy_from(self, source: torch.Tensor, destination: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
         """``destination.copy_(source)`` when either is an npu tensor."""
         source_npu, destination_npu = source.device.type == NPU, destination.device.type == NPU
+        if source_npu and destination_npu and source.device != destination.device:
+            return self._copy_between_devices(source, destination)
         npu_side = [t for t in (source, destination) if t.device.type == NPU]
-        cpu_args, _, device = self._aliases(aten._copy_from.default, tuple(npu_side), {})
+        cpu_args, _, device, keep = self._aliases(aten._copy_from.default, tuple(npu_side), {})
         aliases = iter(cpu_args)
         source_view = next(aliases) if source_npu else source
         destination_view = next(aliases) if destination_npu else destination
         stream = simulator.current_stream(device)
 
-        def work() -> None:
+        def work(keep: list[Any] = keep) -> None:
             destination_view.copy_(source_view)
 
         if source_npu and destination_npu:
             simulator.submit(device, stream, work, label="copy (device to device)")
         elif destination_npu:  # host to device
             if non_blocking and source.is_pinned():
-                simulator.submit(device, stream, work, label="copy (host to device, non_blocking from pinned memory)")
+                (destination_view,), _, _ = self.ext.cpu_aliases([destination], True)  # the queue holds it
+                simulator.copy(device, stream, destination_view, source_view, destination_is_host=False,
+                               source_is_host=True, label="copy (host to device, non_blocking from pinned memory)")
             else:  # synchronous, as torch's: from pageable memory the host waits for the stream
                 simulator.flush(device, stream, reason="a synchronous copy from host memory to the device")
                 work()
         else:  # device to host
             if non_blocking and destination.is_pinned():
-                simulator.submit(device, stream, work, label="copy (device to host, non_blocking into pinned memory)")
+                (source_view,), _, _ = self.ext.cpu_aliases([source], True)  # the queue holds it
+                simulator.copy(device, stream, destination_view, source_view, destination_is_host=True,
+                               source_is_host=False, label="copy (device to host, non_blocking into pinned memory)")
             else:
                 simulator.host_read(device, "a copy from the device to host memory (Tensor.cpu(), .to('cpu'), "
                                             ".tolist(), print)")
                 work()
+        return destination
+
+    def _copy_between_devices(self, source: torch.Tensor, destination: torch.Tensor) -> torch.Tensor:
+        """A copy from ``npu:i`` to ``npu:j``: two simulated NPUs (torch_npu copies between cards
+        too). Synchronous here: the host waits for the source's stream, then for the
+        destination's, and copies."""
+        (source_view,), _, source_device, _ = self._aliases(aten._copy_from.default, (source,), {})
+        (destination_view,), _, destination_device, _ = self._aliases(aten._copy_from.default, (destination,), {})
+        simulator.host_read(source_device, f"a copy from {source.device} to {destination.device}")
+        simulator.flush(destination_device, simulator.current_stream(destination_device),
+                        reason=f"a copy from {source.device} to {destination.device}")
+        destination_view.copy_(source_view)
         return destination
 
     def _copy_from_and_resize(self, source: torch.Tensor, destination: torch.Tensor) -> torch.Tensor:
@@ -359,6 +440,6 @@ class Fallback:
         return self._copy_from(source, destination)
 
     def _local_scalar_dense(self, tensor: torch.Tensor) -> Any:
-        (alias,), _, device = self._aliases(aten._local_scalar_dense.default, (tensor,), {})
+        (alias,), _, device, _ = self._aliases(aten._local_scalar_dense.default, (tensor,), {})
         simulator.host_read(device, "Reading a tensor's value on the host (.item(), bool(t), int(t), float(t), `if t:`)")
         return alias.item()

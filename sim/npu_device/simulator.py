@@ -17,19 +17,19 @@ depend on how the simulator is assembled inside. What it uses:
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
-from sim.pool_memory import DEAD_POOL_REFERENCE, POOL_BLOCK_REUSED, DeadWeakReference, PoolBlockReused
+from sim import kernels
+from sim.pool_memory import READ, DeadWeakReference, PoolBlockReused, PoolWeakTensor
 
 if TYPE_CHECKING:  # pragma: no cover
     from sim.device import SimDevice
-    from sim.pool_memory import PoolAllocation
     from sim.streams import SimStream
 
 __all__ = [
     "allocate", "free", "allocated_bytes", "reserved_bytes", "empty_cache", "submit", "flush", "host_read",
-    "current_stream", "set_current_stream", "stream_by_id", "new_stream", "WeakRecord", "weak_reference",
-    "check_weak_reference", "DeadWeakReference", "PoolBlockReused", "DEAD_WEAK_REFERENCE",
+    "copy", "current_stream", "set_current_stream", "stream_by_id", "new_stream", "WeakRecord", "weak_reference",
+    "check_weak_reference", "DeadWeakReference", "PoolBlockReused", "DEAD_WEAK_REFERENCE", "Block",
 ]
 
 DEAD_WEAK_REFERENCE = (
@@ -40,13 +40,43 @@ DEAD_WEAK_REFERENCE = (
 
 
 # ------------------------------------------------------------------ memory
-def allocate(device: "SimDevice", nbytes: int) -> int:
+class Block:
+    """What the driver keeps per block it handed out: the address; for a block of a graph pool,
+    that pool, which holds the block's memory for as long as a tensor is on it; and what keeps
+    the block's bytes mapped (its segment) for device work queued on them."""
+
+    __slots__ = ("address", "pool", "keeper")
+
+    def __init__(self, address: int, pool: Any, keeper: Any) -> None:
+        self.address = address
+        self.pool = pool
+        self.keeper = keeper
+
+
+def allocate(device: "SimDevice", nbytes: int) -> Block:
     """A block of device memory for the current stream (the capture's pool while it captures)."""
-    return int(device.memory.allocate(nbytes, stream=device.current_stream()))
+    address = int(device.memory.allocate(nbytes, stream=device.current_stream()))
+    pool, keeper = None, None
+    block = device.memory.block_at(address) if address else None
+    if block is not None:
+        keeper = block.segment
+    elif address:
+        # A graph-pool block: sim.memory frees it only while its pool is registered (a reset
+        # graph's private pool is not), so the pool is kept here with the block.
+        capture = device.capture_in_progress
+        pool = capture.pool if capture is not None else None
+        allocation = pool.arena.live.get(address) if pool is not None else None
+        keeper = allocation.segment if allocation is not None else pool
+    return Block(address, pool, keeper)
 
 
-def free(device: "SimDevice", address: int) -> None:
-    device.memory.free(address)
+def free(device: "SimDevice", block: Block) -> None:
+    capture = device.capture_in_progress
+    if block.pool is not None and block.pool not in device.pools.all() and (
+            capture is None or capture.pool is not block.pool):
+        block.pool.arena.release_raw(block.address)  # its graph was reset: the pool outlives it for this block
+        return
+    device.memory.free(block.address)
 
 
 def allocated_bytes(device: "SimDevice") -> int:
@@ -63,40 +93,35 @@ def empty_cache(device: "SimDevice") -> None:
 
 # ------------------------------------------------------------------ weak references
 class WeakRecord:
-    """What a weak alias was made from. A graph-pool block keeps its `PoolAllocation` (the pool's
-    checks: its graph reset, another graph wrote it since); a block of the device's own pool
-    keeps the allocator generation of its address (freed, or freed and handed out again)."""
+    """What a weak alias was made from. A graph-pool block gets the pool's own weak reference
+    (`sim.pool_memory.PoolWeakTensor`) as its checker: its graph reset, another allocation's
+    write since, the end of its graph's program; the capture's checks see it through
+    `sim.pool_checks.weak_view`. A block of the device's own pool keeps the allocator
+    generation of its address (freed, or freed and handed out again)."""
 
-    __slots__ = ("device", "address", "generation", "allocation", "what")
+    __slots__ = ("address", "generation", "checker", "what")
 
-    def __init__(self, device: "SimDevice", address: int, generation: int, allocation: Optional["PoolAllocation"],
-                 what: str) -> None:
-        self.device = weakref.ref(device)
+    def __init__(self, address: int, generation: int, checker: Optional[PoolWeakTensor], what: str) -> None:
         self.address = address
         self.generation = generation
-        self.allocation = allocation
+        self.checker = checker
         self.what = what
 
 
 def weak_reference(device: "SimDevice", tensor: Any, address: int, generation: int, what: str) -> WeakRecord:
-    return WeakRecord(device, address, generation, device.pool_allocation(tensor), what)
+    allocation = device.pool_allocation(tensor)
+    checker = PoolWeakTensor(tensor, allocation) if allocation is not None else None
+    return WeakRecord(address, generation, checker, what)
 
 
-def check_weak_reference(record: WeakRecord, op: str, current_generation: Callable[[int], int], *,
-                         scratch: bool = False) -> None:
-    """Raise when the memory behind a weak alias is not what the alias was made from any more:
-    DeadWeakReference (freed; a graph-pool block whose graph was reset) or PoolBlockReused
-    (another graph of the pool wrote the block since; not for a kernel's ``scratch`` argument,
-    which it writes before reading, `sim.pool_memory.SCRATCH_ARGUMENTS`)."""
-    allocation = record.allocation
-    if allocation is not None:
-        owner = allocation.owner
-        if not owner.alive:
-            raise DeadWeakReference(DEAD_POOL_REFERENCE.format(op=op, what=record.what, graph=owner.name))
-        stale = None if scratch else allocation.stale_by()
-        if stale is not None:
-            raise PoolBlockReused(POOL_BLOCK_REUSED.format(op=op, what=record.what, graph=owner.name,
-                                                           other=stale[0].name))
+def check_weak_reference(record: WeakRecord, op: Any, current_generation: Callable[[int], int], *,
+                         role: str = READ) -> None:
+    """Raise when the memory behind a weak alias is not what the alias was made from any more, for
+    an op using it as ``role`` (`sim.pool_memory.argument_roles`): DeadWeakReference (freed; a
+    graph-pool block whose graph was reset) or PoolBlockReused (another allocation wrote the
+    block since)."""
+    if record.checker is not None:
+        record.checker.resolve(str(op), role=role, func=op)
         return
     generation = current_generation(record.address)
     if generation != record.generation:
@@ -106,7 +131,23 @@ def check_weak_reference(record: WeakRecord, op: str, current_generation: Callab
 
 # ------------------------------------------------------------------ queues, host reads
 def submit(device: "SimDevice", stream: "SimStream", work: Callable[[], None], label: str) -> None:
+    """Queue ``work`` on ``stream``; while the device is running a graph replay the kernels the
+    replay issues are the replay's own work and run where they stand."""
+    if kernels.replaying_now():
+        work()
+        return
     device.queues.submit(stream, work, label=label)
+
+
+def copy(device: "SimDevice", stream: "SimStream", destination: Any, source: Any, *, destination_is_host: bool,
+         source_is_host: bool, label: str) -> None:
+    """A non-blocking copy between pinned host memory and the device, queued on ``stream``; while
+    it is queued the host must not touch the host side (`sim.queues.StreamQueues.copy`)."""
+    if kernels.replaying_now():
+        destination.copy_(source)
+        return
+    device.queues.copy(destination, source, stream=stream, destination_is_host=destination_is_host,
+                       source_is_host=source_is_host, label=label)
 
 
 def flush(device: "SimDevice", stream: Optional["SimStream"], reason: str) -> None:
@@ -123,17 +164,19 @@ def current_stream(device: "SimDevice") -> "SimStream":
     return device.current_stream()
 
 
-def stream_by_id(device: "SimDevice", stream_id: int) -> "SimStream":
-    for stream in device._streams:  # to replace: the simulator has no public lookup of streams by id yet
-        if stream.stream_id == stream_id:
-            return stream
-    raise RuntimeError(f"sim.npu_device: stream {stream_id} does not exist on {device!r}")
+def stream_by_id(device: "SimDevice", stream_id: int, known: Mapping[int, "SimStream"]) -> "SimStream":
+    """The stream numbered ``stream_id``: the default one, or one the driver has seen (made,
+    current, or noted by the facade's ``torch.npu.Stream``)."""
+    if stream_id == device.default_stream().stream_id:
+        return device.default_stream()
+    stream = known.get(stream_id)
+    if stream is None or stream.device is not device:
+        raise RuntimeError(f"sim.npu_device: stream {stream_id} is not a stream of {device!r}")
+    return stream
 
 
 def set_current_stream(device: "SimDevice", stream: "SimStream") -> None:
-    # to replace: SimDevice has no public setter of the per-thread current stream yet (torch_npu's
-    # set_stream is not a context manager, so device.stream() does not fit)
-    device._tls.stream = None if stream is device.default_stream() else stream
+    device.set_current_stream(stream)
 
 
 def new_stream(device: "SimDevice") -> "SimStream":

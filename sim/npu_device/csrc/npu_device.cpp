@@ -38,12 +38,12 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/alloc_cpu.h>
-#include <c10/util/CallOnce.h>
 #include <torch/csrc/Generator.h>
 #include <torch/library.h>
 
 #include <atomic>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -213,15 +213,19 @@ struct NpuGenerator final : at::CPUGeneratorImpl {
   }
 };
 
-std::vector<at::Generator> g_default_generators;
-c10::once_flag g_generators_once;
+// One default generator per device index, made on first use (a deque: references handed out
+// stay valid when a later index is added).
+std::deque<at::Generator> g_default_generators;
+std::mutex g_generators_mutex;
 
-void init_default_generators() {
-  const int count = g_device_count.load();
-  g_default_generators.reserve(count);
-  for (int i = 0; i < count; ++i) {
-    g_default_generators.push_back(at::make_generator<NpuGenerator>(static_cast<c10::DeviceIndex>(i)));
+const at::Generator& default_generator_at(c10::DeviceIndex index) {
+  check_index(index);
+  std::lock_guard<std::mutex> lock(g_generators_mutex);
+  while (static_cast<c10::DeviceIndex>(g_default_generators.size()) <= index) {
+    g_default_generators.push_back(
+        at::make_generator<NpuGenerator>(static_cast<c10::DeviceIndex>(g_default_generators.size())));
   }
+  return g_default_generators[index];
 }
 
 // ------------------------------------------------------------------ hooks
@@ -267,10 +271,7 @@ struct NpuHooks final : at::PrivateUse1HooksInterface {
     return c10::Device(kNpu, t_current_device);
   }
   const at::Generator& getDefaultGenerator(c10::DeviceIndex device_index) const override {
-    c10::call_once(g_generators_once, init_default_generators);
-    const c10::DeviceIndex index = device_index < 0 ? t_current_device : device_index;
-    TORCH_CHECK(index >= 0 && index < static_cast<c10::DeviceIndex>(g_default_generators.size()), "Invalid device id");
-    return g_default_generators[index];
+    return default_generator_at(device_index < 0 ? t_current_device : device_index);
   }
   at::Generator getNewGenerator(c10::DeviceIndex device_index) const override {
     const c10::DeviceIndex index = device_index < 0 ? t_current_device : device_index;
@@ -521,16 +522,18 @@ void set_device_count(int count) {
   g_device_count.store(count);
 }
 
-// A CPU tensor over the same bytes as an npu tensor (same offset, sizes, strides, dtype);
-// it keeps the npu storage alive. Tensors on one storage share one CPU storage, so the CPU
-// kernels see their aliasing (overlap checks, in-place views).
+// A CPU tensor over the same bytes as an npu tensor (same offset, sizes, strides, dtype).
+// Owning, it keeps the npu storage alive; not owning, it keeps nothing (the work the device
+// runs later must not keep a block allocated the host has freed: the caller keeps the memory
+// itself alive). Tensors on one storage share one CPU storage, so the CPU kernels see their
+// aliasing (overlap checks, in-place views).
 struct Aliases {
   std::vector<at::Tensor> tensors;
   std::vector<uintptr_t> bases;    // per tensor: the storage's base address (0: empty)
   std::vector<int64_t> weak;       // per tensor: the weak-alias token, or -1
 };
 
-Aliases cpu_aliases(const std::vector<at::Tensor>& tensors) {
+Aliases cpu_aliases(const std::vector<at::Tensor>& tensors, bool owning) {
   Aliases out;
   out.tensors.reserve(tensors.size());
   std::vector<std::pair<const c10::StorageImpl*, c10::Storage>> made;
@@ -546,9 +549,10 @@ Aliases cpu_aliases(const std::vector<at::Tensor>& tensors) {
       }
     }
     if (!cpu_storage) {
-      auto* keep = new c10::Storage(storage);
-      c10::DataPtr data(const_cast<void*>(storage.data()), keep,
-                        [](void* context) { delete static_cast<c10::Storage*>(context); }, c10::Device(c10::kCPU));
+      c10::DataPtr data = owning
+          ? c10::DataPtr(const_cast<void*>(storage.data()), new c10::Storage(storage),
+                         [](void* context) { delete static_cast<c10::Storage*>(context); }, c10::Device(c10::kCPU))
+          : c10::DataPtr(const_cast<void*>(storage.data()), c10::Device(c10::kCPU));
       cpu_storage = c10::Storage(c10::Storage::use_byte_size_t(), storage.nbytes(), std::move(data),
                                  /*allocator=*/nullptr, /*resizable=*/false);
       made.emplace_back(key, cpu_storage);
@@ -582,9 +586,8 @@ int64_t weak_token(const at::Tensor& tensor) {
 }
 
 py::object default_generator(int index) {
-  c10::call_once(g_generators_once, init_default_generators);
-  TORCH_CHECK(index >= 0 && index < static_cast<int>(g_default_generators.size()), "Invalid device id");
-  return py::reinterpret_borrow<py::object>(THPGenerator_initDefaultGenerator(g_default_generators[index]));
+  const at::Generator& generator = default_generator_at(static_cast<c10::DeviceIndex>(index));
+  return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(generator));
 }
 
 }  // namespace
@@ -601,8 +604,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     check_index(static_cast<c10::DeviceIndex>(index));
     t_current_device = static_cast<c10::DeviceIndex>(index);
   });
-  m.def("cpu_aliases", [](const std::vector<at::Tensor>& tensors) {
-    auto aliases = cpu_aliases(tensors);
+  m.def("cpu_aliases", [](const std::vector<at::Tensor>& tensors, bool owning) {
+    auto aliases = cpu_aliases(tensors, owning);
     return py::make_tuple(aliases.tensors, aliases.bases, aliases.weak);
   });
   m.def("weak_alias", &weak_alias);
