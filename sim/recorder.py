@@ -386,6 +386,17 @@ def _is_python_device_op(func: Any, args: Any, kwargs: dict) -> bool:
     return any(isinstance(leaf, torch.Tensor) and leaf.device.type == "npu" for leaf in leaves)
 
 
+_COMPOSITE_IMPLICIT: dict[Any, bool] = {}  # OpOverload -> has a CompositeImplicitAutograd kernel (pure)
+
+
+def _decomposes(func: Any) -> bool:
+    known = _COMPOSITE_IMPLICIT.get(func)
+    if known is None:
+        known = _COMPOSITE_IMPLICIT[func] = bool(
+            torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"))
+    return known
+
+
 class _Mode(LazyDynamoDispatchMode):
     """Base of the simulator's dispatch modes.
 
@@ -412,6 +423,15 @@ class _Mode(LazyDynamoDispatchMode):
             # mode re-entered, so what it issues (kernels, events, task groups) is what we see.
             with reentered(self), wrapper_reentry():
                 return func.redispatch(_PRIVATEUSE1, *args, **kwargs)
+        if _decomposes(func):
+            # A CompositeImplicitAutograd op reaches a mode only below autograd (inference mode, a
+            # compiled graph): ``contiguous``, ``reshape``, ``Tensor.to``... Its schema calls the
+            # result an alias, yet it copies when it must; run its decomposition with the mode
+            # re-entered, so the copy is recorded as the kernel it is instead of running once now.
+            with reentered(self):
+                result = func.decompose(*args, **kwargs)
+            if result is not NotImplemented:
+                return result
         return self.handle(func, args, kwargs)
 
     def handle(self, func: Any, args: Any, kwargs: dict) -> Any:  # pragma: no cover - abstract
