@@ -156,3 +156,24 @@ def test_non_blocking_from_pinned_memory_is_queued_and_from_pageable_memory_is_s
     event.record(npu.current_stream())
     side.synchronize()
     assert target.tolist() == [1.0] * 4
+
+
+def test_a_replay_takes_no_block_the_host_freed_behind_work_still_queued(torch_npu: Any) -> None:
+    # A replay allocates nothing on a card: its kernels write where the capture put them. The host
+    # runs ahead of the device and frees a tensor whose reader is still queued (stream order makes
+    # that safe); a replay that ran its kernels' results through the caching allocator would be
+    # handed that block and overwrite it before the reader runs (vLLM's async scheduling freed
+    # logits_indices so, and the FULL replay's npu_swiglu result landed on it).
+    npu = torch_npu.npu
+    x = torch.full((4096,), 3.0, device="npu")
+    graph = npu.NPUGraph()
+    with npu.graph(graph):
+        doubled = x * 2
+    npu.synchronize()
+    held = torch.full((4096,), 7.0, device="npu")  # the same size as the replay's result
+    graph.replay()
+    read = held.clone()  # queued behind the replay, reads held
+    del held  # the host frees it; its block is the allocator's again
+    npu.synchronize()
+    assert torch.equal(read.cpu(), torch.full((4096,), 7.0))
+    assert torch.equal(doubled.cpu(), torch.full((4096,), 6.0))
