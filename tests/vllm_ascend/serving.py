@@ -206,19 +206,28 @@ def reset_process_state() -> None:
 
 
 def fresh_npu(**configure: Any) -> None:
-    """A fresh simulated NPU behind the facade, serving torch's ``npu`` device (sim.npu_device);
-    ``configure`` goes to `sim.facade.configure` (``faults=`` a fault plan...)."""
+    """A fresh simulated NPU behind the facade (`sim.facade.configure`; ``configure``: its
+    options, ``faults=`` a fault plan...). torch's ``npu`` device serves whichever simulated NPU
+    the facade has now (sim.facade attaches the npu device to its runtime), so nothing a previous
+    test left on its NPU (a replay waiting for an event, queued work) reaches this one."""
     from sim import facade
-    import sim.npu_device as npu_device
 
     facade.configure(**configure)
-    if not npu_device.enabled():
-        import torch
 
-        if not hasattr(torch.Tensor, "is_npu"):  # the facade gave tensors .npu() already
-            torch.Tensor.is_npu = property(lambda tensor: tensor.device.type == "npu")  # type: ignore[attr-defined]
-        npu_device.enable()
-    npu_device.attach(facade.device())
+
+def model_runner_class() -> Any:
+    """vLLM Ascend's NPUModelRunner class, imported after the worker process's set-up (as NPUWorker
+    imports it; imported first, vllm_ascend.device.device_op runs into a circular import)."""
+    from vllm_ascend.ascend_config import init_ascend_config
+    from vllm_ascend.utils import register_ascend_customop
+
+    config = runner_config(RunnerSpec().eager())
+    register_ascend_customop(config)
+    init_ascend_config(config)
+    _set_up_process(config)
+    from vllm_ascend.worker.model_runner_v1 import NPUModelRunner
+
+    return NPUModelRunner
 
 
 # --------------------------------------------------------------------------- the worker
@@ -397,6 +406,34 @@ class Engine:
         while self._queue:
             self._complete(*self._queue.pop())
         return self.records
+
+
+@dataclass
+class Served:
+    """A worker built on a fresh simulated NPU and served ``arrivals`` to the end: its step
+    records, every kernel call vLLM Ascend issued meanwhile (`harness.KernelLog`, the captures
+    included), and the graphs the device had captured when serving began and when it ended."""
+
+    worker: Worker
+    records: list[StepRecord]
+    log: harness.KernelLog
+    graphs_before_serving: int
+    graphs_after_serving: int
+
+
+def serve(spec: RunnerSpec, arrivals: Iterable[Arrival], **configure: Any) -> Served:
+    """`Worker(spec)` on a fresh simulated NPU (``configure``: `fresh_npu`'s), then its engine
+    serves ``arrivals``."""
+    from sim import facade
+
+    fresh_npu(**configure)
+    log = harness.KernelLog()
+    with log.recording():
+        worker = Worker(spec)
+        before = facade.device().stats().graphs_captured_total
+        records = worker.engine().serve(arrivals)
+        after = facade.device().stats().graphs_captured_total
+    return Served(worker, records, log, before, after)
 
 
 def harness_vocab() -> int:
