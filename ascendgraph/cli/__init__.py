@@ -2,14 +2,21 @@
 
 `main(argv)` is the console script `ascendgraph`. It imports the command line only when
 called, so a Ctrl-C while the modules load is exit 130 like a Ctrl-C later (no traceback).
+Called as the console script (no ``argv``), a Ctrl-C that lands once the command has
+returned, while the interpreter shuts down (flushing, atexit handlers, joining threads),
+ends the process with 130 at once instead of a KeyboardInterrupt "ignored" in that code and
+exit 0.
 """
 
 from __future__ import annotations
 
+import os
 import sys
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 __all__ = ["main"]
+
+INTERRUPTED = 130  # 128 + SIGINT (ascendgraph.cli.streams.INTERRUPTED, not imported here: see above)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -20,5 +27,27 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             sys.stderr.write("ascendgraph: interrupted\n")
         except (OSError, ValueError, AttributeError):
             pass
-        return 130
-    return app_main(argv)
+        return INTERRUPTED
+    code = app_main(argv)
+    if argv is None:
+        _late_ctrl_c_exits_130()
+    return code
+
+
+def _late_ctrl_c_exits_130() -> None:
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return
+
+    def exit_now(signum: int, frame: Any) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # a closed or full stream: nothing more to say
+                pass
+        os._exit(INTERRUPTED)
+
+    signal.signal(signal.SIGINT, exit_now)

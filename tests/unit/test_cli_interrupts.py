@@ -8,6 +8,7 @@ And Ctrl-C / SIGTERM that Python dropped in a weakref callback: delivered again,
 
 from __future__ import annotations
 
+import argparse
 import signal
 import sys
 import time
@@ -153,3 +154,101 @@ def test_the_command_line_turns_a_dropped_ctrl_c_into_exit_130(python_sigint_han
     assert app.main(["run"]) == app.INTERRUPTED
     assert ran_to_the_end == []
     assert capsys.readouterr().err == "ascendgraph: interrupted\n"
+
+
+# An interrupt can also vanish without reaching sys.unraisablehook: when the Python code the
+# handler interrupts was called by C code that clears every error (torch's C++ attribute
+# lookups, CPython's PyObject_HasAttr). The command ran on and exited 0. Here C code that
+# clears errors is PyObject_HasAttrString, called through ctypes on an object whose
+# __getattr__ is where the signal lands.
+
+import ctypes  # noqa: E402
+
+_has_attr = ctypes.pythonapi.PyObject_HasAttrString
+_has_attr.argtypes = (ctypes.py_object, ctypes.c_char_p)
+_has_attr.restype = ctypes.c_int
+
+
+class _SignalInGetattr:
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+
+    def __getattr__(self, name: str) -> object:
+        signal.raise_signal(self.signum)  # the handler runs in this frame; its exception goes to C
+        _busy(0.01)
+        raise AttributeError(name)
+
+
+def _swallowed_by_c_code(signum: int) -> None:
+    assert _has_attr(_SignalInGetattr(signum), b"anything") == 0  # C cleared the interrupt
+
+
+def test_a_ctrl_c_that_c_code_swallowed_is_delivered_again(python_sigint_handler):
+    reached = []
+    with pytest.raises(KeyboardInterrupt):
+        with streams.signals_never_lost():
+            _swallowed_by_c_code(signal.SIGINT)
+            reached.append("after the C call")
+            _busy(5.0)  # delivered again long before 5 s
+            reached.append("the command ran on")
+    assert reached == ["after the C call"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_sigterm_that_c_code_swallowed_is_delivered_again(python_sigterm_handler):
+    with pytest.raises(streams.Terminated):
+        with streams.sigterm_unwinds(), streams.signals_never_lost():
+            _swallowed_by_c_code(signal.SIGTERM)
+            _busy(5.0)
+
+
+def test_a_swallowed_ctrl_c_is_raised_when_the_block_ends_first(python_sigint_handler):
+    with pytest.raises(KeyboardInterrupt):
+        with streams.signals_never_lost():
+            _swallowed_by_c_code(signal.SIGINT)
+    _busy(20 * streams.REDELIVERY_DELAY_S)  # and nothing lands later
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_slow_cleanup_while_unwinding_is_not_interrupted_again(python_sigint_handler):
+    cleaned = []
+    with pytest.raises(KeyboardInterrupt):
+        with streams.signals_never_lost():
+            try:
+                signal.raise_signal(signal.SIGINT)
+                _busy(5.0)
+            finally:
+                _busy(30 * streams.REDELIVERY_DELAY_S)  # e.g. removing temporary outputs
+                cleaned.append(True)
+    assert cleaned == [True]
+
+
+def test_the_command_line_turns_a_swallowed_ctrl_c_into_exit_130(python_sigint_handler, monkeypatch, capsys):
+    ran_to_the_end = []
+
+    def command(argv: object) -> int:
+        _swallowed_by_c_code(signal.SIGINT)
+        _busy(5.0)
+        ran_to_the_end.append(True)
+        return 0
+
+    monkeypatch.setattr(app, "_main", command)
+    assert app.main(["run"]) == app.INTERRUPTED
+    assert ran_to_the_end == []
+    assert capsys.readouterr().err == "ascendgraph: interrupted\n"
+
+
+def test_a_ctrl_c_the_command_handled_is_not_delivered_again(python_sigint_handler, monkeypatch, capsys):
+    def command(name: str) -> app.Command:
+        def run(args: object) -> int:
+            signal.raise_signal(signal.SIGINT)
+            return 0
+        return app.Command(name, "", "", lambda parser: None, run)
+
+    after = []
+    monkeypatch.setattr(app, "_import_torch_whole", lambda: None)
+    with streams.signals_never_lost():
+        code = app._run_command(command("explain"), argparse.Namespace())
+        _busy(30 * streams.REDELIVERY_DELAY_S)  # no second interrupt lands here
+        after.append(True)
+    assert code == app.INTERRUPTED and after == [True]
