@@ -9,7 +9,22 @@
 #   is an option, and an exported CDPATH makes `cd name` go to another folder named `name`
 #   (and print it, into the captured value).
 #
-# The sourcing script defines `bad_input MESSAGE` (one line on stderr, exit 2).
+# The sourcing script sets `log_prefix` (its name) first; this file defines the log lines
+# (`log`, `die`: exit 1, `bad_input`: exit 2) and reads the one argument both take.
+
+log() { printf '[%s] %s\n' "$log_prefix" "$*" >&2; }
+die() { printf '[%s] error: %s\n' "$log_prefix" "$*" >&2; exit 1; }
+bad_input() { printf '[%s] error: %s\n' "$log_prefix" "$*" >&2; exit 2; }
+
+# read_arguments "$@" -> inputs_only=1 for --inputs-only, 0 without arguments
+read_arguments() {
+    inputs_only=0
+    case "${1-}" in
+        "") ;;
+        --inputs-only) inputs_only=1 ;;
+        *) bad_input "unknown argument ${1@Q}; the only one is --inputs-only" ;;
+    esac
+}
 
 # refuse_control_characters NAME VALUE
 refuse_control_characters() {

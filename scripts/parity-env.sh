@@ -21,19 +21,11 @@
 # not a folder; scripts/env-inputs.sh) is one line on stderr and exit 2.
 set -euo pipefail
 
-log() { printf '[parity-env] %s\n' "$*" >&2; }
-bad_input() { printf '[parity-env] error: %s\n' "$*" >&2; exit 2; }
-
-inputs_only=0
-case "${1-}" in
-    "") ;;
-    --inputs-only) inputs_only=1 ;;
-    *) bad_input "unknown argument ${1@Q}; the only one is --inputs-only" ;;
-esac
-
+log_prefix=parity-env
 script_dir="$(dirname -- "$(realpath -e -- "${BASH_SOURCE[0]}")")"
 # shellcheck source=scripts/env-inputs.sh
 source "$script_dir/env-inputs.sh"
+read_arguments "$@"
 repo_root="$(dirname -- "$script_dir")"
 python_bin="${PYTHON:-python3}"
 

@@ -46,20 +46,11 @@
 # is one line on stderr and exit 2; a failed step exits non-zero with its own message.
 set -euo pipefail
 
-log() { printf '[vllm-ascend-env] %s\n' "$*" >&2; }
-die() { printf '[vllm-ascend-env] error: %s\n' "$*" >&2; exit 1; }
-bad_input() { printf '[vllm-ascend-env] error: %s\n' "$*" >&2; exit 2; }
-
-inputs_only=0
-case "${1-}" in
-    "") ;;
-    --inputs-only) inputs_only=1 ;;
-    *) bad_input "unknown argument ${1@Q}; the only one is --inputs-only" ;;
-esac
-
+log_prefix=vllm-ascend-env
 script_dir="$(dirname -- "$(realpath -e -- "${BASH_SOURCE[0]}")")"
 # shellcheck source=scripts/env-inputs.sh
 source "$script_dir/env-inputs.sh"
+read_arguments "$@"
 repo_root="$(dirname -- "$script_dir")"
 python_bin="${PYTHON:-python3}"
 refuse_control_characters VLLM_ASCEND_SRC "${VLLM_ASCEND_SRC:-}"  # before anything is written
