@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ascendgraph-installed
 
-.PHONY: run test test-all bench parity parity-record vllm-ascend-env vllm-ascend mutation mutation-rules clean
+.PHONY: run test test-all bench parity parity-record vllm-ascend-env vllm-ascend ray mutation mutation-rules clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +24,7 @@ test: $(STAMP)
 
 # Everything that runs without an NPU: the default suite plus the slow tests (10,000-example fuzzing).
 test-all: $(STAMP)
-	$(PY) -m pytest -n auto -m 'not npu and not vllm and not vllm_ascend'
+	$(PY) -m pytest -n auto -m 'not npu and not vllm and not vllm_ascend and not ray'
 
 # Differential tests against vLLM 0.32, in their own cached venv (docs/parity.md); what .ci/run does second.
 parity:
@@ -44,6 +44,11 @@ vllm-ascend-env:
 vllm-ascend: vllm-ascend-env
 	.venv-vllm-ascend/bin/python -m sim.facade --npu-device -- .venv-vllm-ascend/bin/python -m pytest -m vllm_ascend \
 		tests/vllm_ascend -q -p no:cacheprovider -p no:warnings $(VLLM_ASCEND_PYTEST_ARGS)
+
+# `ascendgraph scenario run --ray` on a local Ray instance against the serial run, in its own cached
+# venv with the optional `ray` extra (scripts/ray-env.sh; docs/ranks.md "Many machines").
+ray:
+	"$$(scripts/ray-env.sh | tail -n 1)" -m pytest -m ray tests/ranks/test_ray.py -q -p no:cacheprovider -p no:xdist
 
 # Mutation testing (docs/testing.md), a habit and not CI (too slow for .ci/run).
 # mutmut over the capture modules ([tool.mutmut] in pyproject.toml; results cached in mutants/,

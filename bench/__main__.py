@@ -21,8 +21,12 @@ Sections (``--only NAME ...`` runs a subset; names in brackets):
    a line on how they grow (`bench_scale`);
 8. [modes] replay vs eager per graph mode on tiny (host CPU time and simulated device time);
 9. [padding] workload-aware / even-sampling padding waste (`bench_plan`);
-10. [suite] the default test suite (``make test``'s pytest command) — only with ``--suite``;
-11. [ci] ``.ci/run``, all its steps — only with ``--ci``.
+10. [ranks] 64 simulated ranks running vLLM 0.27.1's own ``coordinate_batch_across_dp`` for 100
+    steps (`bench_ranks_vllm`), in the vLLM Ascend environment (``.venv-vllm-ascend``, `make
+    vllm-ascend-env`; ``ASCENDGRAPH_VLLM_ASCEND_PYTHON`` names another) under the facade
+    launcher; "not measured" where that environment is missing;
+11. [suite] the default test suite (``make test``'s pytest command) — only with ``--suite``;
+12. [ci] ``.ci/run``, all its steps — only with ``--ci``.
 
 The suite and ``.ci/run`` (minutes each) are opt-in: ``--suite`` / ``--ci`` measure them fresh
 ("this run"); else their goal rows read what ``--record suite|ci`` (fresh too) last wrote to
@@ -58,7 +62,7 @@ BASELINE = os.path.join(ROOT, "bench", "results.json")
 SCHEMA_VERSION = 2
 NESTED_ENV = "ASCENDGRAPH_BENCH_NESTED"  # set in the suite's subprocess: never benchmark recursively
 QUICK_MODES = ("FULL_DECODE_ONLY",)
-SECTIONS = ("run", "sim", "capture", "plan", "api", "facade", "scale", "modes", "padding", "suite", "ci")
+SECTIONS = ("run", "sim", "capture", "plan", "api", "facade", "scale", "modes", "padding", "ranks", "suite", "ci")
 OPT_IN_SECTIONS = ("suite", "ci")  # minutes each: measured only when asked (--suite / --ci / --only)
 PROCESS_SECTIONS = ("run", "capture", "plan", "api", "facade")  # measured in a --before tree too
 RECORDED = os.path.join(ROOT, "bench", "recorded.json")
@@ -338,12 +342,51 @@ def section_padding(quick: bool, seed: int) -> dict[str, Any]:
     return result
 
 
+VLLM_ASCEND_PYTHON_ENV = "ASCENDGRAPH_VLLM_ASCEND_PYTHON"
+RANKS_VLLM = {"dp": 64, "steps": 100}
+QUICK_RANKS_VLLM = {"dp": 4, "steps": 5}
+
+
+def vllm_ascend_python(root: str = ROOT) -> Optional[str]:
+    """The vLLM Ascend environment's python (``$ASCENDGRAPH_VLLM_ASCEND_PYTHON``, else the
+    ``.venv-vllm-ascend`` link `make vllm-ascend-env` leaves in the tree), or None."""
+    named = os.environ.get(VLLM_ASCEND_PYTHON_ENV) or os.path.join(root, ".venv-vllm-ascend", "bin", "python")
+    return named if os.path.isfile(named) and os.access(named, os.X_OK) else None
+
+
+def section_ranks(quick: bool, root: str = ROOT) -> dict[str, Any]:
+    """`bench_ranks_vllm` in the vLLM Ascend environment, under the facade launcher (vLLM Ascend's
+    platform imports torch_npu); the figure is the run's own wall time, printed by the module."""
+    size = QUICK_RANKS_VLLM if quick else RANKS_VLLM
+    title = f"\n10. {size['dp']} ranks x {size['steps']} steps of vLLM's coordinate_batch_across_dp"
+    python = vllm_ascend_python(root)
+    if python is None:
+        reason = f"needs the vLLM Ascend environment (make vllm-ascend-env, or ${VLLM_ASCEND_PYTHON_ENV})"
+        print(f"{title}: {NOT_MEASURED} ({reason})")
+        return {"skipped": True, "reason": reason, **size}
+    figures = run_measured([python, "-m", "sim.facade", "--npu-device", "--", python, "-m", "bench.bench_ranks_vllm",
+                            "--dp", str(size["dp"]), "--steps", str(size["steps"])], env=_env(root), cwd=root,
+                           timeout_s=1800)
+    row: dict[str, Any] = {"skipped": False, **size, "exit_code": figures.exit_code,
+                           "process": _proc_row(figures)}
+    try:
+        row.update(json.loads(figures.stdout_tail.strip().splitlines()[-1]))
+    except (ValueError, IndexError):
+        row["error"] = (figures.stderr_tail.strip().splitlines() or ["no output"])[-1]
+    if "wall_s" in row:
+        print(f"{title}: {row['wall_s']:.1f} s wall for the run ({figures.wall_s:.1f} s with the interpreter's "
+              f"start and imports), collectives {row['collectives_met']}")
+    else:
+        print(f"{title}: failed (exit {figures.exit_code}): {row.get('error')}")
+    return row
+
+
 def section_suite(enabled: bool) -> dict[str, Any]:
-    return _section_recordable("suite", enabled, "10. test suite")
+    return _section_recordable("suite", enabled, "11. test suite")
 
 
 def section_ci(enabled: bool) -> dict[str, Any]:
-    return _section_recordable("ci", enabled, "11. .ci/run")
+    return _section_recordable("ci", enabled, "12. .ci/run")
 
 
 def _section_recordable(name: str, enabled: bool, title: str) -> dict[str, Any]:
@@ -468,6 +511,7 @@ def _run(args: argparse.Namespace) -> int:
         "scale": lambda root: section_scale(quick, args.grid),
         "modes": lambda root: section_modes(quick, args.seed),
         "padding": lambda root: section_padding(quick, args.seed),
+        "ranks": lambda root: section_ranks(quick, root),
         "suite": lambda root: section_suite(args.suite or "suite" in (args.only or ())),
         "ci": lambda root: section_ci(args.ci or "ci" in (args.only or ())),
     }

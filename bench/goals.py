@@ -21,6 +21,7 @@ GOALS = {
     "suite": ("default suite, make test", "<= 150 s"),
     "ci": (".ci/run, all steps", "<= 12 min"),
     "api": ("API vs CLI run, loaded / idle (API/CLI wall)", "<= 1.10 both"),
+    "ranks": ("64 ranks x 100 steps of vLLM's coordinate_batch_across_dp, wall", "<= 15 s"),
 }
 
 
@@ -92,6 +93,14 @@ def goals(sections: dict[str, Any], recorded: Optional[dict[str, Any]] = None) -
             loaded is not None and idle is not None and loaded <= 1.1 and idle <= 1.1)
     else:
         add("api", None, None)
+    ranks = sections.get("ranks")
+    if ranks and "wall_s" in ranks:
+        full = (ranks.get("dp"), ranks.get("steps")) == (64, 100)
+        size = "" if full else f" ({ranks.get('dp')} ranks x {ranks.get('steps')} steps)"
+        add("ranks", f"{ranks['wall_s']:.1f} s{size}", ranks["wall_s"] <= 15 if full else None)
+    else:
+        add("ranks", "failed" if ranks and not ranks.get("skipped") else None,
+            False if ranks and not ranks.get("skipped") else None)
     return rows
 
 

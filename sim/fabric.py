@@ -24,28 +24,42 @@ the last collectives it completed.
 Post-sync invariant: a program may yield a `Decision` after a DP sync; it does not block.
 When every member of the group has recorded its n-th decision they must be equal (mode,
 graph key, ``num_tokens_across_dp``), else ``CollectiveMismatch`` (rule
-``post_sync_invariant``). Everything lives on the fabric object.
+``post_sync_invariant``); a decision left unmatched when the run ends (a surplus) is the
+same error. Everything lives on the fabric object.
+
+Two drivers share these meetings. `Fabric.run` steps generator programs under the seeded
+scheduler (the rank simulation of ``ascendgraph run``). `FabricThreads` runs one *thread* per
+rank (the ``torch.distributed`` backend of `sim.process_group`, where each rank runs vLLM's
+and vLLM Ascend's own code): a collective blocks its thread until the meeting completes; when
+every live thread is blocked and no meeting can complete, the deadlock (or the timeout naming a
+failed straggler) is raised in every waiting thread. There, determinism comes from the
+meetings (every collective is a rendezvous, combined in rank order), not from the threads'
+interleaving.
 """
 
 from __future__ import annotations
 
 import random
+import threading
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Generator, Mapping, Optional, Union
+from typing import Any, Callable, Generator, Mapping, Optional, Union
 
 from ascendgraph.errors import CollectiveDeadlock, CollectiveMismatch, CollectiveError, CollectiveTimeout, GraphHang
 from ascendgraph.parallel.fingerprints import EAGER, Fingerprint, check_meeting
 from ascendgraph.parallel.layout import ParallelLayout
 
-__all__ = ["Collective", "Decision", "RankHung", "Fabric", "FabricStats", "Program"]
+__all__ = ["Collective", "Decision", "RankHung", "Fabric", "FabricStats", "FabricThreads", "Program"]
 
 HISTORY = 8  # completed collectives kept per rank for the flight record
 
 
 @dataclass(frozen=True)
 class Collective:
-    """One collective call of a rank. ``rows`` is an all-reduce's payload (int rows)."""
+    """One collective call of a rank. ``rows`` is an all-reduce's payload (int rows). A caller
+    with its own data (the torch.distributed backend) gives ``members`` (global ranks, when the
+    group is not one of the layout's), ``payload`` and ``combine``: called once, by the last
+    arrival, with every member's payload by rank, it returns each member's result by rank."""
 
     group: str
     op: str
@@ -57,6 +71,10 @@ class Collective:
     rows: Optional[list[list[int]]] = None
     reduce: str = "sum"  # "sum" | "max"
     local_us: float = 0.0
+    members: Optional[tuple[int, ...]] = None
+    payload: Any = field(default=None, compare=False, repr=False)
+    combine: Optional[Callable[[Mapping[int, Any]], Mapping[int, Any]]] = field(default=None, compare=False,
+                                                                                  repr=False)
 
 
 @dataclass(frozen=True)
@@ -67,6 +85,7 @@ class Decision:
     value: tuple[Any, ...]
     sp_tp: int = 1  # > 1: sequence parallelism needs the padded size to be a multiple of tp
     padded: int = 0
+    members: Optional[tuple[int, ...]] = None  # None: the layout's group
 
 
 class RankHung(GraphHang):
@@ -122,9 +141,12 @@ class Fabric:
         for rank in programs:
             self.clock_us[rank] = 0.0
             self._history[rank] = deque(maxlen=HISTORY)
-        while runnable:
-            ranks = sorted(runnable)
-            rank = ranks[self._random.randrange(len(ranks))]
+        order = sorted(runnable)  # runnable ranks; a pick swaps the last one into its place
+        while order:
+            index = self._random.randrange(len(order))
+            rank = order[index]
+            order[index] = order[-1]
+            order.pop()
             value = runnable.pop(rank)
             program = programs[rank]
             try:
@@ -154,9 +176,12 @@ class Fabric:
                 for member, result in done.items():
                     parked.discard(member)
                     runnable[member] = result
+                    order.append(member)
         self.stats.clocks_us = dict(self.clock_us)
         if parked:
             self._stuck(parked, hung, finished)
+        if not self.failures:
+            self.check_surplus_decisions()
         if self.failures:  # nobody waits on them: the first original failure is the run's error
             originals = [r for r in sorted(self.failures) if not getattr(self.failures[r], "peer_abort", False)]
             rank = (originals or sorted(self.failures))[0]
@@ -167,7 +192,7 @@ class Fabric:
 
     # ------------------------------------------------------------------ meetings
     def _arrive(self, rank: int, call: Collective) -> Optional[dict[int, Any]]:
-        members = self.layout.group(call.group, rank)
+        members = call.members if call.members is not None else self.layout.group(call.group, rank)
         slot = (rank, (call.group, members))
         seq = self._seq.get(slot, 0)
         self._seq[slot] = seq + 1
@@ -200,26 +225,27 @@ class Fabric:
             late = sorted(r for r, w in waits.items() if w > self.timeout_us)
             if late:
                 self._timeout(late, straggler, key, waits)
-        result = self._combine(meeting)
+        combine = meeting[rank].collective.combine
+        if combine is not None:
+            results = dict(combine({r: a.collective.payload for r, a in sorted(meeting.items())}))
+        else:
+            shared = self._combine(meeting)
+            results = {r: shared for r in meeting}
         for r in meeting:
             self.clock_us[r] = latest
             self._history[r].append(fps[r])
             self._pending.pop(r, None)
             self.stats.met_by_rank[r] = self.stats.met_by_rank.get(r, 0) + 1
         self.stats.met[call.group] = self.stats.met.get(call.group, 0) + 1
-        return {r: result for r in meeting}
+        return results
 
     @staticmethod
     def _combine(meeting: Mapping[int, _Arrival]) -> Optional[list[list[int]]]:
         payloads = [a.collective.rows for _, a in sorted(meeting.items()) if a.collective.rows is not None]
         if not payloads:
             return None
-        reduce_max = next(iter(meeting.values())).collective.reduce == "max"
-        out = [list(row) for row in payloads[0]]
-        for rows in payloads[1:]:
-            for i, row in enumerate(rows):
-                out[i] = [max(a, b) if reduce_max else a + b for a, b in zip(out[i], row)]
-        return out
+        fold = max if next(iter(meeting.values())).collective.reduce == "max" else sum
+        return [[fold(column) for column in zip(*(rows[i] for rows in payloads))] for i in range(len(payloads[0]))]
 
     # ------------------------------------------------------------------ the invariant
     def _decide(self, rank: int, decision: Decision) -> None:
@@ -230,7 +256,7 @@ class Fabric:
                 f"{decision.sp_tp} as sequence parallelism needs\n" + self.format_record(record),
                 ranks=(rank,), flight_record=record, rules=("post_sync_invariant",),
             )
-        members = self.layout.group(decision.group, rank)
+        members = decision.members if decision.members is not None else self.layout.group(decision.group, rank)
         slot = (decision.group, members)
         table = self._decisions.setdefault(slot, {})
         table.setdefault(rank, []).append(decision)
@@ -248,6 +274,21 @@ class Fabric:
                 )
             index += 1
         self._checked[slot] = index
+
+    def check_surplus_decisions(self) -> None:
+        """At the end of a run every member must have made as many post-sync decisions as its
+        peers: one left unmatched means a rank ran a DP sync its peers never decided on."""
+        for (group, members), table in self._decisions.items():
+            counts = {m: len(table.get(m, [])) for m in members}
+            if len(set(counts.values())) > 1:
+                record = self.flight_record()
+                shown = ", ".join(f"rank {m}: {n}" for m, n in sorted(counts.items()))
+                raise CollectiveMismatch(
+                    f"post-sync invariant: at the end of the run the {group} group {list(members)} made different "
+                    f"numbers of post-sync decisions ({shown}); a surplus decision was never matched by the peers\n"
+                    + self.format_record(record),
+                    ranks=members, flight_record=record, rules=("post_sync_invariant",),
+                )
 
     # ------------------------------------------------------------------ failures
     def _timeout(self, late: list[int], straggler: int, key: tuple, waits: Mapping[int, float]) -> None:
@@ -311,3 +352,136 @@ class Fabric:
             recent = list(entry["last"])[-last:]
             lines.append(f"  rank {rank}: pending {entry['pending'] or '-'}; last: {' | '.join(recent) or '-'}")
         return "\n".join(lines)
+
+
+class FabricThreads:
+    """Ranks as threads meeting in one `Fabric` (see the module docstring).
+
+    `run` starts one thread per rank with its callable and joins them; `collective` and
+    `decide` are what a rank's thread calls (the torch.distributed backend does). The run's
+    error (a mismatch, a deadlock, a timeout naming the straggler, or the first rank's own
+    failure) is raised by `run`; every blocked thread is woken with it, so no thread is left
+    waiting."""
+
+    def __init__(self, fabric: Fabric) -> None:
+        self.fabric = fabric
+        self._lock = threading.Lock()
+        self._wake: dict[int, threading.Event] = {}
+        self._results: dict[int, Any] = {}
+        self._running: set[int] = set()
+        self._parked: set[int] = set()
+        self._finished: set[int] = set()
+        self._failed: set[int] = set()
+        self.error: Optional[BaseException] = None
+
+    # -- what a rank's thread calls -------------------------------------------------
+    def collective(self, rank: int, call: Collective) -> Any:
+        """Block until ``call`` met its peers; its result for ``rank`` (or raise the run's error)."""
+        event = self._wake[rank]
+        with self._lock:
+            self._raise_if_failed()
+            try:
+                done = self.fabric._arrive(rank, call)
+            except CollectiveError as exc:
+                self._fail_all(exc)
+                raise
+            if done is None:
+                self._running.discard(rank)
+                self._parked.add(rank)
+                event.clear()
+                self._check_stuck()
+            else:
+                for member, result in done.items():
+                    self._results[member] = result
+                    if member != rank:
+                        self._parked.discard(member)
+                        self._running.add(member)
+                        self._wake[member].set()
+        if done is not None:
+            return self._results.pop(rank)
+        event.wait()
+        with self._lock:
+            self._raise_if_failed()
+            return self._results.pop(rank)
+
+    def decide(self, rank: int, decision: Decision) -> None:
+        with self._lock:
+            self._raise_if_failed()
+            try:
+                self.fabric._decide(rank, decision)
+            except CollectiveError as exc:
+                self._fail_all(exc)
+                raise
+
+    # -- the run ----------------------------------------------------------------------
+    def run(self, programs: Mapping[int, Callable[[], Any]]) -> FabricStats:
+        """Run every rank's callable in its own thread; raise the run's error (see the class)."""
+        threads = []
+        for rank in programs:
+            self.fabric.clock_us[rank] = 0.0
+            self.fabric._history[rank] = deque(maxlen=HISTORY)
+            self._wake[rank] = threading.Event()
+            self._running.add(rank)
+        for rank, body in sorted(programs.items()):
+            thread = threading.Thread(target=self._thread, args=(rank, body), name=f"fabric-rank-{rank}", daemon=True)
+            threads.append(thread)
+            thread.start()
+        for thread in threads:
+            thread.join()
+        self.fabric.stats.clocks_us = dict(self.fabric.clock_us)
+        if self.error is None and self.fabric.failures:
+            originals = [r for r in sorted(self.fabric.failures)
+                         if not getattr(self.fabric.failures[r], "peer_abort", False)]
+            rank = (originals or sorted(self.fabric.failures))[0]
+            self.error = self.fabric.failures[rank]
+            setattr(self.error, "rank", rank)
+        if self.error is None:
+            try:
+                self.fabric.check_surplus_decisions()
+            except CollectiveError as exc:
+                self.error = exc
+        if self.error is not None:
+            raise self.error
+        return self.fabric.stats
+
+    def _thread(self, rank: int, body: Callable[[], Any]) -> None:
+        try:
+            result = body()
+        except CollectiveError:
+            with self._lock:
+                self._leave(rank, self._finished)
+            return
+        except BaseException as exc:  # the rank fails: it never arrives anywhere again
+            with self._lock:
+                self.fabric.failures[rank] = exc
+                self._leave(rank, self._failed)
+            return
+        with self._lock:
+            self.fabric.stats.results[rank] = result
+            self._leave(rank, self._finished)
+
+    # -- under the lock ---------------------------------------------------------------
+    def _leave(self, rank: int, where: set[int]) -> None:
+        self._running.discard(rank)
+        where.add(rank)
+        self._check_stuck()
+
+    def _raise_if_failed(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def _fail_all(self, exc: BaseException) -> None:
+        if self.error is None:
+            self.error = exc
+        for rank in list(self._parked):
+            self._wake[rank].set()
+
+    def _check_stuck(self) -> None:
+        """Every live thread blocked with no meeting able to complete: a deadlock, or a timeout
+        naming the failed rank the others wait for."""
+        if self._running or not self._parked or self.error is not None:
+            return
+        try:
+            self.fabric._stuck(set(self._parked), set(self._failed), set(self._finished))
+        except CollectiveError as exc:
+            self._fail_all(exc)

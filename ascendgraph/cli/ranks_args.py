@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from ascendgraph.errors import ConfigError
 
-__all__ = ["add_rank_arguments", "world_size", "engine_faults", "run_ranks_for"]
+__all__ = ["add_rank_arguments", "world_size", "engine_faults", "run_ranks_for", "add_ranks_to_document"]
 
 # Kept here (not imported from ascendgraph.parallel) so the parser stays light; a test keeps them equal.
 DP_SYNC_POLICY_NAMES = ("fixed", "vllm_ascend", "vllm", "pre_6011")
@@ -43,13 +43,14 @@ def world_size(args: argparse.Namespace) -> int:
 
 
 def engine_faults(faults: Optional[str], ranks: int) -> Optional[str]:
-    """The plan the single-rank engine gets: the rules without a rank prefix (None if empty)."""
+    """The plan the single-rank engine gets: the rules without a rank prefix, and with one rank
+    also ``rank=0:`` rules (None if empty). A rank rule that no rank would act on is refused here,
+    before anything runs (`ascendgraph.parallel.rank_faults`)."""
     if faults is None or "rank" not in faults:
         return faults
-    from ascendgraph.parallel.rank_faults import split_rank_faults
+    from ascendgraph.parallel.rank_faults import engine_rules
 
-    common, _ = split_rank_faults(faults, max(1, ranks))
-    return common or None
+    return engine_rules(faults, max(1, ranks))
 
 
 def check_ranks_for(args: argparse.Namespace, config: Any) -> None:
@@ -81,3 +82,13 @@ def run_ranks_for(args: argparse.Namespace, config: Any, env: Optional[dict[str,
         sim_profile=args.sim_profile, stream_limits={},
     )
     return run_ranks(config, options)
+
+
+def add_ranks_to_document(document: dict[str, Any], ranks: Any) -> None:
+    """``--json``: the ``ranks`` key, and a failed multi-rank run's error at the top level too
+    (``error`` is null only when both runs passed; ``error.source`` says which run failed)."""
+    section = ranks.to_json()
+    document["ranks"] = section
+    if document.get("error") is None and section["error"] is not None:
+        error = section["error"]
+        document["error"] = {"type": error["type"], "message": error["message"], "source": "ranks"}

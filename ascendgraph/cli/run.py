@@ -17,7 +17,8 @@ import traceback
 from typing import Any, Callable, Optional
 
 from ascendgraph.cli.app import Command, emit_json, emit_result, emit_text
-from ascendgraph.cli.ranks_args import add_rank_arguments, check_ranks_for, engine_faults, run_ranks_for, world_size
+from ascendgraph.cli.ranks_args import (add_rank_arguments, add_ranks_to_document, check_ranks_for, engine_faults,
+                                        run_ranks_for, world_size)
 from ascendgraph.cli.args import (
     LIMITS,
     add_config_arguments,
@@ -172,7 +173,7 @@ def run_command(args: argparse.Namespace, on_report: Optional[Callable[[Any], No
     if args.json:
         document = report.to_json()
         if ranks is not None:
-            document["ranks"] = ranks.to_json()
+            add_ranks_to_document(document, ranks)
         emit_json(document)
     else:
         emit_result(report.format_text() + ("" if ranks is None else "\n" + ranks.format_text()))

@@ -2,26 +2,29 @@
 
 Its `COMMAND` is listed in `ascendgraph.cli.app.commands()`:
 
-    ascendgraph scenario run PATH... [--json] [-k TEXT]   run files or folders of *.toml
+    ascendgraph scenario run PATH... [--json] [-k TEXT] [--shard i/n] [--ray ADDRESS|auto]
     ascendgraph scenario list PATH... [--json | --markdown]   check them and show the catalogue
 
-``run`` prints a table (scenario, outcome, expected, time, result) on stdout — or the
-``--json`` document alone on stdout — and exits 1 when any scenario missed its expectation.
-A missing path or a bad scenario file is bad input: one line naming the file, the key and
-what was expected, exit 2, before anything runs. Nothing heavy is imported at module top.
+``run`` runs single-rank files (one row each) and multi-rank files (``kind = "ranks"``, a
+row per side: `ascendgraph.tools.scenario.items`) and prints a table (scenario, outcome,
+expected, time, result) on stdout — or the ``--json`` document alone on stdout — and exits 1
+when any scenario missed its expectation. ``--shard i/n`` keeps the rows whose index is i
+modulo n; ``--ray`` runs each row as a task on a Ray cluster and prints the same report
+(`ascendgraph.tools.scenario.ray_items`). A missing path, a bad scenario file, a bad shard or
+a Ray address nothing answers at is bad input: one line, exit 2, before anything runs; a Ray
+task that fails mid-run is exit 1. Nothing heavy is imported at module top.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import logging
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
-from ascendgraph.cli.app import CliUsageError, Command, emit_json, emit_result
+from ascendgraph.cli.app import CliUsageError, Command, emit_json, emit_result, emit_text
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ascendgraph.tools.scenario import Scenario, ScenarioResult
+    from ascendgraph.tools.scenario import Scenario
+    from ascendgraph.tools.scenario.items import ItemResult, ScenarioItem
 
 __all__ = ["add_scenario_arguments", "scenario_command", "format_row", "summary_counts"]
 
@@ -39,6 +42,11 @@ def add_scenario_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--json", action="store_true", help="print the results as JSON on stdout, instead of the text (nothing else on stdout)")
     run.add_argument("-k", dest="select", default=None, metavar="TEXT",
                      help="run only scenarios whose name contains TEXT")
+    run.add_argument("--shard", default=None, metavar="i/n",
+                     help="run only the rows whose index is i modulo n (0 <= i < n): n machines cover every row once")
+    run.add_argument("--ray", default=None, metavar="ADDRESS",
+                     help="run each row as a task on the Ray cluster at ADDRESS (HOST:PORT, ray://HOST:PORT or "
+                     "auto; needs pip install 'ascendgraph[ray]'); the report is the serial run's")
     listing = actions.add_parser(
         "list", help="check scenario files and list them (name, kind, expected outcome, description)",
         description="Load and check scenario files without running them; print the catalogue.",
@@ -60,24 +68,25 @@ def _load(paths: Sequence[str], select: Any = None) -> list["Scenario"]:
     return scenarios
 
 
-@contextlib.contextmanager
-def _engine_logs_quiet(verbose: bool) -> Iterator[None]:
-    """Scenarios fail on purpose: keep the engine's error logs out of the table unless -v."""
-    logger = logging.getLogger("ascendgraph")
-    previous = logger.level
-    if not verbose:
-        logger.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        logger.setLevel(previous)
+def _load_items(args: argparse.Namespace) -> list["ScenarioItem"]:
+    from ascendgraph.tools.scenario.items import load_items, select_shard
+    from ascendgraph.tools.scenario.sweep import parse_shard
+
+    shard = parse_shard(args.shard) if args.shard is not None else None  # before any file is read
+    items = load_items(args.paths)
+    if args.select:
+        items = [item for item in items if args.select in item.name]
+        if not items:
+            raise CliUsageError(f"ascendgraph scenario run: error: no scenario name contains {args.select!r}")
+    return select_shard(items, shard) if shard is not None else items
 
 
 def format_row(values: Sequence[str], widths: Sequence[int]) -> str:
     return "  ".join(value.ljust(width) for value, width in zip(values, widths)).rstrip()
 
 
-def summary_counts(results: Sequence["ScenarioResult"]) -> dict[str, Any]:
+def summary_counts(results: Sequence[Any]) -> dict[str, Any]:
+    """Counts over results that have ``passed``, ``outcome`` and ``seconds`` (ScenarioResult, ItemResult)."""
     from ascendgraph.tools.scenario import OUTCOMES
 
     return {
@@ -89,38 +98,60 @@ def summary_counts(results: Sequence["ScenarioResult"]) -> dict[str, Any]:
     }
 
 
-def _run(args: argparse.Namespace) -> int:
-    from ascendgraph.tools.scenario import run_scenario
+def _results(items: Sequence["ScenarioItem"], args: argparse.Namespace) -> Iterator["ItemResult"]:
+    """Each item's result in order: here, one after the other, or as Ray tasks (``--ray``: the
+    cluster is joined now, so an address nothing answers at is exit 2 before the table)."""
+    quiet = not bool(getattr(args, "verbose", False))
+    if args.ray is not None:
+        from ascendgraph.tools.scenario.ray_items import run_on_ray
 
-    scenarios = _load(args.paths, args.select)
-    width = max(len("scenario"), *(len(s.name) for s in scenarios))
-    widths = (width, 8, max(len("expected"), *(len(s.expected_text) for s in scenarios)), 7, 6)
+        return run_on_ray(items, args.ray, quiet=quiet)
+    from ascendgraph.tools.scenario.items import run_item
+
+    return (run_item(item, quiet) for item in items)
+
+
+def _run(args: argparse.Namespace) -> int:
+    items = _load_items(args)
+    outcomes = _results(items, args)
+    task_failed: tuple[type[BaseException], ...] = ()  # exit 1: a Ray task that did not come back
+    if args.ray is not None:
+        from ascendgraph.tools.scenario.ray_items import RayTaskFailed
+
+        task_failed = (RayTaskFailed,)
+    width = max([len("scenario")] + [len(item.name) for item in items])
+    widths = (width, 8, max([len("expected")] + [len(item.expected_text) for item in items]), 7, 6)
     header = ("scenario", "outcome", "expected", "time", "result")
     if not args.json:
         emit_result(format_row(header, widths))
         emit_result(format_row(tuple("-" * w for w in widths), widths))
-    results = []
-    with _engine_logs_quiet(bool(getattr(args, "verbose", False))):
-        for scenario in scenarios:
-            result = run_scenario(scenario)
+    results: list["ItemResult"] = []
+    try:
+        for item, result in zip(items, outcomes):
             results.append(result)
             if not args.json:
                 emit_result(format_row(
-                    (scenario.name, result.outcome, scenario.expected_text, f"{result.seconds:.1f}s",
+                    (item.name, result.outcome, item.expected_text, f"{result.seconds:.1f}s",
                      "PASS" if result.passed else "FAIL"),
                     widths,
                 ))
+    except task_failed as exc:
+        emit_text(f"ascendgraph scenario run: error: {exc}")
+        if args.json:
+            emit_json({"schema_version": 1, "exit_code": RUN_FAILED,
+                       "error": {"type": "RayTaskFailed", "message": str(exc)}})
+        return RUN_FAILED
     summary = summary_counts(results)
     if args.json:
-        emit_json({"schema_version": 1, "summary": summary, "scenarios": [r.as_dict() for r in results]})
+        emit_json({"schema_version": 1, "summary": summary, "scenarios": [dict(r.row) for r in results]})
     else:
         for result in results:
             if not result.passed:
-                emit_result("\n" + result.explain())
-        outcomes = ", ".join(f"{name} {count}" for name, count in summary["outcomes"].items())
+                emit_result("\n" + result.explanation)
+        counts = ", ".join(f"{name} {count}" for name, count in summary["outcomes"].items())
         emit_result(
             f"\n{summary['scenarios']} scenarios: {summary['passed']} passed, {summary['failed']} failed "
-            f"({outcomes}) in {summary['seconds']:.1f} s"
+            f"({counts}) in {summary['seconds']:.1f} s"
         )
     return RUN_FAILED if summary["failed"] else 0
 

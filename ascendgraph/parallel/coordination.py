@@ -53,6 +53,7 @@ __all__ = [
     "coordinate_batch_across_dp",
     "first_dispatch",
     "redispatch_after_sync",
+    "RedispatchFailed",
     "determine_batch_execution_and_padding",
     "execute_dummy_batch_tokens",
     "idle_step_joins_sync",
@@ -178,8 +179,12 @@ def dp_sync_contribution(policy: DpSyncPolicy, *, num_tokens: int, mode: int, dp
 
 
 def dp_sync_result(policy: DpSyncPolicy, reduced: Optional[Sequence[Sequence[int]]], *, num_tokens: int,
-                   mode: int, dp_size: int, sequence_parallel: bool = False) -> SyncResult:
-    """Read the reduced tensor (None: the all-reduce was skipped or dp == 1)."""
+                   mode: int, dp_size: int, sequence_parallel: bool = False, oproj_tp: bool = False,
+                   embedding_tp: bool = False, draft: bool = False) -> SyncResult:
+    """Read the reduced tensor (None: the all-reduce was skipped or dp == 1). DP padding
+    (``allow_dp_padding``, model_runner_v1.py:2776-2781) holds when the deciding mode is not
+    NONE, or under sequence parallelism, o_proj TP or embedding TP; a draft model's sync
+    always pads (``is_draft_model``, model_runner_v1.py:700)."""
     if dp_size == 1:
         return SyncResult(num_tokens, None, mode)
     if reduced is None:  # the skip path: own tokens, own (unsynced) mode
@@ -187,19 +192,22 @@ def dp_sync_result(policy: DpSyncPolicy, reduced: Optional[Sequence[Sequence[int
     tokens = tuple(int(v) for v in (reduced[0] if policy.rows == 2 else reduced[1]))
     synced = int(min(reduced[1] if policy.rows == 2 else reduced[3])) if policy.syncs_mode else mode
     deciding_mode = mode if policy.padding_from == "local" else synced
-    pad = deciding_mode != MODE_NONE or sequence_parallel
+    pad = deciding_mode != MODE_NONE or sequence_parallel or oproj_tp or embedding_tp or draft
     across = tuple([max(tokens)] * dp_size) if pad else tokens
     return SyncResult(max(tokens), across, synced)
 
 
 def sync_metadata_across_dp(policy: DpSyncPolicy, all_reduce: AllReduce, *, num_tokens: int, mode: int,
-                            dp_size: int, dp_rank: int, skip: bool = False,
-                            sequence_parallel: bool = False) -> SyncResult:
-    """vLLM Ascend's ``_sync_metadata_across_dp`` under ``policy`` (contribution, all-reduce, result)."""
+                            dp_size: int, dp_rank: int, skip: bool = False, sequence_parallel: bool = False,
+                            oproj_tp: bool = False, embedding_tp: bool = False, draft: bool = False) -> SyncResult:
+    """vLLM Ascend's ``_sync_metadata_across_dp`` under ``policy`` (contribution, all-reduce, result);
+    ``draft``: the drafter's call (``is_draft_model=True``: mode NONE, always padded)."""
+    mode = MODE_NONE if draft else mode
     rows = dp_sync_contribution(policy, num_tokens=num_tokens, mode=mode, dp_size=dp_size, dp_rank=dp_rank, skip=skip)
     reduced = all_reduce(rows) if rows is not None else None
     return dp_sync_result(policy, reduced, num_tokens=num_tokens, mode=mode, dp_size=dp_size,
-                          sequence_parallel=sequence_parallel)
+                          sequence_parallel=sequence_parallel, oproj_tp=oproj_tp, embedding_tp=embedding_tp,
+                          draft=draft)
 
 
 def coordinate_batch_across_dp(all_reduce: AllReduce, *, num_tokens_unpadded: int, dp_size: int, dp_rank: int,
@@ -239,14 +247,25 @@ def first_dispatch(num_tokens: int, *, uniform_decode: bool, dispatch: Dispatch,
     return StepPlan(mode, tokens, key)
 
 
+class RedispatchFailed(RuntimeError):
+    """The re-dispatch at the agreed size found no graph of the synced mode: vLLM's dispatcher
+    asserts there (``assert CUDAGraphMode.NONE in allowed_modes``, vllm/v1/cudagraph_dispatcher.py
+    in 0.27.1) and the rank stops."""
+
+
 def redispatch_after_sync(plan: StepPlan, sync: SyncResult, *, dp_rank: int, uniform_decode: bool,
                           dispatch: Dispatch) -> StepPlan:
-    """Re-dispatch at the agreed size, restricted to the synced mode (NONE always allowed, as
-    vLLM's dispatcher falls back to it)."""
+    """Re-dispatch at the agreed size with ``valid_modes={synced mode}`` only
+    (model_runner_v1.py:2789-2792): where no graph of that mode matches, vLLM's dispatcher
+    asserts, so does this (`RedispatchFailed`)."""
     if sync.num_tokens_across_dp is None:
         return plan
     padded = sync.num_tokens_across_dp[dp_rank]
-    mode, tokens, key = dispatch(padded, uniform_decode, frozenset({sync.synced_mode, MODE_NONE}))
+    try:
+        mode, tokens, key = dispatch(padded, uniform_decode, frozenset({sync.synced_mode}))
+    except ConfigError as exc:
+        raise RedispatchFailed(f"re-dispatch at the agreed size {padded} with valid_modes={{{sync.synced_mode}}}: "
+                               f"{exc}") from None
     if tokens != padded:
         raise ConfigError(f"re-dispatch at the agreed size {padded} gave a key of {tokens} tokens",
                           key="num_tokens_across_dp")
@@ -255,12 +274,14 @@ def redispatch_after_sync(plan: StepPlan, sync: SyncResult, *, dp_rank: int, uni
 
 def determine_batch_execution_and_padding(
     policy: DpSyncPolicy, all_reduce: AllReduce, *, num_tokens: int, uniform_decode: bool, dispatch: Dispatch,
-    dp_size: int, dp_rank: int, skip: bool = False, sp_tp: int = 1,
+    dp_size: int, dp_rank: int, skip: bool = False, sp_tp: int = 1, oproj_tp: bool = False,
+    embedding_tp: bool = False,
 ) -> tuple[StepPlan, SyncResult]:
     """vLLM Ascend's ``_determine_batch_execution_and_padding``: dispatch, sync, re-dispatch."""
     plan = first_dispatch(num_tokens, uniform_decode=uniform_decode, dispatch=dispatch, sp_tp=sp_tp)
     sync = sync_metadata_across_dp(policy, all_reduce, num_tokens=plan.num_tokens_padded, mode=plan.mode,
-                                   dp_size=dp_size, dp_rank=dp_rank, skip=skip, sequence_parallel=sp_tp > 1)
+                                   dp_size=dp_size, dp_rank=dp_rank, skip=skip, sequence_parallel=sp_tp > 1,
+                                   oproj_tp=oproj_tp, embedding_tp=embedding_tp)
     return redispatch_after_sync(plan, sync, dp_rank=dp_rank, uniform_decode=uniform_decode, dispatch=dispatch), sync
 
 

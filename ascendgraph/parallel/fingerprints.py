@@ -17,8 +17,15 @@ The rules, each with its source:
   with an eagerly launched one (vLLM Ascend PR #6011, "HCCL does not support eager/graph
   mode communication": mixed modes across DP ranks hang A2 + AIV).
 * ``same_graph_key``: captured collectives are task sequences of one graph; a replay of the
-  graph for one padded size meets only replays of the graph for the same size (vLLM Ascend
-  #13688, MC2 deadlocking at replay; #11562).
+  graph for one padded size meets only replays of the graph for the same size (the padded
+  size is what DP padding agrees on: vLLM ``v1/worker/dp_utils.py`` ``_post_process_dp_padding``
+  pads every rank to the maximum once the synced mode is not NONE). Except MC2 with
+  ``global_bs > 0``: vLLM Ascend's skip path lets each rank run its own token count and passes
+  ``global_bs`` without ``mc2_mask`` so that the MC2 kernel pairs uneven counts
+  (``should_skip_allreduce_across_dp_group``, vllm_ascend/utils.py:1099-1112 at 182b75ea:
+  "each rank may have a different number of tokens, so MC2 needs a non-zero global_bs"), so
+  uneven all-decode replays (FULL 4x4 on one rank, FULL 8x8 on another, both within
+  ``global_bs / ep``) meet; ``mc2_token_counts`` still caps them.
 * ``mc2_token_counts``: MC2 dispatch/combine with ``global_bs = 0`` (with ``mc2_mask``:
   the DP all-reduce ran, so every rank is padded to one count) needs equal token counts on
   every rank; with ``global_bs > 0`` (the all-reduce skipped) counts may differ but none may
@@ -141,6 +148,8 @@ def _graph_never_meets_eager(fps: Mapping[int, Fingerprint]) -> Optional[str]:
 def _same_graph_key(fps: Mapping[int, Fingerprint]) -> Optional[str]:
     if not all(fp.is_graph for fp in fps.values()):
         return None
+    if all(fp.op in MC2_OPS and fp.param("global_bs") > 0 for fp in fps.values()):
+        return None  # the MC2 skip path: each rank replays its own decode size (mc2_token_counts caps it)
     return _differ(fps, lambda f: f.how, "graph keys")
 
 
@@ -179,7 +188,8 @@ COMPATIBILITY_RULES: tuple[CompatibilityRule, ...] = (
                       "vLLM Ascend PR #6011 (HCCL does not pair eager and graph communication; mixed DP modes hang)",
                       _graph_never_meets_eager),
     CompatibilityRule("same_graph_key", "replayed collectives meet replays of the graph of the same key",
-                      "vLLM Ascend #13688 (MC2 deadlock at replay), #11562",
+                      "vLLM dp_utils.py _post_process_dp_padding (one padded size across DP); not MC2 with global_bs > 0 "
+                      "(vllm_ascend/utils.py:1099-1112 @182b75ea, the skip path's uneven counts)",
                       _same_graph_key),
     CompatibilityRule("mc2_token_counts", "MC2: global_bs=0 needs equal token counts, global_bs>0 caps them at "
                       "global_bs/ep", "vLLM Ascend PR #8039; should_skip_allreduce_across_dp_group (utils.py, 182b75ea)",

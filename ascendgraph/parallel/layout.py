@@ -10,7 +10,10 @@ vLLM orders the ranks of one engine as ``[DP][PP][TP]`` (the innermost index mov
 * ``pp``: the ranks of one (dp, tp) that differ only in pp_rank;
 * ``ep``: every rank of one pp stage, ``dp * tp`` of them (vLLM's expert-parallel group
   is DP x TP, the same function: the ``all_ranks`` transpose for EP);
-* ``world``: every rank.
+* ``world``: every rank;
+* ``dp_engine``: the members of ``dp``, as the engine core's own DP group (vLLM
+  ``v1/engine/core.py`` ``DPEngineCoreProc``: a stateless group of its own, where
+  ``ParallelConfig.sync_dp_state`` runs): a separate communicator from the workers' ``dp``.
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ from ascendgraph.errors import ConfigError
 
 __all__ = ["GROUP_NAMES", "MAX_WORLD_SIZE", "RankCoords", "ParallelLayout"]
 
-GROUP_NAMES = ("world", "dp", "pp", "tp", "ep")
-MAX_WORLD_SIZE = 4096  # a simulated world beyond this is a typo, not a cluster
+GROUP_NAMES = ("world", "dp", "pp", "tp", "ep", "dp_engine")
+# A world that the rank simulation steps within about a minute on a 2-core machine (docs/ranks.md
+# "Limits": about 70 ms per rank for its device and captures; 512 ranks: 38 s).
+MAX_WORLD_SIZE = 512
 
 
 @dataclass(frozen=True)
@@ -83,13 +88,28 @@ class ParallelLayout:
         return (self.coords(r) for r in range(self.world_size))
 
     def group(self, name: str, rank: int) -> tuple[int, ...]:
-        """The members of ``rank``'s group ``name`` (one of GROUP_NAMES), in rank order."""
+        """The members of ``rank``'s group ``name`` (one of GROUP_NAMES), in rank order (cached:
+        the world and EP groups are one shared tuple, so a lookup does not grow with the world)."""
+        cache: dict[tuple[str, int], tuple[int, ...]] = self.__dict__.setdefault("_group_cache", {})
+        found = cache.get((name, rank))
+        if found is None:
+            if name == "world":
+                found = cache.setdefault(("world", -1), tuple(range(self.world_size)))
+            elif name == "ep":
+                stage = self.coords(rank).pp_rank
+                found = cache.get(("ep", -1 - stage)) or cache.setdefault(("ep", -1 - stage), self._group(name, rank))
+            else:
+                found = self._group(name, rank)
+            cache[(name, rank)] = found
+        return found
+
+    def _group(self, name: str, rank: int) -> tuple[int, ...]:
         c = self.coords(rank)
         if name == "world":
             return tuple(range(self.world_size))
         if name == "tp":
             return tuple(self.rank_of(c.dp_rank, c.pp_rank, t) for t in range(self.tp))
-        if name == "dp":
+        if name in ("dp", "dp_engine"):
             return tuple(self.rank_of(d, c.pp_rank, c.tp_rank) for d in range(self.dp))
         if name == "pp":
             return tuple(self.rank_of(c.dp_rank, p, c.tp_rank) for p in range(self.pp))

@@ -31,9 +31,10 @@ tensors are computed (the devices use meta tensors), so 64 ranks step quickly.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Generator, Mapping, Optional, Sequence
+from typing import Any, Generator, Optional, Sequence
 
 from ascendgraph.config import GraphConfig
 from ascendgraph.device import get_device
@@ -41,11 +42,10 @@ from ascendgraph.dispatch import GraphDispatcher
 from ascendgraph.errors import CaptureError, ConfigError, GraphHang, rewrite_capture_error
 from ascendgraph.modes import GraphMode
 from ascendgraph.parallel.coordination import (
-    DP_SYNC_POLICIES,
-    IDLE_POLICIES,
     MODE_NONE,
     dp_sync_contribution,
     dp_sync_result,
+    StepPlan,
     execute_dummy_batch_tokens,
     first_dispatch,
     get_policy,
@@ -56,70 +56,19 @@ from ascendgraph.parallel.fingerprints import EAGER, default_collective_timeout_
 from ascendgraph.parallel.layout import ParallelLayout, RankCoords, check_heads_split
 from ascendgraph.resolve import resolve
 from ascendgraph.parallel.rank_faults import split_rank_faults
-from ascendgraph.runtime.workload import WorkloadSpec, generate_workload, simulate_batches
+from ascendgraph.runtime.ranks_options import CAPTURE_AGREEMENTS, DRAFT_STEP_POLICIES, RankOptions, Step
+from ascendgraph.runtime.workload import WorkloadSpec, generate_workload, simulate_steps
 
 __all__ = ["Step", "RankOptions", "RankSummary", "RanksReport", "run_ranks", "build_rank", "layout_of",
            "rank_program", "CAPTURE_AGREEMENTS", "DRAFT_STEP_POLICIES"]
 
 log = logging.getLogger(__name__)
 
-CAPTURE_AGREEMENTS = ("agreed", "per_rank")
-DRAFT_STEP_POLICIES = ("agreed", "local")
-MC2_TOKENS_PER_RANK = 512  # vLLM Ascend's MC2 token capacity per rank on A3 (PR #8987: 256 on A2)
+MC2_TOKENS_PER_RANK = 512  # vLLM Ascend _MC2_TOKENS_PER_RANK_LIMIT (ascend_forward_context.py:35@182b75ea); PR #8987 (closed, not merged) proposed 256 on A2
 EAGER_FORWARD_US = 2000.0  # nominal virtual time of one eager forward (host launch bound)
 _MODE_NAMES = {0: "NONE", 1: "PIECEWISE", 2: "FULL"}
-
-
-@dataclass(frozen=True)
-class Step:
-    """One scheduled step of a DP rank: tokens (0: requests left but nothing schedulable),
-    whether it is a uniform decode batch, and how many draft steps its proposer runs."""
-
-    tokens: int
-    uniform_decode: bool = False
-    draft_steps: int = 0
-
-
-@dataclass(frozen=True)
-class RankOptions:
-    """How to run the ranks (see the module docstring for each policy)."""
-
-    dp_sync_policy: str = "fixed"
-    dp_sync_policy_by_rank: Mapping[int, str] = field(default_factory=dict)  # per-rank overrides (#9689)
-    idle_policy: str = "always_dummy"
-    capture_agreement: str = "agreed"
-    draft_steps: str = "agreed"
-    on_capture_error: str = "raise"
-    faults: Optional[str] = None  # a plan with optional rank=R: prefixes (docs/ranks.md)
-    seed: int = 0
-    requests: int = 16  # per DP rank (generated workloads)
-    steps: Optional[Mapping[int, Sequence[Step]]] = None  # scripted workload per DP rank
-    moe: Optional[bool] = None  # None: the model preset has experts
-    mc2_skip: bool = False  # should_skip_allreduce_across_dp_group's answer (MoE KV consumer under MC2)
-    sequence_parallel: bool = False
-    unfinished_interval: int = 32  # vLLM's DP engines all-reduce "unfinished requests" every N steps
-    timeout_s: Optional[float] = None  # None: HCCL_EXEC_TIMEOUT's default (env)
-    stream_limits: Mapping[int, int] = field(default_factory=dict)  # per rank
-    # per rank: capture sizes that differ from the configuration's (a rank started differently)
-    capture_sizes_by_rank: Mapping[int, Sequence[int]] = field(default_factory=dict)
-    env: Optional[Mapping[str, str]] = None
-    sim_profile: Optional[str] = None
-    max_steps: int = 100_000
-
-    def __post_init__(self) -> None:
-        get_policy(self.dp_sync_policy)
-        for name in self.dp_sync_policy_by_rank.values():
-            get_policy(name)
-        idle_step_joins_sync(self.idle_policy)
-        for name, value, allowed in (("capture_agreement", self.capture_agreement, CAPTURE_AGREEMENTS),
-                                     ("draft_steps", self.draft_steps, DRAFT_STEP_POLICIES),
-                                     ("on_capture_error", self.on_capture_error, ("raise", "eager"))):
-            if value not in allowed:
-                raise ConfigError(f"{name} must be one of {', '.join(allowed)}, got {value!r}", key=name)
-        if isinstance(self.unfinished_interval, bool) or not isinstance(self.unfinished_interval, int) \
-                or self.unfinished_interval < 1:
-            raise ConfigError(f"unfinished_interval must be an integer >= 1, got {self.unfinished_interval!r}",
-                              key="unfinished_interval")
+PP_NOT_SIMULATED = ("pipeline parallelism: no activations pass between stages (no send/recv); each stage runs "
+                    "its own DP / TP / EP collectives only, so a PP communication hang is not detected")
 
 
 @dataclass
@@ -155,6 +104,14 @@ class RanksReport:
     dropped_keys: int = 0
 
     @property
+    def not_simulated(self) -> list[str]:
+        """What this layout has that the rank programs do not simulate (said in text and JSON)."""
+        gaps = []
+        if self.layout.pp > 1:
+            gaps.append(PP_NOT_SIMULATED)
+        return gaps
+
+    @property
     def ok(self) -> bool:
         return self.error is None
 
@@ -178,6 +135,7 @@ class RanksReport:
             "collectives_met": dict(self.collectives_met),
             "capture_keys_dropped": self.dropped_keys,
             "per_rank": [r.to_json() for r in self.ranks],
+            "not_simulated": self.not_simulated,
             "error": error,
         }
 
@@ -191,6 +149,8 @@ class RanksReport:
             lines.append(f"  rank {r.rank} (dp {r.dp_rank}, tp {r.tp_rank}): batches {modes or 'none'}; replays "
                          f"{r.replays}; dummy {r.dummy_batches}; graphs {r.graphs_captured}"
                          f"{' (fell back to eager)' if r.capture_fallback else ''}; collectives {r.collectives_met}")
+        for gap in self.not_simulated:
+            lines.append(f"  NOT SIMULATED: {gap}")
         if self.error is not None:
             lines.append(f"  FAILED: {type(self.error).__name__}: {self.error}")
         return "\n".join(lines)
@@ -355,60 +315,83 @@ def _program(rank: _Rank) -> Generator[Any, Any, None]:
     q = rank.config.uniform_decode_query_len
     index = 0
     step_no = 0
+    running = True  # the engine core's view: some DP rank still has requests (vLLM engines_running)
     while True:
         if step_no >= options.max_steps:
             raise ConfigError(f"rank {c.rank} ran {options.max_steps} steps without the DP ranks agreeing they "
                               "are done", key="max_steps")
         has_work = index < len(rank.steps)
-        if dp > 1 and step_no % options.unfinished_interval == 0:
-            reduced = yield rank.call("dp", "all_reduce", (1,), "int32", rows=[[1 if has_work else 0]],
-                                      site="unfinished", local_us=elapsed())
-            if reduced[0][0] == 0:
-                return
-        if dp == 1 and not has_work:
+        if not has_work and (dp == 1 or not running):
             return
-        step_no += 1
         step = rank.steps[index] if has_work else None
         index += 1 if has_work else 0
         dummy = step is None
+        skipped = False
         if step is not None and step.tokens == 0:
-            if not idle_step_joins_sync(options.idle_policy):
-                continue  # vLLM #43547: returns without joining the DP sync
+            skipped = not idle_step_joins_sync(options.idle_policy)  # vLLM #43547: returns without the DP sync
             tokens, uniform = 1, False
             dummy = True
         elif step is None:
             tokens, uniform = execute_dummy_batch_tokens(q)
         else:
             tokens, uniform = step.tokens, step.uniform_decode
-        rank.summary.dummy_batches += int(dummy)
-        yield from _sync_and_forward(rank, policy, tokens, uniform, elapsed, site="dp_sync")
-        drafts = 0 if step is None else step.draft_steps
-        if options.draft_steps == "agreed" and dp > 1 and rank.config.num_speculative_tokens:
-            most = yield rank.call("dp", "all_reduce", (1,), "int32", rows=[[drafts]], reduce="max",
-                                     site="draft_steps", local_us=elapsed())
-            drafts = most[0][0]
-        for _ in range(drafts):
-            yield from _sync_and_forward(rank, policy, max(1, tokens), uniform, elapsed, site="draft_sync",
-                                         draft=True)
+        if not skipped:
+            rank.summary.dummy_batches += int(dummy)
+            yield from _sync_and_forward(rank, policy, tokens, uniform, elapsed, site="dp_sync")
+            drafts = 0 if step is None else step.draft_steps
+            if options.draft_steps == "agreed" and dp > 1 and rank.config.num_speculative_tokens:
+                most = yield rank.call("dp", "all_reduce", (1,), "int32", rows=[[drafts]], reduce="max",
+                                       site="draft_steps", local_us=elapsed())
+                drafts = most[0][0]
+            if drafts:  # the proposer: one DP sync per call (mode NONE, always padded), then its draft forwards
+                yield from _sync_and_forward(rank, policy, max(1, tokens), uniform, elapsed, site="draft_sync",
+                                             draft=True, forwards=drafts)
+        # vLLM v1/engine/core.py DPEngineCoreProc: after every step, _has_global_unfinished_reqs counts it
+        # and every 32nd (unfinished_interval) runs ParallelConfig.sync_dp_state, a [2] int32 sum
+        # (unfinished, pending pause) on the engine core's own DP group: another communicator than the
+        # workers' DP sync, so a rank that skipped a sync waits there while its peers wait in the sync.
+        step_no += 1
+        if dp > 1 and step_no % options.unfinished_interval == 0:
+            reduced = yield rank.call("dp_engine", "all_reduce", (2,), "int32",
+                                      rows=[[1 if index < len(rank.steps) else 0, 0]], site="sync_dp_state",
+                                      local_us=elapsed())
+            running = reduced[0][0] > 0
 
 
 def _sync_and_forward(rank: _Rank, policy: Any, tokens: int, uniform: bool, elapsed: Any, *, site: str,
-                      draft: bool = False) -> Generator[Any, Any, bool]:
+                      draft: bool = False, forwards: int = 1) -> Generator[Any, Any, bool]:
+    """The DP sync and re-dispatch, the post-sync check, then ``forwards`` forwards. A draft
+    (vLLM Ascend's proposers, e.g. spec_decode/llm_base_proposer.py:805-825): one sync per
+    proposer call with ``is_draft_model=True`` (mode NONE, always padded to the DP maximum),
+    then the proposer's own dispatch at the padded size (no mode restriction) for each of its
+    draft forwards."""
     options, layout, c = rank.options, rank.layout, rank.coords
     plan = first_dispatch(tokens, uniform_decode=uniform, dispatch=rank.dispatch, sp_tp=rank.sp_tp)
-    rows = dp_sync_contribution(policy, num_tokens=plan.num_tokens_padded, mode=plan.mode, dp_size=layout.dp,
+    sync_mode = MODE_NONE if draft else plan.mode
+    rows = dp_sync_contribution(policy, num_tokens=plan.num_tokens_padded, mode=sync_mode, dp_size=layout.dp,
                                 dp_rank=c.dp_rank, skip=options.mc2_skip)
     reduced = None
     if rows is not None:
         reduced = yield rank.call("dp", "all_reduce", (len(rows), layout.dp), "int32", rows=rows, site=site,
                                     local_us=elapsed())
-    sync = dp_sync_result(policy, reduced, num_tokens=plan.num_tokens_padded, mode=plan.mode, dp_size=layout.dp,
-                          sequence_parallel=rank.sp_tp > 1)
-    plan = redispatch_after_sync(plan, sync, dp_rank=c.dp_rank, uniform_decode=uniform, dispatch=rank.dispatch)
+    sync = dp_sync_result(policy, reduced, num_tokens=plan.num_tokens_padded, mode=sync_mode, dp_size=layout.dp,
+                          sequence_parallel=rank.sp_tp > 1, draft=draft)
+    if draft and sync.num_tokens_across_dp is not None:
+        mode, padded, key = rank.dispatch(sync.num_tokens_across_dp[c.dp_rank], uniform, None)
+        plan = StepPlan(mode, padded, key, sync.num_tokens_across_dp)
+    elif not draft:
+        plan = redispatch_after_sync(plan, sync, dp_rank=c.dp_rank, uniform_decode=uniform, dispatch=rank.dispatch)
     if sync.skipped:
         rank.summary.skipped_syncs += 1
     elif layout.dp > 1:
         yield rank.decision((plan.mode, plan.key, plan.num_tokens_across_dp), padded=plan.num_tokens_padded)
+    for _ in range(forwards):
+        yield from _forward(rank, plan, sync, elapsed, draft=draft)
+    return sync.skipped
+
+
+def _forward(rank: _Rank, plan: Any, sync: Any, elapsed: Any, *, draft: bool) -> Generator[Any, Any, None]:
+    layout = rank.layout
     rank.summary.batches_by_mode[_MODE_NAMES[plan.mode]] += 1
     graph = rank.graphs.get(plan.key) if plan.mode != MODE_NONE else None
     extra = 0.0
@@ -430,21 +413,39 @@ def _sync_and_forward(rank: _Rank, policy: Any, tokens: int, uniform: bool, elap
         yield rank.call(group, op, shape, dtype, how=how, params=params, site="draft" if draft else "forward",
                           local_us=elapsed(extra))
         extra = 0.0
-    return sync.skipped
 
 
 # --------------------------------------------------------------------------- the run
 
 
+# Generated multi-rank workloads: a DP rank's requests come in two bursts (half, then the rest
+# BURST_GAP steps later), and DP rank r's first burst is schedulable (r mod STAGGER_CYCLE) *
+# RANK_STAGGER steps after rank 0's (a load balancer filling the ranks in turn; the cycle keeps
+# a large world's last ranks from idling for hundreds of steps). Every request is in its rank's
+# scheduler from the start but schedulable only from its burst's step (a KV consumer waiting
+# for its KV transfer, vLLM's WAITING_FOR_REMOTE_KVS): a rank that holds requests none of
+# which is schedulable yet runs a zero-token step (`--idle-policy`, vLLM #43547), and a rank
+# whose requests are all done is idle (`execute_dummy_batch`) until every DP rank is done
+# (vLLM Ascend #13826's variable-length tail).
+BURST_GAP = 12
+RANK_STAGGER = 3
+STAGGER_CYCLE = 4
+
+
 def _generated_steps(config: GraphConfig, options: RankOptions, dp_rank: int) -> list[Step]:
-    requests = generate_workload(WorkloadSpec(num_requests=options.requests, seed=options.seed + dp_rank),
+    seed = options.seed + dp_rank
+    requests = generate_workload(WorkloadSpec(num_requests=options.requests, seed=seed,
+                                              burst_size=max(1, -(-options.requests // 2)), burst_gap=BURST_GAP),
                                  vocab_size=config.model.vocab_size)
-    batches = simulate_batches(requests, max_num_seqs=config.max_num_seqs,
-                               max_num_batched_tokens=config.max_num_batched_tokens,
-                               num_speculative_tokens=config.num_speculative_tokens, block_size=config.block_size,
-                               vocab_size=config.model.vocab_size, seed=options.seed + dp_rank)
-    return [Step(b.num_tokens, b.uniform_decode, config.num_speculative_tokens if not b.has_prefill else 0)
-            for b in batches]
+    offset = (dp_rank % STAGGER_CYCLE) * RANK_STAGGER
+    requests = [dataclasses.replace(r, arrival_step=r.arrival_step + offset) for r in requests]
+    steps = simulate_steps(requests, max_num_seqs=config.max_num_seqs,
+                           max_num_batched_tokens=config.max_num_batched_tokens,
+                           num_speculative_tokens=config.num_speculative_tokens, block_size=config.block_size,
+                           vocab_size=config.model.vocab_size, seed=seed)
+    return [Step(0) if b is None else
+            Step(b.num_tokens, b.uniform_decode, config.num_speculative_tokens if not b.has_prefill else 0)
+            for b in steps]
 
 
 def build_rank(config: GraphConfig, options: RankOptions, layout: ParallelLayout, rank: int) -> _Rank:
@@ -474,6 +475,7 @@ def run_ranks(config: GraphConfig, options: RankOptions = RankOptions()) -> Rank
     a failed run (the error is in the report); bad options raise ConfigError."""
     check_heads_split(config)
     layout = layout_of(config)
+    options.check_layout(layout)
     split_rank_faults(options.faults, layout.world_size)  # a bad rank prefix fails before any device
     ranks = [build_rank(config, options, layout, rank) for rank in range(layout.world_size)]
     timeout = options.timeout_s if options.timeout_s is not None else default_collective_timeout_s(

@@ -47,6 +47,7 @@ __all__ = [
     "Scheduler",
     "OutOfKVBlocks",
     "simulate_batches",
+    "simulate_steps",
 ]
 
 _WORD = re.compile(r"\w+|[^\w\s]")
@@ -499,6 +500,25 @@ def simulate_batches(
     """The batches the scheduler forms for a workload, without running a model (every
     prediction is token 0). Planners use ``[b.num_tokens for b in ...]`` as the workload's
     batch-size distribution."""
+    return [batch for batch in simulate_steps(
+        requests, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+        num_speculative_tokens=num_speculative_tokens, block_size=block_size, vocab_size=vocab_size, seed=seed)
+        if batch is not None]
+
+
+def simulate_steps(
+    requests: Sequence[Request],
+    *,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    num_speculative_tokens: int = 0,
+    block_size: int = 128,
+    vocab_size: int = 2,
+    seed: int = 0,
+) -> list[Optional[ScheduledBatch]]:
+    """Every scheduler step until the workload is done: its batch, or None for a step where
+    requests are left but none is schedulable yet (each waits for its arrival step): a
+    zero-token step."""
     scheduler = Scheduler(
         requests,
         max_num_seqs=max_num_seqs,
@@ -508,11 +528,10 @@ def simulate_batches(
         vocab_size=vocab_size,
         seed=seed,
     )
-    batches = []
+    steps: list[Optional[ScheduledBatch]] = []
     while scheduler.has_unfinished():
         batch = scheduler.schedule()
-        if batch is None:
-            continue
-        batches.append(batch)
-        scheduler.complete(batch, {r.request_id: [0] * r.num_tokens for r in batch.requests})
-    return batches
+        steps.append(batch)
+        if batch is not None:
+            scheduler.complete(batch, {r.request_id: [0] * r.num_tokens for r in batch.requests})
+    return steps

@@ -98,3 +98,105 @@ def test_the_api_exports_run_ranks_and_the_collective_errors():
     assert report.error is None and report.layout.world_size == 2
     for name in ("CollectiveMismatch", "CollectiveDeadlock", "CollectiveTimeout"):
         assert issubclass(getattr(ascendgraph, name), CollectiveError)
+
+
+@pytest.mark.parametrize("rule", ["rank=1:task_update=skip_update", "rank=1:replay=perturb(1.0)",
+                                  "rank=1:event_record=raise(207005)", "rank=1:"])
+def test_a_rank_rule_the_ranks_do_not_model_is_bad_input(capsys, rule):
+    # issue 33: each of these printed OK (the rule was accepted and ignored)
+    code = main(["run", "--num-layers", "1", "--requests", "2", "-tp", "2", "--faults", rule])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    assert "fault plan:" in captured.err and "rank=1:" in captured.err
+    assert len(captured.err.strip().splitlines()) == 1
+
+
+def test_a_rank_0_rule_with_one_rank_acts_on_the_engine(capsys):
+    # issue 33: with one rank the rule was dropped and the run passed
+    code = main(["run", "--num-layers", "1", "--requests", "2", "--faults", "rank=0:capture_begin=raise(207008)"])
+    captured = capsys.readouterr()
+    assert code == 1, captured.out
+
+
+def test_the_json_of_a_failed_multi_rank_run_has_the_error_at_the_top_level(capsys):
+    # issue 33: "error": null at the top level, the error only under ranks.error
+    code = main(["run", *SMALL, "-tp", "2", "--json", "--capture-agreement", "per_rank", "--on-capture-error", "eager",
+                 "--faults", "rank=1:capture_begin=1*off->raise(207008)"])
+    document = json.loads(capsys.readouterr().out)
+    assert code == 1
+    assert document["error"]["type"] == "CollectiveMismatch" and document["error"]["source"] == "ranks"
+    assert document["error"]["message"] == document["ranks"]["error"]["message"]
+
+
+def test_pipeline_parallelism_says_what_is_not_simulated(capsys):
+    # issue 36 item 4: `-pp 2` printed a bare OK with no pipeline communication
+    assert main(["run", *SMALL, "-pp", "2"]) == 0
+    assert "NOT SIMULATED: pipeline parallelism" in capsys.readouterr().out
+    assert main(["run", *SMALL, "-pp", "2", "--json"]) == 0
+    gaps = json.loads(capsys.readouterr().out)["ranks"]["not_simulated"]
+    assert len(gaps) == 1 and gaps[0].startswith("pipeline parallelism")
+
+
+def test_a_world_beyond_what_finishes_in_a_minute_is_refused(capsys):
+    # issue 33: -dp 4096 was inside the documented bound but grew quadratically (2048 ranks: 193 s)
+    code = main(["run", "--num-layers", "1", "--requests", "2", "-dp", "1024"])
+    captured = capsys.readouterr()
+    assert code == 2 and "1024 ranks is more than the 512 the simulator steps" in captured.err
+
+
+# The generated multi-rank workload (ascendgraph/runtime/ranks.py, BURST_GAP / RANK_STAGGER): DP
+# rank 1 holds requests none of which is schedulable for its first steps (zero-token steps) and
+# each rank is idle once its requests are done, so the idle policies act through `ascendgraph run`.
+GENERATED = ["--device", "sim", "--num-layers", "1", "--model", "tiny-moe", "-dp", "2", "--json"]
+DECODE_ONLY = ["--compilation-config", '{"cudagraph_mode": "FULL_DECODE_ONLY"}']
+
+
+def _ranks(capsys, *flags):
+    code = main(["run", *GENERATED, *flags])
+    return code, json.loads(capsys.readouterr().out)["ranks"]
+
+
+def test_the_generated_workload_has_zero_token_steps_and_idle_ranks():
+    from ascendgraph import GraphConfig
+    from ascendgraph.runtime.ranks import RankOptions, _generated_steps
+
+    config = GraphConfig.from_vllm_args(model="tiny-moe", data_parallel_size=2)
+    first, second = (_generated_steps(config, RankOptions(), dp) for dp in (0, 1))
+    assert second[0].tokens == 0 and first[0].tokens > 0  # rank 1 holds requests that are not schedulable yet
+    assert len(first) != len(second)  # one rank runs out of requests first and is idle until the other is done
+
+
+def test_the_idle_policy_changes_the_outcome_of_a_generated_run(capsys):
+    """vLLM #43547: a zero-token step that returns without the DP sync leaves the ranks' DP
+    sequences apart until the engine core's unfinished-requests all-reduce: a deadlock."""
+    code, ranks = _ranks(capsys, "--idle-policy", "always_dummy")
+    assert code == 0 and ranks["error"] is None
+    assert ranks["per_rank"][1]["dummy_batches"] > 0
+    code, ranks = _ranks(capsys, "--idle-policy", "external_launcher_only")
+    assert code == 1
+    assert ranks["error"]["type"] == "CollectiveDeadlock"
+    assert "[sync_dp_state]" in ranks["error"]["message"] and "dp_engine" in ranks["error"]["message"]
+
+
+def test_the_mc2_skip_path_hangs_an_idle_rank_against_a_serving_one(capsys):
+    """vLLM Ascend #13826 (FULL_DECODE_ONLY, the thread's mode): the skip path keeps each rank's
+    own mode, so the idle rank's one-token dummy runs eagerly while its peer replays its decode
+    graph, in one EP collective. With the mode synced (the fixed policy) the run passes."""
+    code, ranks = _ranks(capsys, *DECODE_ONLY, "--mc2-skip", "--dp-sync-policy", "vllm_ascend")
+    assert code == 1
+    error = ranks["error"]
+    assert error["type"] == "CollectiveMismatch" and error["rules"] == ["graph_never_meets_eager"]
+    assert "ep#" in error["message"] and "rank 1: eager" in error["message"]
+    assert "rank 0: graph:FULL:" in error["message"]
+    assert ranks["per_rank"][1]["dummy_batches"] >= 1 and ranks["per_rank"][1]["skipped_syncs"] >= 1
+    code, ranks = _ranks(capsys, *DECODE_ONLY, "--mc2-skip", "--dp-sync-policy", "fixed")
+    assert code == 0 and ranks["error"] is None
+
+
+def test_with_piecewise_graphs_the_skip_paths_idle_dummy_replays_a_graph(capsys):
+    """FULL_AND_PIECEWISE (tiny-moe's default): the one-token dummy replays a PIECEWISE graph
+    (vLLM 0.27.1 does not split the MoE layers out of piecewise graphs), so no graph meets an
+    eager collective and the skip path passes (docs/ranks.md)."""
+    code, ranks = _ranks(capsys, "--mc2-skip", "--dp-sync-policy", "vllm_ascend")
+    assert code == 0 and ranks["error"] is None
+    assert ranks["per_rank"][1]["skipped_syncs"] > 0

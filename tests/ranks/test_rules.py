@@ -10,6 +10,7 @@ import pytest
 
 from ascendgraph.errors import ConfigError
 from ascendgraph.parallel.coordination import (
+    dp_sync_result,
     DP_SYNC_POLICIES,
     coordinate_batch_across_dp,
     determine_batch_execution_and_padding,
@@ -91,7 +92,20 @@ def test_each_rule_catches_its_difference(other, rule):
 def test_graph_keys_must_match_at_replay():
     found = check_meeting({0: _fp(how=graph_how("FULL:4")), 1: _fp(how=graph_how("FULL:8"))})
     assert [v.rule for v in found] == ["same_graph_key"]
-    assert "#13688" in found[0].source
+    assert "_post_process_dp_padding" in found[0].source
+
+
+def test_the_mc2_skip_paths_uneven_decode_replays_meet():
+    # issue 36 item 4: FULL 4x4 on one rank and FULL 8x8 on another, both within global_bs / ep,
+    # is what vLLM Ascend's skip path is for (utils.py:1099-1112); same_graph_key refused it
+    def mc2(key, tokens, bs):
+        return Fingerprint("ep", (0, 1), 0, "mc2_dispatch", (tokens, 16), "bfloat16", graph_how(key),
+                           (("global_bs", bs),))
+
+    assert check_meeting({0: mc2("FULL:4x4", 4, 1024), 1: mc2("FULL:8x8", 8, 1024)}) == []
+    assert [v.rule for v in check_meeting({0: mc2("FULL:4x4", 4, 8), 1: mc2("FULL:8x8", 8, 8)})] == ["mc2_token_counts"]
+    assert [v.rule for v in check_meeting({0: mc2("FULL:4x4", 4, 0), 1: mc2("FULL:8x8", 8, 0)})] == [
+        "same_graph_key", "mc2_token_counts"]
 
 
 def test_mc2_token_counts_follow_global_bs():
@@ -233,3 +247,75 @@ def test_rank_prefixed_rules_go_to_their_rank():
 def test_bad_rank_prefixes_are_refused(spec, match):
     with pytest.raises(ConfigError, match=match):
         split_rank_faults(spec, 4)
+
+
+@pytest.mark.parametrize("rule, what", [
+    ("rank=1:task_update=skip_update", "no attention parameter update"),
+    ("rank=1:event_record=raise(207005)", "records no events"),
+    ("rank=1:replay=perturb(1.0)", "compute no tensors"),
+    ("rank=1:", "has no rule after the rank prefix"),
+    ("rank=1:  ", "has no rule after the rank prefix"),
+])
+def test_a_rank_rule_no_rank_acts_on_is_refused_naming_what_is_not_modelled(rule, what):
+    # issue 33: these were accepted and ignored (the run printed OK)
+    with pytest.raises(ConfigError, match=what):
+        split_rank_faults(rule, 2)
+
+
+def test_with_one_rank_rank_0_rules_go_to_the_engine():
+    from ascendgraph.parallel.rank_faults import engine_rules
+
+    # issue 33: `--faults "rank=0:capture_begin=raise(207008)"` with one rank was dropped
+    assert engine_rules("rank=0:capture_begin=raise(207008)", 1) == "capture_begin=raise(207008)"
+    assert engine_rules("rank=0:task_update=skip_update; replay=delay(1)", 1) == "replay=delay(1); task_update=skip_update"
+    assert engine_rules("rank=1:replay=hang", 2) is None  # the rank simulation's, not the engine's
+
+
+def test_the_redispatch_allows_the_synced_mode_only_and_fails_where_vllms_dispatcher_asserts():
+    """model_runner_v1.py:2789-2792: valid_modes={synced}; vLLM's dispatcher asserts when no graph
+    of that mode matches and NONE is not allowed."""
+    from ascendgraph.parallel.coordination import RedispatchFailed, SyncResult, StepPlan, redispatch_after_sync
+
+    seen = []
+
+    def dispatch(tokens, uniform, valid):
+        seen.append(valid)
+        if 2 in valid and tokens <= 8:
+            return 2, tokens, f"FULL:{tokens}"
+        if 0 in valid:
+            return 0, tokens, "eager"
+        raise ConfigError("no captured graph matches and NONE is not allowed", key="valid_modes")
+
+    plan = StepPlan(2, 4, "FULL:4")
+    assert redispatch_after_sync(plan, SyncResult(8, (8, 8), 2), dp_rank=0, uniform_decode=True,
+                                 dispatch=dispatch).key == "FULL:8"
+    assert seen == [frozenset({2})]
+    with pytest.raises(RedispatchFailed, match="agreed size 16"):
+        redispatch_after_sync(plan, SyncResult(16, (16, 16), 2), dp_rank=0, uniform_decode=True, dispatch=dispatch)
+    assert issubclass(RedispatchFailed, RuntimeError)  # a failed run, not bad input
+
+
+@pytest.mark.parametrize("flags", [{"oproj_tp": True}, {"embedding_tp": True}, {"sequence_parallel": True},
+                                   {"draft": True}])
+def test_dp_padding_also_follows_o_proj_tp_embedding_tp_sp_and_the_drafter(flags):
+    """allow_dp_padding (model_runner_v1.py:2776-2781) and is_draft_model (model_runner_v1.py:700)."""
+    policy = get_policy("vllm_ascend")
+    reduced = [[4, 8], [0, 0]]  # both ranks eager
+    assert dp_sync_result(policy, reduced, num_tokens=4, mode=0, dp_size=2).num_tokens_across_dp == (4, 8)
+    assert dp_sync_result(policy, reduced, num_tokens=4, mode=0, dp_size=2, **flags).num_tokens_across_dp == (8, 8)
+
+
+def test_the_drafter_syncs_once_per_proposer_call_with_mode_none():
+    """A step with two draft forwards: one target sync, one draft_steps agreement, one draft sync
+    (vLLM Ascend spec_decode/llm_base_proposer.py:817), then two draft forwards."""
+    from ascendgraph.config import GraphConfig
+    from ascendgraph.runtime.ranks import RankOptions, Step, run_ranks
+
+    config = GraphConfig.from_vllm_args(model="tiny-moe", data_parallel_size=2, num_speculative_tokens=2,
+                                        compilation_config={"cudagraph_mode": "FULL_DECODE_ONLY",
+                                                            "cudagraph_capture_sizes": [3, 6, 12]})
+    report = run_ranks(config, RankOptions(steps={0: [Step(3, True, 2)], 1: [Step(3, True, 2)]},
+                                           unfinished_interval=1))
+    assert report.error is None
+    assert report.collectives_met["dp"] == 3
+    assert all(r.replays == 3 for r in report.ranks)  # the target forward and two draft forwards

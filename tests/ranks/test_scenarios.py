@@ -14,7 +14,7 @@ from ascendgraph.tools.scenario.model import ScenarioError
 from ascendgraph.tools.scenario.ranks import discover_rank_scenarios, load_rank_scenario, run_rank_scenario
 
 FILES = discover_rank_scenarios(Path(__file__).parent / "scenario_files")
-NAMED = ("#13826", "#43547", "#12036", "#9689", "#6011", "#13688", "#45610")
+NAMED = ("#13826", "#43547", "#12036", "#9689", "#6011", "#13688")
 
 
 def test_every_named_issue_has_a_scenario():
@@ -101,7 +101,7 @@ def test_captured_collectives_charge_streams_per_communicator():
         base = {"model": "tiny-moe", "compilation_config": {"cudagraph_mode": "FULL_DECODE_ONLY",
                                                             "cudagraph_capture_sizes": [1, 2]}}
         report = run_ranks(GraphConfig.from_vllm_args(**base, **config),
-                           RankOptions(steps={0: [Step(1, True)], 1: [Step(1, True)]},
+                           RankOptions(steps={d: [Step(1, True)] for d in range(config.get("data_parallel_size", 1))},
                                        env={"HCCL_OP_EXPANSION_MODE": "AIV"}))
         assert report.error is None, report.error
         return report.ranks[0].streams_in_use - report.ranks[0].graphs_captured
@@ -129,3 +129,53 @@ def test_a_sweep_over_seeds_meets_every_expectation(capsys):
     path = Path(__file__).parent / "scenario_files" / "sync_tensors_differ.toml"
     assert main([str(path), "--seeds", "0:3", "--json"]) == 0
     assert '"jobs": 6, "missed": []' in capsys.readouterr().out
+
+
+BASE = (Path(__file__).parent / "scenario_files" / "mc2_skip_unsynced_mode.toml").read_text()
+
+
+@pytest.mark.parametrize("edit, key", [
+    # issue 33: not type- or range-checked (mc2_skip = "false" ran as true; seeds, steps, ranks outside the world)
+    (("mc2_skip = true", 'mc2_skip = "false"'), "mc2_skip"),
+    (("[buggy]\n", '[buggy]\nseed = "3"\n'), "seed"),
+    (("[buggy]\n", "[buggy]\nseed = -1\n"), "seed"),
+    (("[buggy]\n", "[buggy]\nstream_limits = { 7 = 40 }\n"), "stream_limits"),
+    (("[buggy]\n", "[buggy]\ndp_sync_policy_by_rank = { 5 = \"vllm\" }\n"), "dp_sync_policy_by_rank"),
+    (("[buggy]\n", "[buggy]\ncapture_sizes_by_rank = { 1 = [1000000000] }\n"), "capture_sizes_by_rank"),
+    (("[ranks]\n", "[ranks]\nunfinished_interval = 1000000000\n"), "unfinished_interval"),
+    (("[ranks]\n", "[ranks]\nmax_steps = 100000000000\n"), "max_steps"),
+    (("0 = [[4, true, 0], [4, true, 0], [4, true, 0]]", "0 = [[4, true, 100000000]]"), "[ranks.steps] 0"),
+    (("0 = [[4, true, 0], [4, true, 0], [4, true, 0]]", "2 = [[4, true, 0]]"), "steps"),
+    (("0 = [[4, true, 0], [4, true, 0], [4, true, 0]]", "'\u00b2' = [[4, true, 0]]"), "[ranks.steps]"),
+    # about seven malformed fields raised KeyError / AttributeError / TypeError / ValueError
+    (("[config]\nmodel = \"tiny-moe\"", "config = 3\n[configx]\nmodel = \"tiny-moe\""), "config"),
+    (("[buggy.expect.ranks.0]\nskipped_syncs = 1", "[buggy.expect.ranks.9]\nskipped_syncs = 1"), "ranks.9"),
+    (("[buggy.expect.ranks.0]\nskipped_syncs = 1", "[buggy.expect.ranks.x]\nskipped_syncs = 1"), "ranks.x"),
+    (("[buggy.expect]\n", "[buggy.expect]\nstraggler = \"one\"\n"), "straggler"),
+    (("[buggy.expect]\n", "[buggy.expect]\nstraggler = 4\n"), "straggler"),
+    (("[ranks]\n", "[ranks]\nenv = 3\n"), "env"),
+    (("[ranks]\n", "[ranks]\nfaults = 3\n"), "faults"),
+    (("[ranks]\n", "[ranks]\nfaults = \"rank=3:replay=hang\"\n"), "fault"),
+    (("[ranks]\n", "[ranks]\ntimeout_s = \"2\"\n"), "timeout_s"),
+    (("data_parallel_size = 2", "data_parallel_size = \"two\""), "[config]"),
+    (("data_parallel_size = 2", "data_parallel_size = 4096\ntensor_parallel_size = 2"), "[config]"),
+    (("[buggy]\n", "[buggy]\ndp_sync_policy_by_rank = { 0 = 3 }\n"), "dp_sync_policy_by_rank"),
+])
+def test_a_malformed_rank_file_is_one_line_naming_the_key(tmp_path, edit, key):
+    assert edit[0] in BASE, edit[0]
+    bad = tmp_path / "bad.toml"
+    bad.write_text(BASE.replace(edit[0], edit[1], 1))
+    with pytest.raises(ScenarioError) as info:
+        load_rank_scenario(bad)
+    message = str(info.value)
+    assert key in message and "\n" not in message, message
+
+
+def test_a_malformed_rank_file_through_the_sweep_is_exit_2(tmp_path, capsys):
+    from ascendgraph.tools.scenario.sweep import main
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text(BASE.replace("mc2_skip = true", 'mc2_skip = "false"'))
+    assert main([str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "mc2_skip" in err and len(err.strip().splitlines()) == 1

@@ -39,7 +39,7 @@ def test_quick_bench_writes_every_requested_section_and_the_goals_table(tmp_path
     assert list(figures) == [figure for figure, _ in GOALS.values()]  # every row of the table
     assert figures["ascendgraph run default, wall / peak RSS"]["now"] == NOT_MEASURED  # not run here
     assert figures["first facade test (pytest -m npu --npu-facade, one capture)"]["now"] == NOT_MEASURED
-    assert "figure vs goal" in stdout and "10. test suite" not in stdout
+    assert "figure vs goal" in stdout and "11. test suite" not in stdout
     assert not list(tmp_path.glob(".results.*"))  # no temporary file left behind
     # hygiene: the tracked baseline is never written without --update-baseline
     assert (os.stat(BASELINE).st_mtime_ns if os.path.exists(BASELINE) else None) == baseline_before
@@ -76,7 +76,7 @@ def test_the_suite_is_opt_in_and_never_benchmarked_from_inside_itself(monkeypatc
 def test_ci_is_opt_in_and_never_run_from_inside_the_suite(monkeypatch, capsys):
     result = section_ci(False)
     assert result["skipped"] is True and result["reason"] == "opt-in: --ci"
-    assert "11. .ci/run: " + NOT_MEASURED in capsys.readouterr().out
+    assert "12. .ci/run: " + NOT_MEASURED in capsys.readouterr().out
     monkeypatch.setenv(NESTED_ENV, "1")
     assert section_ci(True)["reason"] == "running inside the test suite"
 
@@ -95,7 +95,7 @@ def test_suite_and_ci_measured_in_this_run_are_the_goal_rows_not_the_record(monk
     rows = {row["figure"]: row for row in goals(sections, recorded)}
     for figure in ("default suite, make test", ".ci/run, all steps"):
         assert rows[figure]["met"] is True and "this run" in rows[figure]["now"] and "CPU 200 s" in rows[figure]["now"]
-    assert "11. .ci/run (ci): 100.0 s wall" in capsys.readouterr().out
+    assert "12. .ci/run (ci): 100.0 s wall" in capsys.readouterr().out
 
 
 def test_record_measures_fresh_keeps_the_figures_and_prints_their_goal_rows(tmp_path, monkeypatch, capsys):
@@ -200,3 +200,18 @@ def test_a_recorded_summary_is_the_last_line_of_stdout_not_a_notice_on_stderr():
     assert bench_module.summary_line(ci_stdout, notice) == "ci: vLLM Ascend suite done in 60s (total 517s)"
     assert bench_module.summary_line("  \n", "error: something failed\n") == "error: something failed"
     assert bench_module.summary_line("", "") == ""
+
+
+def test_the_vllm_ranks_row_says_not_measured_without_the_vllm_ascend_environment(tmp_path, capsys, monkeypatch):
+    from bench.__main__ import VLLM_ASCEND_PYTHON_ENV, section_ranks
+    from bench.goals import goals
+
+    monkeypatch.setenv(VLLM_ASCEND_PYTHON_ENV, str(tmp_path / "no-such-python"))
+    row = section_ranks(quick=False, root=str(tmp_path))
+    assert row["skipped"] is True and "make vllm-ascend-env" in row["reason"]
+    assert "coordinate_batch_across_dp: " + NOT_MEASURED in capsys.readouterr().out
+    figure = GOALS["ranks"][0]
+    by_figure = {r["figure"]: r for r in goals({"ranks": row}, {})}
+    assert by_figure[figure]["now"] == NOT_MEASURED and by_figure[figure]["met"] is None
+    measured = {"skipped": False, "dp": 64, "steps": 100, "wall_s": 7.1, "collectives_met": {}}
+    assert {r["figure"]: r for r in goals({"ranks": measured}, {})}[figure]["met"] is True

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Mapping, Union
 
 from ascendgraph.errors import ConfigError
-from ascendgraph.readers import load_toml, read_text_file
+from ascendgraph.readers import load_toml, read_int, read_text_file
 from ascendgraph.tools.scenario.model import ScenarioError
 
 __all__ = ["RankScenario", "RANK_SIDES", "load_rank_scenario", "run_rank_scenario", "discover_rank_scenarios"]
@@ -59,9 +59,16 @@ def _summary_fields() -> set[str]:
     return {f.name for f in dataclasses.fields(RankSummary)}
 
 
+def _rank_key(path: Path, where: str, key: Any) -> int:
+    try:
+        return read_int(key, "", key=where)
+    except ConfigError:
+        raise ScenarioError(path, where, f"expected a rank number in ASCII digits, got {str(key)[:20]!r}") from None
+
+
 def _options(path: Path, where: str, table: Any) -> dict[str, Any]:
     if not isinstance(table, dict):
-        raise ScenarioError(path, where, f"expected a table, got {table!r}")
+        raise ScenarioError(path, where, f"expected a table, got {str(table)[:40]!r}")
     allowed = _option_fields()
     out: dict[str, Any] = {}
     for key, value in table.items():
@@ -70,29 +77,47 @@ def _options(path: Path, where: str, table: Any) -> dict[str, Any]:
         if key not in allowed:
             raise ScenarioError(path, f"{where}.{key}", f"unknown run option; expected one of {', '.join(sorted(allowed))}")
         if key in _INT_KEYED:
-            if not isinstance(value, dict) or not all(k.isdigit() for k in value):
+            if not isinstance(value, dict):
                 raise ScenarioError(path, f"{where}.{key}", "expected a table keyed by rank numbers")
-            value = {int(k): (list(v) if isinstance(v, list) else v) for k, v in value.items()}
+            value = {_rank_key(path, f"{where}.{key}", k): (tuple(v) if isinstance(v, list) else v)
+                     for k, v in value.items()}
         out[key] = value
+    _check_options(path, where, out)
     return out
 
 
+def _check_options(path: Path, where: str, fields: Mapping[str, Any]) -> None:
+    """The fields as RankOptions takes them: types and bounds (ranks.py MAX_*), one line each."""
+    from ascendgraph.runtime.ranks import RankOptions
+
+    try:
+        RankOptions(**fields)
+    except ConfigError as exc:
+        raise ScenarioError(path, f"{where}.{exc.key}" if exc.key else where, str(exc)) from None
+
+
 def _steps(path: Path, table: Any) -> dict[int, tuple[tuple[int, bool, int], ...]]:
+    from ascendgraph.runtime.ranks_options import MAX_SCRIPTED_STEPS, Step
+
     if not isinstance(table, dict) or not table:
         raise ScenarioError(path, "[ranks.steps]", "missing; give each DP rank a list of [tokens, uniform, drafts]")
     steps = {}
     for key, items in table.items():
-        if not key.isdigit() or not isinstance(items, list):
-            raise ScenarioError(path, f"[ranks.steps] {key}", "expected `DP_RANK = [[tokens, uniform, drafts], ...]`")
+        rank = _rank_key(path, f"[ranks.steps] {key}", key)
+        if not isinstance(items, list) or len(items) > MAX_SCRIPTED_STEPS:
+            raise ScenarioError(path, f"[ranks.steps] {key}", "expected `DP_RANK = [[tokens, uniform, drafts], ...]` "
+                                f"(at most {MAX_SCRIPTED_STEPS} steps)")
         parsed = []
         for item in items:
-            ok = (isinstance(item, list) and len(item) == 3 and isinstance(item[0], int) and item[0] >= 0
-                  and isinstance(item[1], bool) and isinstance(item[2], int) and item[2] >= 0)
-            if not ok:
-                raise ScenarioError(path, f"[ranks.steps] {key}", f"bad step {item!r}: expected [tokens >= 0, true|false, "
-                                                                   "draft steps >= 0]")
+            if not (isinstance(item, list) and len(item) == 3):
+                raise ScenarioError(path, f"[ranks.steps] {key}", f"bad step {str(item)[:40]}: expected [tokens >= 0, "
+                                                                   "true|false, draft steps >= 0]")
+            try:
+                Step(*item)
+            except ConfigError as exc:
+                raise ScenarioError(path, f"[ranks.steps] {key}", f"bad step {str(item)[:40]}: {exc}") from None
             parsed.append((item[0], item[1], item[2]))
-        steps[int(key)] = tuple(parsed)
+        steps[rank] = tuple(parsed)
     return steps
 
 
@@ -107,14 +132,26 @@ def _expect(path: Path, side: str, table: Any) -> dict[str, Any]:
         raise ScenarioError(path, f"{where} outcome", f"expected 'ok' or 'error', got {table['outcome']!r}")
     if table["outcome"] == "error" and not isinstance(table.get("error_type"), str):
         raise ScenarioError(path, f"{where} error_type", "an error outcome names its error class")
+    for key in ("error_type", "rule", "message"):
+        if key in table and not isinstance(table[key], str):
+            raise ScenarioError(path, f"{where} {key}", f"expected a string, got {str(table[key])[:40]!r}")
+    if "straggler" in table:
+        if isinstance(table["straggler"], bool) or not isinstance(table["straggler"], int) or table["straggler"] < 0:
+            raise ScenarioError(path, f"{where} straggler", f"expected a rank number, got {table['straggler']!r}")
     fields = _summary_fields()
-    for rank, entry in table.get("ranks", {}).items():
-        if not rank.isdigit() or not isinstance(entry, dict):
+    per_rank = table.get("ranks", {})
+    if not isinstance(per_rank, dict):
+        raise ScenarioError(path, f"{where} ranks", "expected [side.expect.ranks.R] tables")
+    checked: dict[int, dict[str, Any]] = {}
+    for rank, entry in per_rank.items():
+        number = _rank_key(path, f"{where} ranks.{rank}", rank)
+        if not isinstance(entry, dict):
             raise ScenarioError(path, f"{where} ranks.{rank}", "expected [side.expect.ranks.R] tables")
         for key in entry:
             if key not in fields:
                 raise ScenarioError(path, f"{where} ranks.{rank}.{key}", f"unknown; expected one of {', '.join(sorted(fields))}")
-    return dict(table)
+        checked[number] = dict(entry)
+    return {**table, "ranks": checked}
 
 
 def load_rank_scenario(path: Union[str, Path]) -> RankScenario:
@@ -131,15 +168,63 @@ def load_rank_scenario(path: Union[str, Path]) -> RankScenario:
     for key in ("issue", "description"):
         if not isinstance(data.get(key), str) or not data[key].strip():
             raise ScenarioError(path, key, "expected a non-empty string")
+    config = data.get("config", {})
+    if not isinstance(config, dict):
+        raise ScenarioError(path, "[config]", "expected a table of vLLM engine arguments")
     ranks = data.get("ranks", {})
+    if not isinstance(ranks, dict):
+        raise ScenarioError(path, "[ranks]", "expected a table of run options")
     sides, expect = {}, {}
     for side in RANK_SIDES:
         if side not in data:
             raise ScenarioError(path, f"[{side}]", "missing; a rank scenario runs a buggy and a fixed policy")
+        if not isinstance(data[side], dict):
+            raise ScenarioError(path, f"[{side}]", "expected a table of run options and [expect]")
         sides[side] = _options(path, f"[{side}]", data[side])
         expect[side] = _expect(path, side, data[side].get("expect"))
-    return RankScenario(path.stem, path, data["issue"], data["description"], dict(data.get("config", {})),
-                        _options(path, "[ranks]", ranks), _steps(path, ranks.get("steps")), sides, expect)
+    common = _options(path, "[ranks]", ranks)
+    steps = _steps(path, ranks.get("steps"))
+    layout = _layout(path, config)
+    for side in RANK_SIDES:
+        _check_options(path, f"[{side}]", {**common, **sides[side]})
+        _check_in_layout(path, side, layout, {**common, **sides[side]}, steps, expect[side])
+    return RankScenario(path.stem, path, data["issue"], data["description"], dict(config), common, steps, sides,
+                        expect)
+
+
+def _layout(path: Path, config: Mapping[str, Any]) -> Any:
+    """The layout the [config] lays out (a bad engine argument or layout: ScenarioError)."""
+    from ascendgraph.config import GraphConfig
+    from ascendgraph.parallel.layout import check_heads_split
+    from ascendgraph.runtime.ranks import layout_of
+
+    try:
+        graph_config = GraphConfig.from_vllm_args(**config)
+        check_heads_split(graph_config)
+        return layout_of(graph_config)
+    except ConfigError as exc:
+        raise ScenarioError(path, f"[config] {exc.key}" if exc.key else "[config]", str(exc)) from None
+
+
+def _check_in_layout(path: Path, side: str, layout: Any, fields: Mapping[str, Any],
+                     steps: Mapping[int, Any], expect: Mapping[str, Any]) -> None:
+    from ascendgraph.parallel.rank_faults import split_rank_faults
+    from ascendgraph.runtime.ranks import RankOptions, Step
+
+    try:
+        options = RankOptions(**fields, steps={dp: [Step(*s) for s in items] for dp, items in steps.items()})
+        options.check_layout(layout)
+        split_rank_faults(options.faults, layout.world_size)
+    except ConfigError as exc:
+        raise ScenarioError(path, f"[{side}] {exc.key}" if exc.key else f"[{side}]", str(exc)) from None
+    for rank in expect.get("ranks", {}):
+        if rank >= layout.world_size:
+            raise ScenarioError(path, f"[{side}.expect] ranks.{rank}",
+                                f"rank {rank} is outside the layout ({layout.describe()})")
+    straggler = expect.get("straggler")
+    if straggler is not None and straggler >= layout.world_size:
+        raise ScenarioError(path, f"[{side}.expect] straggler", f"rank {straggler} is outside the layout "
+                            f"({layout.describe()})")
 
 
 def discover_rank_scenarios(folder: Union[str, Path]) -> list[Path]:
@@ -172,7 +257,7 @@ def run_rank_scenario(scenario: RankScenario, side: str) -> tuple[Any, list[str]
                 misses.append(f"message lacks {expect['message']!r}")
     by_rank = {r.rank: r for r in report.ranks}
     for rank, entry in expect.get("ranks", {}).items():
-        summary = by_rank[int(rank)].to_json()
+        summary = by_rank[rank].to_json()
         for key, want in entry.items():
             if summary[key] != want:
                 misses.append(f"rank {rank}: {key} = {summary[key]!r}, expected {want!r}")

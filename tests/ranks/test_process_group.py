@@ -1,0 +1,114 @@
+"""The fabric as a torch.distributed backend (sim.process_group): ranks as threads, each
+collective a fingerprinted meeting with the fabric's rules, clocks, timeout and flight record."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ascendgraph.errors import CollectiveDeadlock, CollectiveMismatch, CollectiveTimeout
+from sim.process_group import BACKEND_NAME, FabricWorld
+
+
+def test_every_collective_moves_the_data_like_torch_distributed():
+    out = {}
+
+    def body(rank):
+        assert dist.get_backend() == BACKEND_NAME and dist.get_rank() == rank
+        total = torch.tensor([rank + 1])
+        dist.all_reduce(total)
+        pair = [dist.new_group([0, 1], group_desc="tp"), dist.new_group([2, 3], group_desc="tp")][rank // 2]
+        largest = torch.tensor([float(rank)])
+        dist.all_reduce(largest, op=dist.ReduceOp.MAX, group=pair)
+        gathered = torch.zeros(4, dtype=torch.int64)
+        dist.all_gather_into_tensor(gathered, torch.tensor([rank]))
+        listed = [torch.zeros(1, dtype=torch.int64) for _ in range(4)]
+        dist.all_gather(listed, torch.tensor([rank * 10]))
+        swapped = torch.zeros(4, dtype=torch.int64)
+        dist.all_to_all_single(swapped, torch.arange(4) + rank * 4)
+        scattered = torch.zeros(1, dtype=torch.int64)
+        dist.reduce_scatter_tensor(scattered, torch.arange(4))
+        root = torch.tensor([rank])
+        dist.broadcast(root, src=2)
+        dist.barrier()
+        sent = torch.tensor([rank * 100])
+        if rank == 2:
+            dist.send(sent, dst=3)
+        if rank == 3:
+            dist.recv(sent, src=2)
+        out[rank] = (total.item(), largest.item(), gathered.tolist(), [t.item() for t in listed], swapped.tolist(),
+                     scattered.item(), root.item(), sent.item())
+
+    stats = FabricWorld(4).run(body)
+    for rank in range(4):
+        assert out[rank] == (10, 1.0 if rank < 2 else 3.0, [0, 1, 2, 3], [0, 10, 20, 30],
+                             [rank, 4 + rank, 8 + rank, 12 + rank], 4 * rank, 2, 200 if rank in (2, 3) else rank * 100)
+    assert stats.met["tp"] == 2 and stats.met["default_pg:p2p"] == 1
+
+
+def test_a_shape_mismatch_is_exact_and_ends_every_thread():
+    def body(rank):
+        dist.all_reduce(torch.zeros(4 if rank == 0 else 2, 2, dtype=torch.int32))
+
+    with pytest.raises(CollectiveMismatch) as info:
+        FabricWorld(2).run(body)
+    assert info.value.rules == ("same_shape",) and "flight record" in str(info.value)
+
+
+def test_a_collective_on_another_group_is_a_deadlock_not_a_hang():
+    def body(rank):
+        cpu = dist.new_group([0, 1], group_desc="dp:cpu")
+        engine = dist.new_group([0, 1], group_desc="dp:engine")
+        dist.all_reduce(torch.zeros(2, dtype=torch.int32), group=cpu if rank == 0 else engine)
+
+    with pytest.raises(CollectiveDeadlock, match="every live rank is blocked"):
+        FabricWorld(2).run(body)
+
+
+def test_a_rank_that_raises_is_the_named_straggler():
+    def body(rank):
+        if rank == 2:
+            raise ValueError("rank program bug")
+        dist.all_reduce(torch.zeros(1))
+
+    with pytest.raises(CollectiveTimeout) as info:
+        FabricWorld(3).run(body)
+    assert info.value.straggler == 2 and "ValueError: rank program bug" in str(info.value)
+
+
+def test_a_replayed_collective_carries_its_graph_key():
+    world = FabricWorld(2)
+
+    def body(rank):
+        if rank == 0:
+            with world.replaying("FULL:4"):
+                dist.all_reduce(torch.zeros(4))
+        else:
+            dist.all_reduce(torch.zeros(4))
+
+    with pytest.raises(CollectiveMismatch) as info:
+        world.run(body)
+    assert info.value.rules == ("graph_never_meets_eager",) and "graph:FULL:4" in str(info.value)
+
+
+def test_the_virtual_clocks_name_the_late_rank_past_hccl_exec_timeout():
+    clocks = {0: 0.0, 1: 5_000_000.0}
+    world = FabricWorld(2, timeout_s=2, clock=lambda rank: clocks[rank])
+    with pytest.raises(CollectiveTimeout) as info:
+        world.run(lambda rank: dist.all_reduce(torch.zeros(1)))
+    assert info.value.straggler == 1
+
+
+def test_a_surplus_post_sync_decision_fails_at_the_end_of_the_run():
+    world = FabricWorld(2)
+
+    def body(rank):
+        dist.all_reduce(torch.zeros(1))
+        world.decide("dp", (0, 1), (2, "FULL:4", (4, 4)))
+        if rank == 1:
+            world.decide("dp", (0, 1), (2, "FULL:4", (4, 4)))
+
+    with pytest.raises(CollectiveMismatch, match="surplus") as info:
+        world.run(body)
+    assert info.value.rules == ("post_sync_invariant",)
