@@ -164,3 +164,14 @@ def test_an_unknown_argument_is_one_line(tmp_path: Path, script: Path) -> None:
                             env={**os.environ, "ASCENDGRAPH_CACHE_DIR": str(tmp_path)})
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "unknown argument '--dry'" in result.stderr
+
+
+def test_ray_env_refuses_a_control_character_in_the_cache_folder(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHON": sys.executable, "ASCENDGRAPH_CACHE_DIR": str(tmp_path / "cache\nimport os")}
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "ray-env.sh")], env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2
+    assert _error_lines(result) == [
+        "[ray-env] error: ASCENDGRAPH_CACHE_DIR contains a control character (a newline, tab or escape); "
+        "set it to a plain path"]
+    assert not (tmp_path / "cache\nimport os").exists()
