@@ -29,9 +29,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             pass
         return INTERRUPTED
     code = app_main(argv)
+    _forget_caught_interrupts()
     if argv is None:
         _late_ctrl_c_exits_130()
     return code
+
+
+def _forget_caught_interrupts() -> None:
+    """Let the exit status be the one `main` returns, also under ``python -m ascendgraph``.
+
+    CPython records a KeyboardInterrupt that ended a string ``exec`` / ``eval`` (torch and the
+    standard library run generated code that way) even when a caller catches it, and under
+    ``-m`` it ends the process by SIGINT once the interpreter has shut down (CPython 3.11
+    Python/pythonrun.c ``run_eval_code_obj`` sets ``unhandled_keyboard_interrupt``;
+    Modules/main.c ``Py_RunMain`` checks it and calls ``exit_sigint``; a script or the console
+    script exits through ``Py_Exit`` and never looks). A Ctrl-C the command answered with
+    130 then came out as a death by SIGINT, at random. The record is cleared at the start of
+    every string evaluation, so one that completes here clears it: the command has returned,
+    so no interrupt is unhandled."""
+    exec("")  # noqa: S102  (a string: evaluated through run_eval_code_obj, see above)
 
 
 def _late_ctrl_c_exits_130() -> None:

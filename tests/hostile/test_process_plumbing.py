@@ -162,3 +162,20 @@ def test_ctrl_c_very_early_in_start_up_is_never_exit_0() -> None:
         process.send_signal(signal.SIGINT)
         process.communicate(timeout=300)
         assert process.returncode in (INTERRUPTED, -signal.SIGINT)
+
+
+def test_a_caught_interrupt_that_ended_a_string_exec_still_exits_with_mains_code(tmp_path: Path) -> None:
+    # CPython remembers a KeyboardInterrupt that ended a string exec (torch runs generated code
+    # that way) and, under `python -m`, dies by SIGINT at exit even though main answered 130.
+    (tmp_path / "interrupted_in_exec.py").write_text(
+        "import sys\n"
+        "import ascendgraph.cli\n"
+        "from ascendgraph.cli import app\n\n"
+        "def interrupted(argv):\n"
+        "    exec('raise KeyboardInterrupt', {})\n\n"
+        "app._main = interrupted\n"
+        "sys.exit(ascendgraph.cli.main())\n")
+    env = {**_env(), "PYTHONPATH": str(tmp_path) + os.pathsep + _env()["PYTHONPATH"]}
+    result = subprocess.run([sys.executable, "-m", "interrupted_in_exec"], capture_output=True, env=env, timeout=300)
+    assert result.returncode == INTERRUPTED, result.stderr.decode()[-2000:]
+    assert result.stderr.decode() == "ascendgraph: interrupted\n"
