@@ -65,7 +65,7 @@ class _TorchImportWithoutAutoload:
 
         spec = find_spec(fullname)  # the finders after this one, as if it were not there
         if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
-            spec.loader = _AutoloadOffLoader(spec.loader)
+            spec.loader = _AutoloadOffLoader(spec.loader)  # type: ignore[assignment]  # duck-typed Loader: importlib.abc is not imported for this
         return spec
 
 

@@ -171,14 +171,14 @@ class _Delivery:
 
     def _unwinding(self, signum: int) -> bool:
         """Whether the main thread is handling the interrupt now (in a ``finally`` / ``except``)."""
-        current = sys._current_exceptions().get(self.main_ident)  # type: ignore[attr-defined]
-        if isinstance(current, tuple):  # Python < 3.12: (type, value, traceback)
-            current = current[1]
+        found: Any = sys._current_exceptions().get(self.main_ident or 0)
+        current = found[1] if isinstance(found, tuple) else found  # Python < 3.12: (type, value, traceback)
         expected = Terminated if signum == _sigterm() else KeyboardInterrupt
         return isinstance(current, expected)
 
     def _watch(self) -> None:
         import _thread
+        import signal
         import time
 
         misses = 0
@@ -194,7 +194,7 @@ class _Delivery:
                 if misses >= LOST_AFTER_LOOKS:  # swallowed: raise it again in ordinary code
                     misses = 0
                     self.redelivery_pending, self.last_signum = True, self.signum
-                    _thread.interrupt_main(self.signum)
+                    _thread.interrupt_main(signal.Signals(self.signum))
 
     def close(self) -> Optional[int]:
         """Stop watching; the signal received and never handled by the command, if any."""
@@ -267,7 +267,7 @@ def signals_never_lost() -> Iterator[None]:
             if not closed:
                 handler(signum, frame)
 
-        record_then_raise.ascendgraph_wraps = handler  # type: ignore[attr-defined]
+        record_then_raise.ascendgraph_wraps = handler  # type: ignore[attr-defined]  # a marker attribute on a function object
         return record_then_raise
 
     for signum, ours in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, _unwind)):
@@ -300,8 +300,8 @@ def signals_never_lost() -> Iterator[None]:
         deadline = time.monotonic() + 1.0
         while delivery.redelivery_pending and delivery.last_signum in wrapped and time.monotonic() < deadline:
             pass
-        for signum, handler in wrapped.items():
-            signal.signal(signum, handler)
+        for wrapped_signum, handler in wrapped.items():
+            signal.signal(wrapped_signum, handler)
         sys.unraisablehook = previous_hook
         if lost is not None:
             if lost == signal.SIGTERM:

@@ -93,18 +93,18 @@ class ShardJobs(Sequence[Job]):
         self.paths = [str(p) for p in paths]
         self.sides = tuple(sides)
         self.seeds = seeds
-        self.index, self.count = shard
+        self.shard_index, self.shard_count = shard  # not index/count: Sequence's methods
         self.total = len(self.paths) * len(self.sides) * max(0, seeds.stop - seeds.start)
 
     def size(self) -> int:
         """How many jobs the shard holds (an int of any size; ``len`` needs it below sys.maxsize)."""
-        return max(0, -(-(self.total - self.index) // self.count))
+        return max(0, -(-(self.total - self.shard_index) // self.shard_count))
 
     def __len__(self) -> int:
         return self.size()
 
     def _job(self, position: int) -> Job:
-        number = self.index + position * self.count
+        number = self.shard_index + position * self.shard_count
         width = self.seeds.stop - self.seeds.start
         rest, seed = divmod(number, width)
         path, side = divmod(rest, len(self.sides))
