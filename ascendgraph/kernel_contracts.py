@@ -78,14 +78,20 @@ ADD_RMS_NORM_QUANT = "npu_add_rms_norm_quant"
 ADD_RMS_NORM_DYNAMIC_QUANT = "npu_add_rms_norm_dynamic_quant"
 PAGED_ATTENTION_OP = "ascendgraph::paged_attention"
 FIA_V2 = "npu_fused_infer_attention_score_v2"
+FIA_MAX_WORKSPACE = "_npu_fused_infer_attention_score_get_max_workspace"  # takes FIA's arguments (docs:8442)
 ATB_PAGED_ATTENTION = "_npu_paged_attention"
 SCATTER_PA_KV_CACHE = "npu_scatter_pa_kv_cache"
 
 FIA_MASK_SIZE = 2048  # sparse_mode 2/3/4 take a compressed 2048 x 2048 mask
 FIA_SPARSE_MODE = 3  # rightDownCausal, the mode hw/ and vLLM Ascend pass
 
+# The dtype lists, one per meaning; the rules, hw/ and the simulator read them from here.
 HALF = (torch.float16, torch.bfloat16)
 NORM = (torch.float16, torch.bfloat16, torch.float32)
+MASK_DTYPES = (torch.bool, torch.int8, torch.uint8)  # the fused attention's atten_mask
+SLOT_DTYPES = (torch.int32, torch.int64)  # npu_scatter_pa_kv_cache's slot_mapping
+QUANT_SCALE_DTYPES = (torch.float32, torch.bfloat16)  # static quantisation's scales (div_mode)
+QUANT_OFFSET_DTYPES = (torch.int8, torch.uint8, torch.int32, torch.bfloat16)  # npu_quantize's zero_points
 
 # Sources (the wheel's op docs are torch-npu 2.13.0's torch_npu/_op_plugin_docs.py).
 DOCS = "torch-npu 2.13.0 torch_npu/_op_plugin_docs.py"
@@ -310,7 +316,7 @@ def _mask_ok(a: Mapping[str, Any]) -> bool:
     size = FIA_MASK_SIZE
     return (
         _shape(mask) in ((size, size), (1, size, size), (1, 1, size, size))
-        and mask.dtype in (torch.bool, torch.int8, torch.uint8)
+        and mask.dtype in MASK_DTYPES
         and _contiguous(mask)
     )
 
@@ -325,7 +331,6 @@ def _nondecreasing(values: list[int]) -> bool:
 # (`_fused_semantics_rules`) writes both sets. What the simulator computes for the calls they
 # accept is sim/attention.py.
 
-MASK_DTYPES = (torch.bool, torch.int8, torch.uint8)
 NON_TND_LAYOUTS = ("BSH", "BSND", "BNSD", "BNSD_BSND")
 SRC_TND_MASKED_MODE_0 = (
     f"{VLLM_ASCEND} vllm_ascend/attention/attention_mask.py@{VA_COMMIT}:58-66 (a TND call with sparse_mode 0 and a "
@@ -722,14 +727,14 @@ _PAGED_ATTENTION_RULES = (
                and _contiguous(a["out"]),
                lambda a: f"out {_shape(a['out'])} {_dt(a['out'])} (contiguous={_contiguous(a['out'])}) vs query "
                          f"{_shape(a['query'])} {_dt(a['query'])}"),
-    KernelRule(PAGED_ATTENTION_OP, "cache_dtype_like_query", "hw/kernels.py _paged_attention_accepts (no quantised "
+    KernelRule(PAGED_ATTENTION_OP, "cache_dtype_like_query", "hw/kernels.py _paged_attention (no quantised "
                f"KV: the caches share the query dtype); {DOCS}:8221 (no antiquant with page attention)",
                _always, lambda a: a["key_cache"].dtype == a["query"].dtype == a["value_cache"].dtype,
                lambda a: f"query {_dt(a['query'])}, key_cache {_dt(a['key_cache'])}, value_cache {_dt(a['value_cache'])}"),
 )
 
 _RESHAPE_AND_CACHE_RULES = (
-    KernelRule(RESHAPE_AND_CACHE, "cache_dtype", f"{SRC_RESHAPE_CALL}; hw/kernels.py HALF_DTYPES (no op doc in the wheel)",
+    KernelRule(RESHAPE_AND_CACHE, "cache_dtype", f"{SRC_RESHAPE_CALL}; float16/bfloat16 assumed (no op doc in the wheel)",
                _present("key_cache"), lambda a: a["key_cache"].dtype in HALF and a["value_cache"].dtype == a["key_cache"].dtype
                and a["key"].dtype == a["key_cache"].dtype and a["value"].dtype == a["key_cache"].dtype,
                lambda a: f"key {_dt(a['key'])}, value {_dt(a['value'])}, key_cache {_dt(a['key_cache'])}, value_cache "
@@ -750,7 +755,7 @@ _RESHAPE_AND_CACHE_RULES = (
 )
 
 _ROPE_RULES = (
-    KernelRule(ROTARY_EMBEDDING, "rope_dtype", f"{SRC_ROPE_CALL}; hw/kernels.py HALF_DTYPES (no op doc in the wheel)",
+    KernelRule(ROTARY_EMBEDDING, "rope_dtype", f"{SRC_ROPE_CALL}; float16/bfloat16 assumed (no op doc in the wheel)",
                _present("query"), lambda a: a["query"].dtype in HALF and a["key"].dtype == a["query"].dtype,
                lambda a: f"query {_dt(a['query'])}, key {_dt(a['key'])}: need float16/bfloat16"),
     KernelRule(ROTARY_EMBEDDING, "rope_layout", f"{SRC_ROPE_CALL}; {SRC_ATB_SIGNATURE} (query/key rotated in place)",
@@ -789,6 +794,23 @@ _NORM_RULES = (
 
 _DYN_LIKE_GAMMA = ("smooth_scale1", "smooth_scale2", "beta")
 
+
+def _quant_axis_width(a: Mapping[str, Any]) -> Optional[int]:
+    """The size of npu_quantize's elementwise axis (:11377, schema default 1; without div_mode
+    -2, or else the last axis: :11378); None when the axis is outside the input's dims."""
+    axis, dims = int(a.get("axis", 1)), a["input"].dim()
+    if not a.get("div_mode", True):
+        axis = -2 if axis == -2 else -1
+    return int(a["input"].shape[axis]) if -dims <= axis < dims else None
+
+
+def _quant_per_channel_ok(a: Mapping[str, Any]) -> bool:
+    """scales and zero_points hold one value for the whole input, or one per element of its
+    elementwise axis (the other axes broadcast)."""
+    width = _quant_axis_width(a)
+    return width is not None and all(
+        a.get(name) is None or int(a[name].numel()) in (1, width) for name in ("scales", "zero_points"))
+
 _QUANT_RULES = (
     KernelRule(DYNAMIC_QUANT, "input_dtype_half", f"{DOCS}:4673 (float16, bfloat16)",
                _present("input"), lambda a: a["input"].dtype in HALF, lambda a: f"input dtype is {_dt(a['input'])}"),
@@ -798,13 +820,20 @@ _QUANT_RULES = (
                _present("input"), lambda a: a["input"].dtype in NORM, lambda a: f"input dtype is {_dt(a['input'])}"),
     KernelRule(QUANTIZE, "scales", f"{DOCS}:11359-11361 (div_mode: scales float32/bfloat16); issue #15 (contiguous "
                "per-tensor or per-channel scales)",
-               _present("scales"), lambda a: a["scales"].dtype in (torch.float32, torch.bfloat16) and _contiguous(a["scales"])
+               _present("scales"), lambda a: a["scales"].dtype in QUANT_SCALE_DTYPES and _contiguous(a["scales"])
                and a["scales"].dim() <= 1,
                lambda a: f"scales {_shape(a['scales'])} {_dt(a['scales'])} contiguous={_contiguous(a['scales'])}"),
     KernelRule(QUANTIZE, "zero_points", f"{DOCS}:11366-11368 (int8, uint8, int32, bfloat16)",
-               _present("zero_points"), lambda a: a["zero_points"].dtype in (torch.int8, torch.uint8, torch.int32, torch.bfloat16)
+               _present("zero_points"), lambda a: a["zero_points"].dtype in QUANT_OFFSET_DTYPES
                and _contiguous(a["zero_points"]),
                lambda a: f"zero_points dtype is {_dt(a['zero_points'])}"),
+    KernelRule(QUANTIZE, "scales_per_channel", f"{DOCS}:11377 (axis: the elementwise axis, the other axes "
+               "broadcast); :11362, 11369 (a 1-D scales / zero_points holds input.shape[axis] values or 1)",
+               _present("input", "scales"), _quant_per_channel_ok,
+               lambda a: f"scales of {int(a['scales'].numel())} and zero_points of "
+                         f"{None if a.get('zero_points') is None else int(a['zero_points'].numel())} values for input "
+                         f"{_shape(a['input'])} along axis {a.get('axis', 1)} ({_quant_axis_width(a)} wide): need 1 or "
+                         "one per element of the axis"),
     KernelRule(QUANTIZE, "out_dtype", f"{DOCS}:11373-11375 (qint8, quint8, int32)",
                lambda a: "dtype" in a, lambda a: a["dtype"] in (torch.qint8, torch.quint8, torch.int32),
                lambda a: f"dtype={a['dtype']}"),
@@ -817,7 +846,7 @@ _QUANT_RULES = (
     KernelRule(ADD_RMS_NORM_QUANT, "scales_like_gamma", f"{DOCS}:12303 (scales1 shape equals gamma's, float32/bfloat16); "
                "issue #15 (contiguous scales)",
                _present("scales1", "gamma"), lambda a: _shape(a["scales1"]) == _shape(a["gamma"])
-               and a["scales1"].dtype in (torch.float32, torch.bfloat16) and _contiguous(a["scales1"]),
+               and a["scales1"].dtype in QUANT_SCALE_DTYPES and _contiguous(a["scales1"]),
                lambda a: f"scales1 {_shape(a['scales1'])} {_dt(a['scales1'])} vs gamma {_shape(a['gamma'])}"),
     KernelRule(ADD_RMS_NORM_QUANT, "zero_points_like_gamma", f"{DOCS}:12304 (zero_points1 shape equals gamma's, int32/bfloat16)",
                _present("zero_points1", "gamma"), lambda a: _shape(a["zero_points1"]) == _shape(a["gamma"])
@@ -1050,7 +1079,7 @@ _SCATTER_RULES = (
                lambda a: "key, value, key_cache, value_cache or slot_mapping is not contiguous "
                          f"(vLLM Ascend passes .contiguous() copies: {SRC_SCATTER_CALL})"),
     KernelRule(SCATTER_PA_KV_CACHE, "scatter_slot_mapping_dtype", f"{DOCS}:7019 (slot_mapping int32 or int64)",
-               _present("slot_mapping"), lambda a: a["slot_mapping"].dtype in (torch.int32, torch.int64),
+               _present("slot_mapping"), lambda a: a["slot_mapping"].dtype in SLOT_DTYPES,
                lambda a: f"slot_mapping dtype is {_dt(a['slot_mapping'])}"),
     KernelRule(SCATTER_PA_KV_CACHE, "scatter_cache_rank", f"{DOCS}:7017-7018 (key_cache / value_cache only 4-D)",
                _present("key_cache", "value_cache"),
@@ -1099,7 +1128,7 @@ CONFIG_RULES: dict[str, str] = {
 _ALIASES = {
     f"{FIA}.out": FIA,
     f"{FIA}.default": FIA,
-    "_npu_fused_infer_attention_score_get_max_workspace": FIA,
+    FIA_MAX_WORKSPACE: FIA,
     f"{FIA_V2}.out": FIA_V2,
     f"{FIA_V2}.default": FIA_V2,
     "_npu_fused_infer_attention_score_v2_get_max_workspace": FIA_V2,

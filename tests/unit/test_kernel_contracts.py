@@ -122,6 +122,39 @@ def test_every_checked_op_maps_to_a_contracted_kernel() -> None:
         check_op(op, args, in_graph=True)
 
 
+def test_the_workspace_query_maps_onto_the_fused_attentions_rules() -> None:
+    # hw's attention_workspace issues FIA's max-workspace query with the whole query and FIA's
+    # arguments: the table's FIA rules apply to it (hw's pre-check and its binding ask them).
+    args = _attention_args(5, [3, 5], [3, 18], rows=2)[:7]
+    (call,) = kernel_calls("attention_workspace", args, in_graph=False)
+    assert call.kernel == kc.FIA_MAX_WORKSPACE and call.arguments["query"].shape[0] == 5
+    check_op("attention_workspace", args, in_graph=False)
+    with pytest.raises(KernelContractError, match="query_dtype"):
+        check_op("attention_workspace", _attention_args(5, [3, 5], [3, 18], rows=2, dtype=torch.float32)[:7],
+                 in_graph=False)
+    assert "attention_workspace" not in CHECKED_OPS  # the simulator's kernels check what they launch
+
+
+def test_refusal_asks_the_named_rules_of_one_kernel_and_the_ops_own_level() -> None:
+    from ascendgraph.kernel_calls import refusal
+
+    float32 = _attention_args(5, [3, 5], [3, 18], rows=2, dtype=torch.float32)
+    why = refusal("paged_attention", float32, kernel=kc.FIA, rules=("query_dtype",), in_graph=False)
+    assert why is not None and why.startswith(f"{kc.FIA}: kernel contract 'query_dtype' violated")
+    assert refusal("paged_attention", float32, kernel=kc.FIA, rules=("gqa_ratio",), in_graph=False) is None
+    mixed = list(_attention_args(5, [3, 5], [3, 18], rows=2))
+    mixed[1] = mixed[2] = mixed[1].half()  # the op's own level: caches share the query's dtype
+    why = refusal("paged_attention", mixed, kernel=kc.FIA, rules=(), in_graph=False)
+    assert why is not None and "'cache_dtype_like_query'" in why
+    # The KV write asked about either kernel, whatever the SoC would pick.
+    key, cache = torch.zeros(3, 2, 16), torch.zeros(4, 16, 2, 16)
+    write = (key, key, cache, cache.clone(), torch.arange(3))
+    assert refusal("reshape_and_cache", write, kernel=kc.SCATTER_PA_KV_CACHE, rules=("scatter_dtypes_equal",),
+                   in_graph=False) is None
+    why = refusal("reshape_and_cache", write, kernel=kc.RESHAPE_AND_CACHE, rules=("cache_dtype",), in_graph=False)
+    assert why is not None and "'cache_dtype'" in why
+
+
 @pytest.mark.parametrize("block_size, legal", [(128, True), (256, True), (512, True), (16, False), (64, False),
                                                (4, False), (130, False), (1024, False)])
 def test_block_size_is_validated_against_the_attention_contract(block_size, legal):
