@@ -189,22 +189,27 @@ def _present(*names: str) -> Callable[[Mapping[str, Any]], bool]:
 
 
 def _always(a: Mapping[str, Any]) -> bool:
+    """Every call."""
     return True
 
 
 def _paged(a: Mapping[str, Any]) -> bool:
+    """Page attention: the call passes a block table."""
     return a.get("block_table") is not None
 
 
 def _tnd(a: Mapping[str, Any]) -> bool:
+    """The TND layout (tokens of all requests, heads, head dim)."""
     return a.get("input_layout") == "TND"
 
 
 def _tnd_with_lengths(a: Mapping[str, Any]) -> bool:
+    """TND with its cumulative query lengths given."""
     return _tnd(a) and a.get("actual_seq_lengths") is not None
 
 
 def _paged_with_lengths(a: Mapping[str, Any]) -> bool:
+    """Page attention with KV lengths and a block size: the blocks each request needs are known."""
     return _paged(a) and a.get("actual_seq_lengths_kv") is not None and a.get("block_size", 0) > 0
 
 
@@ -305,11 +310,13 @@ def _kv_hidden_limit(a: Mapping[str, Any]) -> int:
 
 
 def _gqa_ok(a: Mapping[str, Any]) -> bool:
+    """num_heads is a multiple of the KV heads, at most 64 per KV head."""
     heads, kv_heads = int(a.get("num_heads", 1)), _kv_heads(a)
     return kv_heads > 0 and heads % kv_heads == 0 and heads // kv_heads <= 64
 
 
 def _mask_ok(a: Mapping[str, Any]) -> bool:
+    """A contiguous bool/int8/uint8 2048 x 2048 mask, optionally with leading 1 dims."""
     mask = a.get("atten_mask")
     if mask is None:
         return False
@@ -552,6 +559,12 @@ SRC_WORKSPACE = (
 )
 
 
+def _full_mask_call(a: Mapping[str, Any]) -> bool:
+    """A call that takes a full mask: sparse_mode 1, or sparse_mode 0 with a mask given."""
+    mode = int(a.get("sparse_mode", 0))
+    return _present("query", "key")(a) and (mode == 1 or (mode == 0 and a.get("atten_mask") is not None))
+
+
 def _fused_semantics_rules(kernel: str, prefix: str, n: _FusedNames, lines: _FusedLines,
                            layouts: tuple[str, ...], workspace_query: str,
                            tnd_sparse_rule: bool = True) -> tuple["KernelRule", ...]:
@@ -571,8 +584,7 @@ def _fused_semantics_rules(kernel: str, prefix: str, n: _FusedNames, lines: _Fus
                    lambda a: f"sparse_mode={mode(a)} in TND: the layout takes sparse_mode 0 (no mask, or a full mask "
                              "applied as defaultMask) or 3 / 4 with the 2048 x 2048 mask"),
         KernelRule(kernel, f"{prefix}full_mask", f"{lines.full_mask}; TND: {SRC_TND_MASKED_MODE_0}",
-                   lambda a: _present("query", "key")(a)
-                   and (mode(a) == 1 or (mode(a) == 0 and a.get("atten_mask") is not None)),
+                   _full_mask_call,
                    lambda a: _full_mask_ok(a, n), lambda a: _describe_full_mask(a, n)),
         KernelRule(kernel, f"{prefix}band_tokens", lines.band,
                    lambda a: mode(a) == 4 and _present("query", "key")(a) and _fused_q_s(a, n) > 1,
@@ -601,6 +613,17 @@ V2_LAYOUTS = (*V1_LAYOUTS, "NTD", "TND_NTD", "NTD_TND", "BSH_NBSD", "BSND_NBSD",
 
 # --------------------------------------------------------------------------- the table
 
+def _paged_kv_layout_ok(a: Mapping[str, Any]) -> bool:
+    """A paged cache is (blocknum, blocksize, H), or (blocknum, KV_N, blocksize, D) with a BNSD or TND query."""
+    return a["key"].dim() == 3 or (a["key"].dim() == 4 and (a.get("input_layout") or "BSH") in ("BNSD", "BNSD_BSND", "TND"))
+
+
+def _paged_kv_lengths_ok(a: Mapping[str, Any]) -> bool:
+    """actual_seq_lengths_kv is given, with one non-negative KV length per request of actual_seq_lengths."""
+    kv = a.get("actual_seq_lengths_kv")
+    return kv is not None and len(kv) == len(a["actual_seq_lengths"]) and all(v >= 0 for v in _ints(kv))
+
+
 _FIA_RULES = (
     KernelRule(FIA, "query_dtype", f"{DOCS}:8065 (query float16/bfloat16/int8); :8224 (Q_S > 1, the branch opening "
                "at :8201: no int8 query with page attention); :8272 (Q_S == 1, the branch at :8269: query, key and "
@@ -620,8 +643,7 @@ _FIA_RULES = (
     KernelRule(FIA, "paged_kv_layout", f"{DOCS}:8220, 8285 (page attention: the cache is (blocknum, blocksize, H) or, "
                "for a BNSD or TND query only, (blocknum, KV_N, blocksize, D))",
                lambda a: _paged(a) and _present("key")(a),
-               lambda a: a["key"].dim() == 3 or (a["key"].dim() == 4 and (a.get("input_layout") or "BSH") in
-                                                  ("BNSD", "BNSD_BSND", "TND")),
+               _paged_kv_layout_ok,
                lambda a: f"key cache of shape {_shape(a['key'])} with input_layout={a.get('input_layout') or 'BSH'!r}; "
                          "page attention takes (blocknum, blocksize, H), or (blocknum, KV_N, blocksize, D) with a "
                          "BNSD or TND query"),
@@ -644,9 +666,7 @@ _FIA_RULES = (
     KernelRule(FIA, "paged_kv_lengths_per_request", f"{DOCS}:8222 (page attention: actual_seq_lengths_kv "
                f"required); :8275 (TND+PA: one entry per batch, each the request's KV length); {CANN_TEXT_KV_LENGTHS}",
                lambda a: _paged(a) and _tnd_with_lengths(a),
-               lambda a: a.get("actual_seq_lengths_kv") is not None
-               and len(a["actual_seq_lengths_kv"]) == len(a["actual_seq_lengths"])
-               and all(v >= 0 for v in _ints(a["actual_seq_lengths_kv"])),
+               _paged_kv_lengths_ok,
                lambda a: f"actual_seq_lengths_kv={a.get('actual_seq_lengths_kv')!r} for "
                          f"{len(a['actual_seq_lengths'])} requests (actual_seq_lengths); need one non-negative "
                          "KV length per request"),
@@ -714,17 +734,27 @@ _FIA_RULES = (
                             "_npu_fused_infer_attention_score_get_max_workspace"),
 )
 
+def _paged_cache_layout_ok(a: Mapping[str, Any]) -> bool:
+    """The query is [T, heads, D]; the caches are two equal [blocks, block_size, kv_heads, D]."""
+    key_cache, query = a["key_cache"], a["query"]
+    return (key_cache.dim() == 4 and _shape(key_cache) == _shape(a["value_cache"]) and query.dim() == 3
+            and int(query.shape[-1]) == int(key_cache.shape[-1]))
+
+
+def _out_like_query(a: Mapping[str, Any]) -> bool:
+    """``out`` is contiguous, with the query's shape and dtype."""
+    return _shape(a["out"]) == _shape(a["query"]) and a["out"].dtype == a["query"].dtype and _contiguous(a["out"])
+
+
 _PAGED_ATTENTION_RULES = (
     KernelRule(PAGED_ATTENTION_OP, "paged_cache_layout", "hw/kernels.py _paged_attention: caches "
                "[num_blocks, block_size, kv_heads, head_dim] viewed as FIA's (blocknum, blocksize, H)",
-               _always, lambda a: a["key_cache"].dim() == 4 and _shape(a["key_cache"]) == _shape(a["value_cache"])
-               and a["query"].dim() == 3 and int(a["query"].shape[-1]) == int(a["key_cache"].shape[-1]),
+               _always, _paged_cache_layout_ok,
                lambda a: f"query {_shape(a['query'])}, key_cache {_shape(a['key_cache'])}, value_cache "
                          f"{_shape(a['value_cache'])}: need [T, heads, D] and two equal [blocks, block_size, kv_heads, D]"),
     KernelRule(PAGED_ATTENTION_OP, "out_like_query", f"{DOCS}:8147 (attention_out has the query's shape); hw passes "
                "out=[out, lse]", _always,
-               lambda a: _shape(a["out"]) == _shape(a["query"]) and a["out"].dtype == a["query"].dtype
-               and _contiguous(a["out"]),
+               _out_like_query,
                lambda a: f"out {_shape(a['out'])} {_dt(a['out'])} (contiguous={_contiguous(a['out'])}) vs query "
                          f"{_shape(a['query'])} {_dt(a['query'])}"),
     KernelRule(PAGED_ATTENTION_OP, "cache_dtype_like_query", "hw/kernels.py _paged_attention (no quantised "
@@ -733,10 +763,21 @@ _PAGED_ATTENTION_RULES = (
                lambda a: f"query {_dt(a['query'])}, key_cache {_dt(a['key_cache'])}, value_cache {_dt(a['value_cache'])}"),
 )
 
+def _kv_write_dtype_ok(a: Mapping[str, Any]) -> bool:
+    """key, value and both caches share one float16/bfloat16 dtype."""
+    dtype = a["key_cache"].dtype
+    return dtype in HALF and a["value_cache"].dtype == dtype and a["key"].dtype == dtype and a["value"].dtype == dtype
+
+
+def _one_slot_per_token(a: Mapping[str, Any]) -> bool:
+    """One slot per key/value row, and rows shaped like a cache slot [kv_heads, D]."""
+    return (int(a["slot_indices"].numel()) == int(a["key"].shape[0]) == int(a["value"].shape[0])
+            and _shape(a["key"])[1:] == _shape(a["key_cache"])[2:])
+
+
 _RESHAPE_AND_CACHE_RULES = (
     KernelRule(RESHAPE_AND_CACHE, "cache_dtype", f"{SRC_RESHAPE_CALL}; float16/bfloat16 assumed (no op doc in the wheel)",
-               _present("key_cache"), lambda a: a["key_cache"].dtype in HALF and a["value_cache"].dtype == a["key_cache"].dtype
-               and a["key"].dtype == a["key_cache"].dtype and a["value"].dtype == a["key_cache"].dtype,
+               _present("key_cache"), _kv_write_dtype_ok,
                lambda a: f"key {_dt(a['key'])}, value {_dt(a['value'])}, key_cache {_dt(a['key_cache'])}, value_cache "
                          f"{_dt(a['value_cache'])}: need one float16/bfloat16 dtype"),
     KernelRule(RESHAPE_AND_CACHE, "caches_contiguous", f"{SRC_ATB_SIGNATURE}: key_cache/value_cache are written in place",
@@ -748,11 +789,18 @@ _RESHAPE_AND_CACHE_RULES = (
                lambda a: f"slot_indices dtype is {_dt(a['slot_indices'])}, not int32"),
     KernelRule(RESHAPE_AND_CACHE, "one_slot_per_token", f"{SRC_RESHAPE_CALL}: key/value [tokens, kv_heads, D], one slot each",
                _present("slot_indices", "key"),
-               lambda a: int(a["slot_indices"].numel()) == int(a["key"].shape[0]) == int(a["value"].shape[0])
-               and _shape(a["key"])[1:] == _shape(a["key_cache"])[2:],
+               _one_slot_per_token,
                lambda a: f"key {_shape(a['key'])}, value {_shape(a['value'])}, {int(a['slot_indices'].numel())} slots, "
                          f"key_cache {_shape(a['key_cache'])}"),
 )
+
+def _rope_layout_ok(a: Mapping[str, Any]) -> bool:
+    """query and key are contiguous [T, heads * head_size] rows, with one position per token."""
+    query, key = a["query"], a["key"]
+    return (query.dim() == 2 and key.dim() == 2 and _contiguous(query) and _contiguous(key)
+            and int(a["positions"].numel()) == int(query.shape[0]) == int(key.shape[0])
+            and int(query.shape[1]) % int(a["head_size"]) == 0)
+
 
 _ROPE_RULES = (
     KernelRule(ROTARY_EMBEDDING, "rope_dtype", f"{SRC_ROPE_CALL}; float16/bfloat16 assumed (no op doc in the wheel)",
@@ -760,15 +808,33 @@ _ROPE_RULES = (
                lambda a: f"query {_dt(a['query'])}, key {_dt(a['key'])}: need float16/bfloat16"),
     KernelRule(ROTARY_EMBEDDING, "rope_layout", f"{SRC_ROPE_CALL}; {SRC_ATB_SIGNATURE} (query/key rotated in place)",
                _present("query", "key", "positions"),
-               lambda a: a["query"].dim() == 2 and a["key"].dim() == 2 and _contiguous(a["query"]) and _contiguous(a["key"])
-               and int(a["positions"].numel()) == int(a["query"].shape[0]) == int(a["key"].shape[0])
-               and int(a["query"].shape[1]) % int(a["head_size"]) == 0,
+               _rope_layout_ok,
                lambda a: f"query {_shape(a['query'])}, key {_shape(a['key'])}, {int(a['positions'].numel())} positions, "
                          f"head_size {a['head_size']}: need contiguous [T, heads*head_size] and one position per token"),
     KernelRule(ROTARY_EMBEDDING, "rope_cache_width", f"{SRC_ROPE_CALL} (cos_sin_cache rows hold head_size values)",
                _present("cos_sin_cache"), lambda a: int(a["cos_sin_cache"].shape[-1]) == int(a["head_size"]),
                lambda a: f"cos_sin_cache last dim {int(a['cos_sin_cache'].shape[-1])} != head_size {a['head_size']}"),
 )
+
+def _trailing(gamma: Any, x: Any) -> bool:
+    """gamma's shape is x's trailing dims (the dims being normalised)."""
+    return _shape(gamma) == _shape(x)[-gamma.dim():]
+
+
+def _gamma_like_input(a: Mapping[str, Any]) -> bool:
+    """npu_rms_norm's gamma has the input's dtype and its trailing dims."""
+    return a["gamma"].dtype == a["input"].dtype and _trailing(a["gamma"], a["input"])
+
+
+def _add_norm_inputs_ok(a: Mapping[str, Any]) -> bool:
+    """x1 and x2 have one shape and one float16/bfloat16/float32 dtype."""
+    return a["x1"].dtype in NORM and a["x2"].dtype == a["x1"].dtype and _shape(a["x1"]) == _shape(a["x2"])
+
+
+def _gamma_like_x1(a: Mapping[str, Any]) -> bool:
+    """gamma has x1's dtype and its trailing dims."""
+    return a["gamma"].dtype == a["x1"].dtype and _trailing(a["gamma"], a["x1"])
+
 
 _NORM_RULES = (
     KernelRule(RMS_NORM, "input_dtype", f"{DOCS}:3447, 3458 (float16, bfloat16, float32)",
@@ -778,17 +844,14 @@ _NORM_RULES = (
                _present("input"), lambda a: 2 <= a["input"].dim() <= 8,
                lambda a: f"input has {a['input'].dim()} dims (shape {_shape(a['input'])}); npu_rms_norm takes 2-8"),
     KernelRule(RMS_NORM, "gamma_like_input", f"{DOCS}:3448 (gamma dtype equals input's; the normalised last dims)",
-               _present("input", "gamma"), lambda a: a["gamma"].dtype == a["input"].dtype
-               and _shape(a["gamma"]) == _shape(a["input"])[-a["gamma"].dim():],
+               _present("input", "gamma"), _gamma_like_input,
                lambda a: f"gamma {_shape(a['gamma'])} {_dt(a['gamma'])} vs input {_shape(a['input'])} {_dt(a['input'])}"),
     KernelRule(ADD_RMS_NORM, "x_dtype", SRC_ADD_RMS_NORM,
-               _present("x1", "x2"), lambda a: a["x1"].dtype in NORM and a["x2"].dtype == a["x1"].dtype
-               and _shape(a["x1"]) == _shape(a["x2"]),
+               _present("x1", "x2"), _add_norm_inputs_ok,
                lambda a: f"x1 {_shape(a['x1'])} {_dt(a['x1'])}, x2 {_shape(a['x2'])} {_dt(a['x2'])}: need equal "
                          "shapes and one float16/bfloat16/float32 dtype"),
     KernelRule(ADD_RMS_NORM, "gamma_like_x", SRC_ADD_RMS_NORM,
-               _present("x1", "gamma"), lambda a: a["gamma"].dtype == a["x1"].dtype
-               and _shape(a["gamma"]) == _shape(a["x1"])[-a["gamma"].dim():],
+               _present("x1", "gamma"), _gamma_like_x1,
                lambda a: f"gamma {_shape(a['gamma'])} {_dt(a['gamma'])} vs x1 {_shape(a['x1'])} {_dt(a['x1'])}"),
 )
 
@@ -811,6 +874,58 @@ def _quant_per_channel_ok(a: Mapping[str, Any]) -> bool:
     return width is not None and all(
         a.get(name) is None or int(a[name].numel()) in (1, width) for name in ("scales", "zero_points"))
 
+def _quant_scales_ok(a: Mapping[str, Any]) -> bool:
+    """npu_quantize's scales: float32/bfloat16, contiguous, at most 1-D."""
+    scales = a["scales"]
+    return scales.dtype in QUANT_SCALE_DTYPES and _contiguous(scales) and scales.dim() <= 1
+
+
+def _quant_zero_points_ok(a: Mapping[str, Any]) -> bool:
+    """npu_quantize's zero_points: int8/uint8/int32/bfloat16, contiguous."""
+    return a["zero_points"].dtype in QUANT_OFFSET_DTYPES and _contiguous(a["zero_points"])
+
+
+def _scales1_like_gamma(a: Mapping[str, Any]) -> bool:
+    """scales1 has gamma's shape, a float32/bfloat16 dtype and is contiguous."""
+    scales = a["scales1"]
+    return _shape(scales) == _shape(a["gamma"]) and scales.dtype in QUANT_SCALE_DTYPES and _contiguous(scales)
+
+
+def _zero_points1_like_gamma(a: Mapping[str, Any]) -> bool:
+    """zero_points1 has gamma's shape and an int32/bfloat16 dtype."""
+    return _shape(a["zero_points1"]) == _shape(a["gamma"]) and a["zero_points1"].dtype in (torch.int32, torch.bfloat16)
+
+
+def _gamma_shape_ok(a: Mapping[str, Any]) -> bool:
+    """gamma has 1-8 dims, no more than x1, and they are x1's trailing dims."""
+    return 1 <= a["gamma"].dim() <= min(8, a["x1"].dim()) and _trailing(a["gamma"], a["x1"])
+
+
+def _dynamic_quant_inputs_ok(a: Mapping[str, Any]) -> bool:
+    """x1 and x2 share one float16/bfloat16 dtype; x1 has 2-8 dims."""
+    return a["x1"].dtype in HALF and a["x2"].dtype == a["x1"].dtype and 2 <= a["x1"].dim() <= 8
+
+
+def _smooth_scales_and_beta_like_gamma(a: Mapping[str, Any]) -> bool:
+    """smooth_scale1, smooth_scale2 and beta, where given, have gamma's shape and dtype."""
+    gamma = a["gamma"]
+    return all(_shape(a[n]) == _shape(gamma) and a[n].dtype == gamma.dtype
+               for n in _DYN_LIKE_GAMMA if a.get(n) is not None)
+
+
+def _gamma_vector_ok(a: Mapping[str, Any]) -> bool:
+    """gamma is 1-D, as long as x1's last dim, in x1's dtype."""
+    gamma, x1 = a["gamma"], a["x1"]
+    return gamma.dim() == 1 and int(gamma.shape[0]) == int(x1.shape[-1]) and gamma.dtype == x1.dtype
+
+
+def _output_mask_ok(a: Mapping[str, Any]) -> bool:
+    """Two bools, not both False; a smooth scale given needs its bit set."""
+    mask = a["output_mask"]
+    return (len(mask) == 2 and any(mask) and (a.get("smooth_scale1") is None or bool(mask[0]))
+            and (a.get("smooth_scale2") is None or bool(mask[1])))
+
+
 _QUANT_RULES = (
     KernelRule(DYNAMIC_QUANT, "input_dtype_half", f"{DOCS}:4673 (float16, bfloat16)",
                _present("input"), lambda a: a["input"].dtype in HALF, lambda a: f"input dtype is {_dt(a['input'])}"),
@@ -820,12 +935,10 @@ _QUANT_RULES = (
                _present("input"), lambda a: a["input"].dtype in NORM, lambda a: f"input dtype is {_dt(a['input'])}"),
     KernelRule(QUANTIZE, "scales", f"{DOCS}:11359-11361 (div_mode: scales float32/bfloat16); issue #15 (contiguous "
                "per-tensor or per-channel scales)",
-               _present("scales"), lambda a: a["scales"].dtype in QUANT_SCALE_DTYPES and _contiguous(a["scales"])
-               and a["scales"].dim() <= 1,
+               _present("scales"), _quant_scales_ok,
                lambda a: f"scales {_shape(a['scales'])} {_dt(a['scales'])} contiguous={_contiguous(a['scales'])}"),
     KernelRule(QUANTIZE, "zero_points", f"{DOCS}:11366-11368 (int8, uint8, int32, bfloat16)",
-               _present("zero_points"), lambda a: a["zero_points"].dtype in QUANT_OFFSET_DTYPES
-               and _contiguous(a["zero_points"]),
+               _present("zero_points"), _quant_zero_points_ok,
                lambda a: f"zero_points dtype is {_dt(a['zero_points'])}"),
     KernelRule(QUANTIZE, "scales_per_channel", f"{DOCS}:11377 (axis: the elementwise axis, the other axes "
                "broadcast); :11362, 11369 (a 1-D scales / zero_points holds input.shape[axis] values or 1)",
@@ -845,12 +958,10 @@ _QUANT_RULES = (
                lambda a: f"gamma {_dt(a['gamma'])} vs x1 {_dt(a['x1'])}"),
     KernelRule(ADD_RMS_NORM_QUANT, "scales_like_gamma", f"{DOCS}:12303 (scales1 shape equals gamma's, float32/bfloat16); "
                "issue #15 (contiguous scales)",
-               _present("scales1", "gamma"), lambda a: _shape(a["scales1"]) == _shape(a["gamma"])
-               and a["scales1"].dtype in QUANT_SCALE_DTYPES and _contiguous(a["scales1"]),
+               _present("scales1", "gamma"), _scales1_like_gamma,
                lambda a: f"scales1 {_shape(a['scales1'])} {_dt(a['scales1'])} vs gamma {_shape(a['gamma'])}"),
     KernelRule(ADD_RMS_NORM_QUANT, "zero_points_like_gamma", f"{DOCS}:12304 (zero_points1 shape equals gamma's, int32/bfloat16)",
-               _present("zero_points1", "gamma"), lambda a: _shape(a["zero_points1"]) == _shape(a["gamma"])
-               and a["zero_points1"].dtype in (torch.int32, torch.bfloat16),
+               _present("zero_points1", "gamma"), _zero_points1_like_gamma,
                lambda a: f"zero_points1 {_shape(a['zero_points1'])} {_dt(a['zero_points1'])} vs gamma {_shape(a['gamma'])}"),
     KernelRule(ADD_RMS_NORM_QUANT, "axis_minus_one", f"{DOCS}:12308 (axis: only -1)",
                lambda a: "axis" in a, lambda a: int(a["axis"]) == -1, lambda a: f"axis={a['axis']}"),
@@ -861,16 +972,14 @@ _QUANT_RULES = (
     KernelRule(ADD_RMS_NORM_QUANT, "gamma_shape", f"{DOCS}:12302 (gamma 1-8 dims, the dims of x1 being normalised: "
                "its trailing dims)",
                _present("x1", "gamma"),
-               lambda a: 1 <= a["gamma"].dim() <= min(8, a["x1"].dim())
-               and _shape(a["gamma"]) == _shape(a["x1"])[-a["gamma"].dim():],
+               _gamma_shape_ok,
                lambda a: f"gamma {_shape(a['gamma'])} vs x1 {_shape(a['x1'])}: gamma must be x1's trailing dims"),
     KernelRule(ADD_RMS_NORM_QUANT, "beta_like_gamma", f"{DOCS}:12305 (beta: gamma's shape and dtype)",
                _present("beta", "gamma"),
                lambda a: _shape(a["beta"]) == _shape(a["gamma"]) and a["beta"].dtype == a["gamma"].dtype,
                lambda a: f"beta {_shape(a['beta'])} {_dt(a['beta'])} vs gamma {_shape(a['gamma'])} {_dt(a['gamma'])}"),
     KernelRule(ADD_RMS_NORM_DYNAMIC_QUANT, "x_dtype_half", f"{DOCS}:12199-12200 (x1, x2 float16/bfloat16, 2-8 dims)",
-               _present("x1", "x2"), lambda a: a["x1"].dtype in HALF and a["x2"].dtype == a["x1"].dtype
-               and 2 <= a["x1"].dim() <= 8,
+               _present("x1", "x2"), _dynamic_quant_inputs_ok,
                lambda a: f"x1 {_shape(a['x1'])} {_dt(a['x1'])}, x2 {_dt(a['x2'])}"),
     KernelRule(ADD_RMS_NORM_DYNAMIC_QUANT, "x_shapes", f"{DOCS}:12199-12200 (x1, x2 2-8 dims); :12212 (x_out = x1 "
                "+ x2 has x1's shape: the two agree)",
@@ -879,20 +988,16 @@ _QUANT_RULES = (
     KernelRule(ADD_RMS_NORM_DYNAMIC_QUANT, "smooth_scales_and_beta_like_gamma", f"{DOCS}:12202-12204 (smooth_scale1, "
                "smooth_scale2 and beta: gamma's shape and dtype)",
                lambda a: a.get("gamma") is not None and any(a.get(n) is not None for n in _DYN_LIKE_GAMMA),
-               lambda a: all(_shape(a[n]) == _shape(a["gamma"]) and a[n].dtype == a["gamma"].dtype
-                             for n in _DYN_LIKE_GAMMA if a.get(n) is not None),
+               _smooth_scales_and_beta_like_gamma,
                lambda a: ", ".join(f"{n} {_shape(a[n])} {_dt(a[n])}" for n in _DYN_LIKE_GAMMA if a.get(n) is not None)
                + f" vs gamma {_shape(a['gamma'])} {_dt(a['gamma'])}"),
     KernelRule(ADD_RMS_NORM_DYNAMIC_QUANT, "gamma_vector", f"{DOCS}:12201 (gamma 1-D, x1's last dim, x1's dtype)",
-               _present("x1", "gamma"), lambda a: a["gamma"].dim() == 1 and int(a["gamma"].shape[0]) == int(a["x1"].shape[-1])
-               and a["gamma"].dtype == a["x1"].dtype,
+               _present("x1", "gamma"), _gamma_vector_ok,
                lambda a: f"gamma {_shape(a['gamma'])} {_dt(a['gamma'])} vs x1 {_shape(a['x1'])} {_dt(a['x1'])}"),
     KernelRule(ADD_RMS_NORM_DYNAMIC_QUANT, "output_mask", f"{DOCS}:12206, 12218-12220 (None or 2 bools, not both "
                "False; a smooth scale needs its mask bit)",
                _present("output_mask"),
-               lambda a: len(a["output_mask"]) == 2 and any(a["output_mask"])
-               and (a.get("smooth_scale1") is None or bool(a["output_mask"][0]))
-               and (a.get("smooth_scale2") is None or bool(a["output_mask"][1])),
+               _output_mask_ok,
                lambda a: f"output_mask={list(a['output_mask'])!r} (smooth_scale1 given: {a.get('smooth_scale1') is not None}, "
                          f"smooth_scale2 given: {a.get('smooth_scale2') is not None})"),
 )
@@ -901,6 +1006,7 @@ _QUANT_RULES = (
 
 
 def _v2_tnd(a: Mapping[str, Any]) -> bool:
+    """v2's TND layout."""
     return a.get("input_layout") == "TND"
 
 
@@ -927,6 +1033,7 @@ def _v2_batch(a: Mapping[str, Any]) -> int:
 
 
 def _v2_paged_lengths(a: Mapping[str, Any]) -> bool:
+    """v2 page attention with KV lengths and a block size."""
     return _paged(a) and a.get("actual_seq_kvlen") is not None and int(a.get("block_size", 0)) > 0
 
 
@@ -948,7 +1055,35 @@ def _v2_value_head_dim(a: Mapping[str, Any]) -> int:
 
 
 def _v2_kv_covers_q(a: Mapping[str, Any]) -> bool:
+    """Every request's KV length covers its query length, or is 0 (a padded request)."""
     return all(k == 0 or k >= q for q, k in zip(_v2_q_lens(a), _ints(a["actual_seq_kvlen"])))
+
+
+def _v2_tnd_lengths_ok(a: Mapping[str, Any]) -> bool:
+    """Both length lists given: cumulative query ends, one non-negative KV length per request."""
+    if a.get("actual_seq_qlen") is None or a.get("actual_seq_kvlen") is None:
+        return False
+    kv = _ints(a["actual_seq_kvlen"])
+    return _nondecreasing(_v2_ends(a)) and len(kv) == len(_v2_ends(a)) and all(v >= 0 for v in kv)
+
+
+def _v2_block_table_ok(a: Mapping[str, Any]) -> bool:
+    """block_table is int32, 2-D, with one row per request."""
+    table = a["block_table"]
+    return table.dtype == torch.int32 and table.dim() == 2 and int(table.shape[0]) == _v2_batch(a)
+
+
+def _v2_gqa_ok(a: Mapping[str, Any]) -> bool:
+    """num_query_heads is a multiple of the KV heads, at most 64 per KV head."""
+    heads, kv_heads = int(a.get("num_query_heads", 1)), _v2_kv_heads(a)
+    return kv_heads > 0 and heads % kv_heads == 0 and heads // kv_heads <= 64
+
+
+def _v2_learnable_sink_ok(a: Mapping[str, Any]) -> bool:
+    """learnable_sink is bfloat16 of shape (Q_N,), with a TND call whose value D is at most 128."""
+    sink = a["learnable_sink"]
+    return (sink.dtype == torch.bfloat16 and _shape(sink) == (int(a.get("num_query_heads", 1)),) and _v2_tnd(a)
+            and _v2_value_head_dim(a) <= 128)
 
 
 _FIA_V2_RULES = (
@@ -961,9 +1096,7 @@ _FIA_V2_RULES = (
                lambda a: "query, key or value is not contiguous"),
     KernelRule(FIA_V2, "v2_tnd_lengths", f"{DOCS}:8720 (TND: actual_seq_qlen and actual_seq_kvlen required; qlen "
                "cumulative, non-decreasing; its length is the batch)",
-               _v2_tnd, lambda a: a.get("actual_seq_qlen") is not None and a.get("actual_seq_kvlen") is not None
-               and _nondecreasing(_v2_ends(a)) and len(_ints(a["actual_seq_kvlen"])) == len(_v2_ends(a))
-               and all(v >= 0 for v in _ints(a["actual_seq_kvlen"])),
+               _v2_tnd, _v2_tnd_lengths_ok,
                lambda a: f"actual_seq_qlen={a.get('actual_seq_qlen')!r}, actual_seq_kvlen={a.get('actual_seq_kvlen')!r}: "
                          "need cumulative query ends and one non-negative KV length per request"),
     KernelRule(FIA_V2, "v2_tnd_tokens_equal_last_end", SRC_FIA_PAD,
@@ -973,8 +1106,7 @@ _FIA_V2_RULES = (
                          "pad with a dummy request so the last end equals T"),
     KernelRule(FIA_V2, "v2_block_table", f"{DOCS}:8611 (block_table int32); :8780 (page attention: 2-D, first dim == batch)",
                lambda a: _paged(a) and (a.get("actual_seq_qlen") is not None or not _v2_tnd(a)),
-               lambda a: a["block_table"].dtype == torch.int32 and a["block_table"].dim() == 2
-               and int(a["block_table"].shape[0]) == _v2_batch(a),
+               _v2_block_table_ok,
                lambda a: f"block_table {_shape(a['block_table'])} {_dt(a['block_table'])} for {_v2_batch(a)} "
                          "requests: need int32 with one row per request"),
     KernelRule(FIA_V2, "v2_block_table_columns", f"{DOCS}:8780 (second dim >= maxBlockNumPerSeq)",
@@ -992,8 +1124,7 @@ _FIA_V2_RULES = (
                       "q_s_gt_1_batch_limit", f"{DOCS}:8762 (Q_S > 1: the N axis at most 256); as v1's "
                       "q_s_gt_1_heads_limit"),
     KernelRule(FIA_V2, "v2_gqa_ratio", f"{DOCS}:8731 (K_N == V_N, Q_N divisible by K_N, ratio <= 64)",
-               _always, lambda a: _v2_kv_heads(a) > 0 and int(a.get("num_query_heads", 1)) % _v2_kv_heads(a) == 0
-               and int(a.get("num_query_heads", 1)) // _v2_kv_heads(a) <= 64,
+               _always, _v2_gqa_ok,
                lambda a: f"num_query_heads={a.get('num_query_heads')}, num_key_value_heads={_v2_kv_heads(a)}"),
     KernelRule(FIA_V2, "v2_sparse_mode", f"{DOCS}:8719, 8735 (TND: sparse 0 without mask, 3 or 4 with mask); :8770 (0-4)",
                _always, lambda a: int(a.get("sparse_mode", 0)) in ((0, 3, 4) if _v2_tnd(a) else (0, 1, 2, 3, 4)),
@@ -1013,15 +1144,28 @@ _FIA_V2_RULES = (
     KernelRule(FIA_V2, "v2_learnable_sink", f"{DOCS}:8625 (learnable_sink bfloat16, shape (Q_N,)); :8755-8757 (TND "
                "only; value D <= 128)",
                _present("learnable_sink"),
-               lambda a: a["learnable_sink"].dtype == torch.bfloat16
-               and _shape(a["learnable_sink"]) == (int(a.get("num_query_heads", 1)),)
-               and _v2_tnd(a) and _v2_value_head_dim(a) <= 128,
+               _v2_learnable_sink_ok,
                lambda a: f"learnable_sink {_shape(a['learnable_sink'])} {_dt(a['learnable_sink'])} with "
                          f"{a.get('num_query_heads')} query heads, layout {a.get('input_layout')!r}, value D "
                          f"{_v2_value_head_dim(a)}"),
     *_fused_semantics_rules(FIA_V2, "v2_", _V2_NAMES, _V2_LINES, V2_LAYOUTS,
                             "_npu_fused_infer_attention_score_v2_get_max_workspace", tnd_sparse_rule=False),
 )
+
+def _pa_layout_ok(a: Mapping[str, Any]) -> bool:
+    """query is a contiguous [T, num_heads, D]; the caches two equal [blocks, block_size, num_kv_heads, D]."""
+    query, key_cache = a["query"], a["key_cache"]
+    return (query.dim() == 3 and int(query.shape[1]) == int(a["num_heads"]) and key_cache.dim() == 4
+            and _shape(key_cache) == _shape(a["value_cache"]) and int(key_cache.shape[2]) == int(a["num_kv_heads"])
+            and int(key_cache.shape[3]) == int(query.shape[2]) and _contiguous(query))
+
+
+def _pa_one_token_per_request(a: Mapping[str, Any]) -> bool:
+    """An int32 2-D block_table with one row per query token, and one context length per row."""
+    table, tokens = a["block_table"], int(a["query"].shape[0])
+    return (table.dtype == torch.int32 and table.dim() == 2 and int(table.shape[0]) == tokens
+            and int(a["context_lens"].numel()) == tokens)
+
 
 _ATB_PAGED_ATTENTION_RULES = (
     KernelRule(ATB_PAGED_ATTENTION, "pa_dtype", f"{SRC_PA_CALL}: the non-quantised op (quantised KV has "
@@ -1032,10 +1176,7 @@ _ATB_PAGED_ATTENTION_RULES = (
     KernelRule(ATB_PAGED_ATTENTION, "pa_layout", f"{SRC_PA_CALL}: query [T, num_heads, D]; caches "
                "[blocks, block_size, num_kv_heads, D] (AscendAttentionBackend.get_kv_cache_shape)",
                _present("query", "key_cache", "value_cache"),
-               lambda a: a["query"].dim() == 3 and int(a["query"].shape[1]) == int(a["num_heads"])
-               and a["key_cache"].dim() == 4 and _shape(a["key_cache"]) == _shape(a["value_cache"])
-               and int(a["key_cache"].shape[2]) == int(a["num_kv_heads"])
-               and int(a["key_cache"].shape[3]) == int(a["query"].shape[2]) and _contiguous(a["query"]),
+               _pa_layout_ok,
                lambda a: f"query {_shape(a['query'])} (num_heads {a['num_heads']}), key_cache {_shape(a['key_cache'])}, "
                          f"value_cache {_shape(a['value_cache'])} (num_kv_heads {a['num_kv_heads']})"),
     KernelRule(ATB_PAGED_ATTENTION, "pa_gqa", f"{SRC_PA_CALL} (AscendAttentionBackendImpl asserts num_heads % "
@@ -1045,9 +1186,7 @@ _ATB_PAGED_ATTENTION_RULES = (
     KernelRule(ATB_PAGED_ATTENTION, "pa_one_token_per_request", f"{SRC_PA_CALL}: decode only (DecodeOnly state); "
                "block_table int32 2-D with one row per query token, context_lens one entry per row",
                _present("query", "block_table", "context_lens"),
-               lambda a: a["block_table"].dtype == torch.int32 and a["block_table"].dim() == 2
-               and int(a["block_table"].shape[0]) == int(a["query"].shape[0])
-               and int(a["context_lens"].numel()) == int(a["query"].shape[0]),
+               _pa_one_token_per_request,
                lambda a: f"query has {int(a['query'].shape[0])} tokens, block_table {_shape(a['block_table'])} "
                          f"{_dt(a['block_table'])}, context_lens of {int(a['context_lens'].numel())}"),
     KernelRule(ATB_PAGED_ATTENTION, "pa_context_lens_int32", f"{SRC_PA_CALL} (context_lens is the int32 seq_lens "
@@ -1057,14 +1196,27 @@ _ATB_PAGED_ATTENTION_RULES = (
     KernelRule(ATB_PAGED_ATTENTION, "pa_out_like_query", f"{SRC_PA_CALL} (out is the layer's output buffer "
                "[T, num_heads, D])",
                _present("out", "query"),
-               lambda a: _shape(a["out"]) == _shape(a["query"]) and a["out"].dtype == a["query"].dtype
-               and _contiguous(a["out"]),
+               _out_like_query,
                lambda a: f"out {_shape(a['out'])} {_dt(a['out'])} vs query {_shape(a['query'])} {_dt(a['query'])}"),
     _workspace_rule(ATB_PAGED_ATTENTION, "pa_", paged_attention_workspace_bytes, "_npu_paged_attention_get_workspace",
                     f"{SRC_PA_CALL} (full_graph_pa queries _npu_paged_attention_get_workspace once per capture size "
                     "and hands it to every launch); the formula is the simulator's model, ascendgraph/workspace_sizes.py "
                     "(docs/facade.md, \"What is approximated\")"),
 )
+
+def _scatter_norm_call(a: Mapping[str, Any]) -> bool:
+    """A 'Norm' (ND cache) call with a 3-D key: scene 2 of the op docs."""
+    return (a.get("cache_mode") in (None, "Norm") and _present("key", "value", "key_cache", "slot_mapping")(a)
+            and a["key"].dim() == 3)
+
+
+def _scatter_norm_layout_ok(a: Mapping[str, Any]) -> bool:
+    """key/value [T, N, D] agree on T and N, the cache is [blocks, block_size, N, D], slot_mapping [T]."""
+    key, slots = a["key"], a["slot_mapping"]
+    return (_shape(key)[:2] == _shape(a["value"])[:2] and a["key_cache"].dim() == 4
+            and _shape(a["key_cache"])[2:] == _shape(key)[1:] and int(slots.numel()) == int(key.shape[0])
+            and slots.dim() == 1)
+
 
 _SCATTER_RULES = (
     KernelRule(SCATTER_PA_KV_CACHE, "scatter_dtypes_equal", f"{DOCS}:7031 (key, value, key_cache, value_cache share "
@@ -1088,11 +1240,8 @@ _SCATTER_RULES = (
     KernelRule(SCATTER_PA_KV_CACHE, "scatter_norm_layout", f"{DOCS}:6989-6994 (scene 2: key [T, N, D], cache "
                "[blocks, block_size, N, D], slot_mapping [T]); :7023 ('Norm': ND caches); :7034 (3-D key/value: "
                f"first two dims equal); {SRC_SCATTER_CALL}",
-               lambda a: a.get("cache_mode") in (None, "Norm") and _present("key", "value", "key_cache", "slot_mapping")(a)
-               and a["key"].dim() == 3,
-               lambda a: _shape(a["key"])[:2] == _shape(a["value"])[:2] and a["key_cache"].dim() == 4
-               and _shape(a["key_cache"])[2:] == _shape(a["key"])[1:]
-               and int(a["slot_mapping"].numel()) == int(a["key"].shape[0]) and a["slot_mapping"].dim() == 1,
+               _scatter_norm_call,
+               _scatter_norm_layout_ok,
                lambda a: f"key {_shape(a['key'])}, value {_shape(a['value'])}, key_cache {_shape(a['key_cache'])}, "
                          f"slot_mapping {_shape(a['slot_mapping'])}"),
 )

@@ -23,6 +23,24 @@ def test_every_rule_has_a_case_and_a_source() -> None:
         assert rule.name == rule.name.lower() and " " not in rule.name
 
 
+def _source_lines(function) -> set[int]:
+    return {line for _, _, line in function.__code__.co_lines() if line is not None}
+
+
+def test_every_rule_predicate_is_a_one_line_lambda_or_a_named_documented_function() -> None:
+    # A rule reads as data: a predicate longer than a line gets a name and says what it checks.
+    offenders = []
+    for rule in kc.RULES:
+        for role in ("applies", "holds"):
+            function = getattr(rule, role)
+            if function.__name__ == "<lambda>":
+                if len(_source_lines(function)) > 1:
+                    offenders.append(f"{rule.kernel} {rule.name}: {role} is a lambda over several lines")
+            elif not (function.__doc__ or "").strip():
+                offenders.append(f"{rule.kernel} {rule.name}: {role} {function.__name__} has no docstring")
+    assert offenders == []
+
+
 @pytest.mark.parametrize("kernel,rule", CASES, ids=[f"{k}-{r}" for k, r in CASES])
 def test_rule_refuses_violation(kernel: str, rule: str) -> None:
     args = CONTRACT_CASES[(kernel, rule)].violate(CPU)
