@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 import torch
 
 from ascendgraph import kernel_contracts as kc
 from ascendgraph.errors import KernelContractError
 from ascendgraph.kernel_calls import CHECKED_OPS, check_op, kernel_calls
+from ascendgraph.kernel_contracts.fused_attention import _head_dim
 from ascendgraph.testing.contract_cases import CONTRACT_CASES, missing_cases
 
 CPU = torch.device("cpu")
@@ -39,6 +43,29 @@ def test_every_rule_predicate_is_a_one_line_lambda_or_a_named_documented_functio
             elif not (function.__doc__ or "").strip():
                 offenders.append(f"{rule.kernel} {rule.name}: {role} {function.__name__} has no docstring")
     assert offenders == []
+
+
+def _defined_public_names(path: Path) -> set[str]:
+    """The public names a module defines at its top level (assignments, functions, classes)."""
+    names = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(target.id for target in targets if isinstance(target, ast.Name))
+    return {name for name in names if not name.startswith("_")}
+
+
+def test_every_public_name_of_the_family_modules_is_imported_from_the_package() -> None:
+    # Callers import from ``ascendgraph.kernel_contracts`` only; the modules are its layout.
+    package = Path(kc.__file__).parent
+    defined = {name: path.stem for path in sorted(package.glob("*.py")) if path.stem != "__init__"
+               for name in _defined_public_names(path)}
+    assert len(defined) > 40
+    assert {name: module for name, module in defined.items() if name not in kc.__all__} == {}
+    assert [name for name in kc.__all__ if not hasattr(kc, name)] == []
+    assert kc.KernelContractError is KernelContractError and kc.block_size_problem is not None
 
 
 @pytest.mark.parametrize("kernel,rule", CASES, ids=[f"{k}-{r}" for k, r in CASES])
@@ -338,11 +365,11 @@ def test_the_head_dim_of_a_bsh_query_is_h_over_the_heads() -> None:
     bsh = dict(input_layout="BSH", actual_seq_lengths=None, actual_seq_lengths_kv=None, block_table=None,
                sparse_mode=0, atten_mask=None)
     wide = _fia_args(query=torch.zeros(2, 3, 600, dtype=torch.bfloat16), num_heads=2, num_key_value_heads=2, **bsh)
-    assert kc._head_dim(wide) == 300 and "head_dim_limit" not in _broken(wide)
+    assert _head_dim(wide) == 300 and "head_dim_limit" not in _broken(wide)
     narrow = _fia_args(query=torch.zeros(2, 3, 32, dtype=torch.bfloat16), num_heads=4, num_key_value_heads=2, **bsh)
-    assert kc._head_dim(narrow) == 8 and "head_dim_16_aligned" in _broken(narrow)
+    assert _head_dim(narrow) == 8 and "head_dim_16_aligned" in _broken(narrow)
     bsnd = _fia_args(query=torch.zeros(2, 3, 4, 16, dtype=torch.bfloat16), **{**bsh, "input_layout": "BSND"})
-    assert kc._head_dim(bsnd) == 16
+    assert _head_dim(bsnd) == 16
 
 
 def test_the_kv_hidden_limit_is_a_rule_of_the_three_dimensional_cache_layout() -> None:

@@ -50,9 +50,6 @@ LINE_LIMIT = 600
 LONG_FILES: dict[str, str] = {
     "ascendgraph/resolve.py": "the resolution pipeline is one ordered sequence of rules; a split "
                               "is planned with the next rule change",
-    "ascendgraph/kernel_contracts.py": "the contract table: torch_npu's rules plus the kernels vLLM Ascend's "
-                                        "A2 graph paths issue (FIA v2, paged attention, scatter KV); to be "
-                                        "split per kernel family",
     "hw/kernels.py": "the torch_npu kernel table grew past the limit with the task-group and stale-"
                      "parameter rules; to be split (launchers / reference fallbacks) by its owner",
 }
@@ -189,6 +186,40 @@ def test_no_file_outside_tests_is_longer_than_the_limit_unless_listed_with_a_rea
             too_long[name] = lines
     assert too_long == {}, f"split these (or list them in LONG_FILES with a reason): {too_long}"
     assert all(reason.strip() for reason in LONG_FILES.values())
+
+
+# --------------------------------------------------------------------------- the kernel-contract table
+
+# ascendgraph/kernel_contracts/: a module per kernel family, and the kernels whose rules it holds.
+CONTRACT_FAMILIES: dict[str, set[str]] = {
+    "fused_attention": {"npu_fused_infer_attention_score"},
+    "fused_attention_v2": {"npu_fused_infer_attention_score_v2"},
+    "paged_attention": {"ascendgraph::paged_attention", "_npu_paged_attention"},
+    "kv_cache": {"_npu_reshape_and_cache", "npu_scatter_pa_kv_cache"},
+    "norms": {"npu_rms_norm", "npu_add_rms_norm"},
+    "quantisation": {"npu_dynamic_quant", "npu_quantize", "npu_add_rms_norm_quant",
+                     "npu_add_rms_norm_dynamic_quant"},
+    "model_layers": {"_npu_rotary_embedding"},
+}
+
+
+def test_the_kernel_contract_table_is_a_module_per_kernel_family():
+    import importlib
+
+    from ascendgraph import kernel_contracts
+    from ascendgraph.kernel_contracts.common import KernelRule
+
+    assert not (CORE / "kernel_contracts.py").exists()
+    home: dict[int, str] = {}
+    for family, kernels in CONTRACT_FAMILIES.items():
+        module = importlib.import_module(f"ascendgraph.kernel_contracts.{family}")
+        rules = [rule for value in vars(module).values() if isinstance(value, tuple)
+                 for rule in value if isinstance(rule, KernelRule)]
+        assert {rule.kernel for rule in rules} == kernels, family
+        home.update({id(rule): family for rule in rules})
+    homeless = [f"{rule.kernel} {rule.name}" for rule in kernel_contracts.RULES if id(rule) not in home]
+    assert homeless == [], "every rule lives in the module of its kernel family"
+    assert set(kernel_contracts.KERNELS) == set().union(*CONTRACT_FAMILIES.values())
 
 
 # --------------------------------------------------------------------------- backends below the runtime
