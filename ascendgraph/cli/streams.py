@@ -22,7 +22,7 @@ import sys
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from ascendgraph.errors import Terminated
+from ascendgraph.errors import StdoutWriteError, Terminated
 from ascendgraph.readers import dump_json, shown
 
 __all__ = ["emit_json", "emit_result", "emit_text", "write_stdout", "Terminated", "sigterm_unwinds",
@@ -87,8 +87,7 @@ def write_stdout(text: str) -> None:
     except BrokenPipeError:
         raise
     except OSError as exc:
-        exc._ascendgraph_stdout = True  # type: ignore[attr-defined]  # `main` reports it as a stdout failure
-        raise
+        raise StdoutWriteError(exc.errno, exc.strerror or str(exc)) from exc
 
 
 def emit_text(text: str) -> None:
@@ -200,7 +199,7 @@ class ClosedStdout:
 
 
 def is_stdout_error(exc: OSError) -> bool:
-    if getattr(exc, "_ascendgraph_stdout", False):
+    if isinstance(exc, StdoutWriteError):
         return True
     return exc.filename is None and exc.errno in (errno.ENOSPC, errno.EBADF)
 

@@ -87,3 +87,22 @@ def test_ctrl_c_inside_main_is_exit_130(monkeypatch, capsys):
     monkeypatch.setattr(app, "build_parser", interrupted)
     assert app.main(["explain"]) == INTERRUPTED
     assert capsys.readouterr().err == "ascendgraph: interrupted\n"
+
+
+def test_any_failed_write_to_stdout_is_one_line_and_exit_1(monkeypatch, capsys):
+    # Not only a full device or a closed descriptor: whatever OSError the write raises (here an
+    # I/O error) is the command's stdout failing (a StdoutWriteError), reported on one line.
+    import errno
+
+    from ascendgraph.cli import app
+
+    class FailingStdout:
+        def write(self, text: str) -> int:
+            raise OSError(errno.EIO, "Input/output error")
+
+        def flush(self) -> None:
+            return None
+
+    monkeypatch.setattr(sys, "stdout", FailingStdout())
+    assert app.main(["explain", "--json"]) == 1
+    assert capsys.readouterr().err == "ascendgraph: error: cannot write to stdout: Input/output error\n"
