@@ -13,7 +13,12 @@ simulator adds is the device's *graph* behaviour, enforced the way torch_npu enf
 * a virtual clock (`sim.cost`) prices eager launches, graph launches and device tasks.
 
 All state lives on the device object: two devices in one process (or in pytest-xdist
-workers) never see each other.
+workers) never see each other, with one exception. Eager kernels run on CPU tensors that do
+not say which device issued them, so they check contracts under one process-wide policy
+(`sim.kernels.activate`): the newest device's float32 leniency and lazy-initialisation rule;
+an eager launch marks its kernel shape initialised on every live device. A block that
+needs another device's policy sets it with `sim.kernels.contract_policy` (a ContextVar, per
+thread and task).
 
 Pool-memory model: see `sim.pools`.
 

@@ -279,6 +279,14 @@ def test_stages_are_composed_not_inherited():
     assert {stage: stage.__bases__ for stage in stages} == {stage: (object,) for stage in stages}
 
 
+def test_the_engine_only_composes_its_stages():
+    # Engine.__init__ builds the state and the stages and hands each what it needs: nothing else.
+    tree = ast.parse((RUNTIME / "engine.py").read_text(encoding="utf-8"))
+    engine = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Engine")
+    init = next(node for node in engine.body if isinstance(node, ast.FunctionDef) and node.name == "__init__")
+    assert init.end_lineno is not None and init.end_lineno - init.lineno + 1 < 60
+
+
 def test_the_stages_never_import_the_engine():
     assert _offenders(sorted(STAGES.glob("*.py")), ("ascendgraph.runtime.engine",)) == {}
 
@@ -357,3 +365,24 @@ def test_the_type_checker_is_configured_as_decided():
     missing_ok = [o for o in config.get("overrides", []) if o.get("ignore_missing_imports")]
     assert {m.split(".")[0] for o in missing_ok for m in o["module"]} == {"torch_npu", "vllm"}
     assert "typecheck:" in (REPO / "Makefile").read_text() and "make typecheck" in (REPO / ".ci" / "run").read_text()
+
+
+# Standard-library modules newer than some Python 3 the project could claim, with the version
+# that added them: requires-python must not promise a Python the code cannot import on.
+NEW_STDLIB_MODULES = {"tomllib": (3, 11), "graphlib": (3, 9), "zoneinfo": (3, 9)}
+
+
+def test_requires_python_admits_only_pythons_the_code_runs_on():
+    import re
+    import tomllib
+
+    spec = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["requires-python"]
+    found = re.fullmatch(r">=\s*(\d+)\.(\d+)", spec)
+    assert found, f"requires-python {spec!r}: state the lowest version as >=X.Y"
+    lowest = (int(found.group(1)), int(found.group(2)))
+    files = [path for root in ("ascendgraph", "sim", "hw") for path in sorted((REPO / root).rglob("*.py"))]
+    imported = {module.split(".")[0] for path in files for module in _imported_modules(path)}
+    needed = {name: version for name, version in NEW_STDLIB_MODULES.items() if name in imported}
+    assert "tomllib" in needed
+    assert {name: version for name, version in needed.items() if version > lowest} == {}
+
