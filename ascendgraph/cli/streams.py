@@ -23,7 +23,7 @@ import sys
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional
 
-from ascendgraph.errors import Terminated
+from ascendgraph.errors import StdoutWriteError, Terminated
 from ascendgraph.readers import dump_json, shown
 
 __all__ = ["emit_json", "emit_result", "emit_text", "write_stdout", "Terminated", "sigterm_unwinds",
@@ -88,8 +88,7 @@ def write_stdout(text: str) -> None:
     except BrokenPipeError:
         raise
     except OSError as exc:
-        exc._ascendgraph_stdout = True  # type: ignore[attr-defined]  # `main` reports it as a stdout failure
-        raise
+        raise StdoutWriteError(exc.errno, exc.strerror or str(exc)) from exc
 
 
 def emit_text(text: str) -> None:
@@ -324,7 +323,7 @@ class ClosedStdout:
 
 
 def is_stdout_error(exc: OSError) -> bool:
-    if getattr(exc, "_ascendgraph_stdout", False):
+    if isinstance(exc, StdoutWriteError):
         return True
     return exc.filename is None and exc.errno in (errno.ENOSPC, errno.EBADF)
 

@@ -89,6 +89,25 @@ def test_ctrl_c_inside_main_is_exit_130(monkeypatch, capsys):
     assert capsys.readouterr().err == "ascendgraph: interrupted\n"
 
 
+def test_any_failed_write_to_stdout_is_one_line_and_exit_1(monkeypatch, capsys):
+    # Not only a full device or a closed descriptor: whatever OSError the write raises (here an
+    # I/O error) is the command's stdout failing (a StdoutWriteError), reported on one line.
+    import errno
+
+    from ascendgraph.cli import app
+
+    class FailingStdout:
+        def write(self, text: str) -> int:
+            raise OSError(errno.EIO, "Input/output error")
+
+        def flush(self) -> None:
+            return None
+
+    monkeypatch.setattr(sys, "stdout", FailingStdout())
+    assert app.main(["explain", "--json"]) == 1
+    assert capsys.readouterr().err == "ascendgraph: error: cannot write to stdout: Input/output error\n"
+
+
 # Ctrl-C at other points of a real process. Each child signals where it is on stderr before
 # the test sends SIGINT, so the outcome does not depend on how busy the machine is: wherever
 # the signal lands after that line, the answer is exit 130 without a traceback.
