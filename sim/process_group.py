@@ -8,8 +8,10 @@ shows the mechanics), so each thread calls ``init_process_group(backend="ascendg
 and ``new_group(...)`` as its own process would. The backend is registered by name with
 ``torch.distributed.Backend.register_backend`` (`register`); its groups are
 `FabricProcessGroup`, a Python ``ProcessGroup`` subclass whose collectives (all_reduce,
-all_gather and all_gather_into_tensor, all_to_all and all_to_all_single, reduce_scatter and
-reduce_scatter_tensor, broadcast, barrier, send / recv) meet in the fabric: fingerprinted
+all_gather and all_gather_single, all_to_all and all_to_all_single, reduce_scatter and
+reduce_scatter_single, broadcast, barrier, send / recv; torch's deprecated spellings
+all_gather_into_tensor and reduce_scatter_tensor, which vLLM calls, reach the same methods)
+meet in the fabric: fingerprinted
 (the group's description, e.g. ``dp:cpu``, its members, op, shape, dtype, how it runs),
 checked against the compatibility rules, completed at the latest arrival on the ranks'
 virtual clocks, bounded by HCCL_EXEC_TIMEOUT, and written to the flight record. The data
@@ -178,7 +180,7 @@ class FabricProcessGroup(dist.ProcessGroup):
                 out.copy_(gathered.reshape(out.shape))
             return {r: None for r in payloads}
 
-        self._meet("all_gather_into_tensor", input, (output, input), combine)
+        self._meet("all_gather_single", input, (output, input), combine)
         return _work(output)
 
     def reduce_scatter(self, outputs: Sequence[torch.Tensor], inputs: Sequence[Sequence[torch.Tensor]],  # type: ignore[override]  # torch's stubs list the C++ overloads; a Python backend takes the call as c10d makes it
@@ -203,7 +205,7 @@ class FabricProcessGroup(dist.ProcessGroup):
                 out.copy_(_reduce(op, torch.stack(chunks)).reshape(out.shape))
             return {r: None for r in payloads}
 
-        self._meet(f"reduce_scatter_tensor.{_op_name(op)}", input, (output, input), combine)
+        self._meet(f"reduce_scatter_single.{_op_name(op)}", input, (output, input), combine)
         return _work(output)
 
     def alltoall(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], opts: Any = None) -> Any:

@@ -22,13 +22,13 @@ def test_every_collective_moves_the_data_like_torch_distributed():
         largest = torch.tensor([float(rank)])
         dist.all_reduce(largest, op=dist.ReduceOp.MAX, group=pair)
         gathered = torch.zeros(4, dtype=torch.int64)
-        dist.all_gather_into_tensor(gathered, torch.tensor([rank]))
+        dist.all_gather_single(gathered, torch.tensor([rank]))
         listed = [torch.zeros(1, dtype=torch.int64) for _ in range(4)]
         dist.all_gather(listed, torch.tensor([rank * 10]))
         swapped = torch.zeros(4, dtype=torch.int64)
         dist.all_to_all_single(swapped, torch.arange(4) + rank * 4)
         scattered = torch.zeros(1, dtype=torch.int64)
-        dist.reduce_scatter_tensor(scattered, torch.arange(4))
+        dist.reduce_scatter_single(scattered, torch.arange(4))
         root = torch.tensor([rank])
         dist.broadcast(root, src=2)
         dist.barrier()
@@ -45,6 +45,27 @@ def test_every_collective_moves_the_data_like_torch_distributed():
         assert out[rank] == (10, 1.0 if rank < 2 else 3.0, [0, 1, 2, 3], [0, 10, 20, 30],
                              [rank, 4 + rank, 8 + rank, 12 + rank], 4 * rank, 2, 200 if rank in (2, 3) else rank * 100)
     assert stats.met["tp"] == 2 and stats.met["default_pg:p2p"] == 1
+
+
+def test_the_deprecated_spellings_that_vllm_calls_still_meet():
+    """vLLM 0.27.1 (device_communicators/base_device_communicator.py:244) and vLLM Ascend
+    (distributed/utils.py:26, ops/fused_moe/moe_utils.py:98) call all_gather_into_tensor, which
+    torch 2.13 deprecates in favour of all_gather_single (reduce_scatter_tensor likewise): the
+    backend serves both spellings as one collective."""
+    out = {}
+
+    def body(rank):
+        gathered = torch.zeros(2, dtype=torch.int64)
+        dist.all_gather_into_tensor(gathered, torch.tensor([rank + 5]))
+        scattered = torch.zeros(1, dtype=torch.int64)
+        dist.reduce_scatter_tensor(scattered, torch.tensor([1, 2]) * (rank + 1))
+        out[rank] = (gathered.tolist(), scattered.item())
+
+    with pytest.warns(FutureWarning) as caught:
+        stats = FabricWorld(2).run(body)
+    deprecated = {str(w.message).split("`")[1] for w in caught if issubclass(w.category, FutureWarning)}
+    assert deprecated == {"torch.distributed.all_gather_into_tensor", "torch.distributed.reduce_scatter_tensor"}
+    assert out == {0: ([5, 6], 3), 1: ([5, 6], 6)} and stats.met == {"default_pg": 2}
 
 
 def test_a_shape_mismatch_is_exact_and_ends_every_thread():
