@@ -237,6 +237,24 @@ class FabricProcessGroup(dist.ProcessGroup):
         self._meet("all_to_all_single", input, (output, input, list(output_splits), list(input_splits)), combine)
         return _work(output)
 
+    def moe_distribute(self, stage: str, x: torch.Tensor, global_bs: int) -> torch.Tensor:
+        """MC2's MoE token dispatch or combine on this (EP) group: what torch_npu's
+        ``npu_moe_distribute_dispatch`` / ``_combine`` put on the communicator, as a meeting
+        with op ``mc2_dispatch`` / ``mc2_combine`` and MC2's ``global_bs``, so the rules
+        ``mc2_token_counts`` and ``same_graph_key``'s MC2 exception apply
+        (`ascendgraph.parallel.fingerprints`). The routing of tokens to experts is not
+        modelled: the result is this rank's tokens."""
+        if stage not in ("dispatch", "combine"):
+            raise ValueError(f"moe_distribute stage must be 'dispatch' or 'combine', got {stage!r}")
+        if global_bs < 0:
+            raise ValueError(f"MC2's global_bs must be >= 0 (0: every rank padded to one count), got {global_bs}")
+        shape = tuple(x.shape)
+        call = Collective(self.kind, f"mc2_{stage}", shape, _dtype(x), how=self._world.how(), site=f"moe_{stage}",
+                          params=(("global_bs", int(global_bs)),), local_us=self._world.elapsed_us(self.global_rank),
+                          members=self.members, payload=None, combine=lambda payloads: {r: None for r in payloads})
+        self._world.threads.collective(self.global_rank, call)
+        return x.clone()
+
     def _p2p(self, tensor: torch.Tensor, peer_in_group: int, sending: bool) -> Any:
         me, peer = self.global_rank, self.members[peer_in_group]
         pair = tuple(sorted((me, peer)))

@@ -133,3 +133,26 @@ def test_a_surplus_post_sync_decision_fails_at_the_end_of_the_run():
     with pytest.raises(CollectiveMismatch, match="surplus") as info:
         world.run(body)
     assert info.value.rules == ("post_sync_invariant",)
+
+
+def test_mc2_meetings_follow_the_mc2_rules():
+    """moe_distribute: with global_bs > 0 (the skip path) replays of different sizes meet within
+    global_bs / ep; with global_bs = 0 the counts must be equal (mc2_token_counts)."""
+    world = FabricWorld(2)
+
+    def uneven(global_bs):
+        def body(rank):
+            group = dist.new_group([0, 1], group_desc="ep:device")
+            tokens = 4 if rank == 0 else 8
+            with world.replaying(f"FULL:{tokens}x{tokens}"):
+                out = group.moe_distribute("dispatch", torch.ones(tokens, 2), global_bs)
+                group.moe_distribute("combine", out, global_bs)
+        return body
+
+    stats = world.run(uneven(16))
+    assert stats.met == {"ep:device": 2}
+    with pytest.raises(CollectiveMismatch) as info:
+        FabricWorld(2).run(uneven(0))
+    assert "mc2_token_counts" in info.value.rules and "same_graph_key" in info.value.rules
+    with pytest.raises(ValueError, match="moe_distribute stage must be .dispatch. or .combine., got .send."):
+        FabricWorld(2).run(lambda rank: dist.new_group([0, 1]).moe_distribute("send", torch.ones(1), 0))
