@@ -156,3 +156,78 @@ def test_mc2_meetings_follow_the_mc2_rules():
     assert "mc2_token_counts" in info.value.rules and "same_graph_key" in info.value.rules
     with pytest.raises(ValueError, match="moe_distribute stage must be .dispatch. or .combine., got .send."):
         FabricWorld(2).run(lambda rank: dist.new_group([0, 1]).moe_distribute("send", torch.ones(1), 0))
+
+
+@pytest.mark.parametrize("env, straggles", [({"HCCL_EXEC_TIMEOUT": "2"}, True), ({"HCCL_EXEC_TIMEOUT": "0"}, False),
+                                            ({"HCCL_OP_EXPANSION_MODE": "AIV"}, False)])
+def test_the_wait_limit_is_hccl_exec_timeout_from_the_environment(monkeypatch, env, straggles):
+    """Without a timeout given, FabricWorld reads HCCL_EXEC_TIMEOUT (0: never) and the AIV
+    expansion mode's default (1091 s) as the rank simulation does (docs/ranks.md)."""
+    for name in ("HCCL_EXEC_TIMEOUT", "HCCL_OP_EXPANSION_MODE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    clocks = {0: 0.0, 1: 5_000_000.0}
+    world = FabricWorld(2, clock=lambda rank: clocks[rank])
+    assert world.timeout_s == {"2": 2.0, "0": None}.get(env.get("HCCL_EXEC_TIMEOUT", ""), 1091.0)
+    if not straggles:
+        world.run(lambda rank: dist.all_reduce(torch.zeros(1)))
+        return
+    with pytest.raises(CollectiveTimeout, match="past the 2 s HCCL_EXEC_TIMEOUT; the straggler is rank 1"):
+        world.run(lambda rank: dist.all_reduce(torch.zeros(1)))
+
+
+def _captured_all_reduce(world, keys, eager_rank=None, replays=2):
+    """Each rank captures dist.all_reduce into a graph named ``keys[rank]`` on its own
+    simulated device, then replays it ``replays`` times (``eager_rank`` runs it eagerly)."""
+    from ascendgraph.device import get_device
+
+    out = {}
+
+    def body(rank):
+        device = get_device("sim")
+        x = torch.full((4,), float(rank + 1), device=device.torch_device)
+        if rank == eager_rank:
+            for _ in range(replays):
+                dist.all_reduce(x)
+            out[rank] = x.tolist()
+            return
+        graph = device.new_graph(keys[rank])
+        with device.graph(graph):
+            dist.all_reduce(x)
+        out[rank, "captured"] = x.tolist()  # nothing met at capture: the graph holds the collective
+        for _ in range(replays):
+            x.fill_(float(rank + 1))
+            graph.replay()
+        device.synchronize()
+        out[rank] = x.tolist()
+
+    return world.run(body), out
+
+
+def test_a_captured_collective_meets_at_replay_carrying_its_graph_key():
+    """A collective captured on a rank's simulated device (sim.capture) does not meet at capture;
+    each replay of the graph meets as graph:<the graph's name>, moving the replay's data."""
+    stats, out = _captured_all_reduce(FabricWorld(2), {0: "FULL:4", 1: "FULL:4"})
+    assert out[0, "captured"] == [1.0] * 4 and out[1, "captured"] == [2.0] * 4
+    assert stats.met == {"default_pg": 2} and out[0] == out[1] == [3.0] * 4
+    world = FabricWorld(2)
+    with pytest.raises(CollectiveMismatch) as info:
+        _captured_all_reduce(world, {0: "FULL:4", 1: "FULL:8"})
+    assert info.value.rules == ("same_graph_key",)
+    assert "rank 0: graph:FULL:4, rank 1: graph:FULL:8" in str(info.value)
+    with pytest.raises(CollectiveMismatch) as info:
+        _captured_all_reduce(FabricWorld(2), {0: "FULL:4"}, eager_rank=1)
+    assert info.value.rules == ("graph_never_meets_eager",) and "rank 0: graph:FULL:4, rank 1: eager" in str(info.value)
+
+
+def test_a_collective_the_backend_cannot_capture_is_refused_by_name():
+    from ascendgraph.device import get_device
+
+    def body(rank):
+        device = get_device("sim")
+        with device.graph(device.new_graph("FULL:1")):
+            dist.barrier()
+
+    with pytest.raises(RuntimeError, match="simulator: barrier inside a graph capture is not simulated"):
+        FabricWorld(2).run(body)
