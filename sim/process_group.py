@@ -55,8 +55,9 @@ from torch.distributed import distributed_c10d as c10d
 from torch.futures import Future
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
+from ascendgraph.errors import ConfigError
 from ascendgraph.parallel.fingerprints import EAGER, default_collective_timeout_s, graph_how
-from ascendgraph.parallel.layout import ParallelLayout
+from ascendgraph.parallel.layout import MAX_WORLD_SIZE, ParallelLayout
 from sim.fabric import Collective, Decision, Fabric, FabricStats, FabricThreads
 from sim.recorder import CaptureRecorder
 
@@ -425,6 +426,9 @@ class FabricWorld:
     def __init__(self, world_size: int, *, seed: int = 0,
                  timeout_s: Union[float, None, FromEnvironment] = FROM_ENVIRONMENT,
                  clock: Optional[Callable[[int], float]] = None) -> None:
+        if isinstance(world_size, bool) or not isinstance(world_size, int) or not 1 <= world_size <= MAX_WORLD_SIZE:
+            raise ConfigError(f"FabricWorld world_size must be an integer from 1 to {MAX_WORLD_SIZE} (the ranks the "
+                              f"simulator steps), got {world_size!r}", key="world_size")
         self.world_size = world_size
         if isinstance(timeout_s, FromEnvironment):
             timeout_s = default_collective_timeout_s(os.environ,

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ascendgraph.errors import CollectiveDeadlock, CollectiveMismatch, CollectiveTimeout
+from ascendgraph.errors import CollectiveDeadlock, CollectiveMismatch, CollectiveTimeout, ConfigError
 from sim.process_group import BACKEND_NAME, FabricWorld
 
 
@@ -231,3 +231,9 @@ def test_a_collective_the_backend_cannot_capture_is_refused_by_name():
 
     with pytest.raises(RuntimeError, match="simulator: barrier inside a graph capture is not simulated"):
         FabricWorld(2).run(body)
+
+
+@pytest.mark.parametrize("size", [0, -1, 513, 2.5, True])
+def test_a_world_size_the_fabric_cannot_lay_out_is_one_line_naming_it(size):
+    with pytest.raises(ConfigError, match=rf"FabricWorld world_size must be an integer from 1 to 512 .*got {size!r}$"):
+        FabricWorld(size)
