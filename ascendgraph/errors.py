@@ -12,7 +12,7 @@ BaseException (a signal, like KeyboardInterrupt: no ``except Exception`` may swa
                   -> GraphModeError
     RuntimeError  -> CaptureError -> StreamResourceExhausted, OldHdkStack,
                                      ResourceAllocFailed, CaptureConstraintError
-                  -> GraphHang, StaleGraphParams, DeviceLost, NumericalMismatch,
+                  -> GraphHang, StaleGraphParams, StreamOrderError, DeviceLost, NumericalMismatch,
                      DeviceUnavailable, KernelContractError
                   -> CollectiveError -> CollectiveMismatch, CollectiveDeadlock, CollectiveTimeout
                   -> NoForwardContext, CaptureNotAllowed, GraphParamsNotSet, OutOfKVBlocks
@@ -44,6 +44,7 @@ __all__ = [
     "CaptureConstraintError",
     "GraphHang",
     "StaleGraphParams",
+    "StreamOrderError",
     "DeviceLost",
     "NumericalMismatch",
     "DeviceUnavailable",
@@ -163,6 +164,13 @@ class StaleGraphParams(AscendGraphError, RuntimeError):
     """A FULL replay executed an attention task group without a task update since that
     replay began (docs/decisions.md "Stale FULL-graph parameters"): its attention ran with an earlier batch's parameters.
     Raised by the device (the simulator with ``require_task_updates=True``, the default)."""
+
+
+class StreamOrderError(AscendGraphError, RuntimeError):
+    """Device work the host issued on two streams (or the host and a stream) is not ordered, and a
+    card may run it the wrong way round: a task update before the earlier replay that still runs its
+    group, a host access to a buffer a queued non-blocking copy has not filled or read yet. Raised by
+    the simulator's stream queues (``sim.queues``) when the work is issued."""
 
 
 class DeviceLost(AscendGraphError, RuntimeError):
@@ -405,6 +413,24 @@ RECORD_BEHIND_ITS_WAIT = (
     "{event} is recorded on {stream}, which is blocked by {blocked_by} waiting on that same event: "
     "the record queues behind the wait and the stream would hang on the device. Record the event on "
     "another stream (the one that issued the task updates)."
+)
+EVENT_RECORDED_BEFORE_CONSUMED = (
+    "{event} is recorded on {stream} ({what}) while nothing orders it after {consumer} on {consumer_stream}, which "
+    "consumes the event's previous record with its wait and reset: a card runs behind the host, so this record can "
+    "land before that wait and reset, the earlier record is lost and the next replay waits on {event} for ever. "
+    "Synchronize {consumer_stream} before launching the next replay (vLLM Ascend synchronizes the current stream "
+    "before every FULL replay: compilation/acl_graph.py@182b75ea:253-266)."
+)
+UPDATE_BEFORE_REPLAY = (
+    "task update of {group} on {stream} ({what}) is not ordered after {replay} on {replay_stream}, which may not have "
+    "run that group yet: a card runs behind the host, so the update can land first and {replay} runs the group with "
+    "the next step's parameters (and the event record that follows the update is lost: the next replay hangs). "
+    "Synchronize {replay_stream} before launching the next replay (vLLM Ascend: compilation/acl_graph.py@182b75ea:253-266)."
+)
+HOST_ACCESS_BEFORE_COPY = (
+    "{what} {access} host memory that {copy} on {stream} {role}, and nothing waited for that copy: a card runs behind "
+    "the host, so the copy may not have run yet. Synchronize {stream}, or an event recorded after the copy, before "
+    "touching the buffer."
 )
 EXTERNAL_EVENT_NOT_RESET = (
     "simulator strictness: {event} was recorded again without reset(); a card raises nothing, the "

@@ -97,7 +97,7 @@ class NpuGraph:
 
     def capture_end(self) -> None:
         self.graph.capture_end()
-        self.device._captured(self)
+        self.device.note_captured(self)
 
     def replay(self) -> None:
         self.graph.replay()
@@ -105,7 +105,7 @@ class NpuGraph:
     def reset(self) -> None:
         self.graph.reset()
         if self.state == CAPTURED:
-            self.device._released(self)
+            self.device.note_released(self)
         else:
             self.state = NEW
 
@@ -115,7 +115,7 @@ class NpuGraph:
     def __del__(self) -> None:  # torch_npu frees a dropped graph; keep the bookkeeping in step
         if getattr(self, "state", NEW) == CAPTURED:
             with contextlib.suppress(Exception):
-                self.device._released(self)
+                self.device.note_released(self)
 
     def __repr__(self) -> str:
         return f"<NpuGraph {self.name} {self.kind} {self.state}>"
@@ -291,7 +291,7 @@ class NpuDevice:
         finally:
             self._close_task()
         graph.pool_bytes = max(0, self._reserved_bytes() - reserved_before)
-        self._captured(graph)
+        self.note_captured(graph)
 
     @contextlib.contextmanager
     def _cache_flush_through_device(self) -> Iterator[None]:
@@ -308,13 +308,15 @@ class NpuDevice:
         finally:
             module.empty_cache = flush
 
-    def _captured(self, graph: NpuGraph) -> None:
+    def note_captured(self, graph: NpuGraph) -> None:
+        """``graph`` finished its capture: count it and let the router know."""
         graph.state = CAPTURED
         self._graphs[id(graph)] = graph
         self._captured_total += 1
         self.router.graph_captured()
 
-    def _released(self, graph: NpuGraph) -> None:
+    def note_released(self, graph: NpuGraph) -> None:
+        """``graph`` was reset or freed after a capture."""
         graph.state = RESET
         self._graphs.pop(id(graph), None)
         self.router.graph_released()

@@ -11,9 +11,11 @@ A task group names a run of records. A task `Update` collects the ops re-issued 
 task_update_begin and task_update_end (they do not run) and, if they match the group op
 for op, the group's program entries take their arguments.
 
-Memory. Capture outputs are blocks of the capture's pool (`sim.pool_memory`); at capture
-end `Capture.bind_program` points the records at the blocks' program aliases, so a later
-capture into the pool may reuse a block once the captured code drops its tensors.
+Memory. Capture outputs are blocks of the capture's pool (`sim.pool_memory`); every record
+is kept on the blocks' program aliases (`Capture._append`), so a block the captured code
+drops goes back to the pool at once and a later allocation of this capture, or of a later
+capture into the pool, may be handed it. Each record's pool reads and writes are checked as
+it is recorded ("no one else wrote it in between").
 
 Kernels. A segment's ``tasks`` are one per recorded op (aliases, host-side checks and
 allocations are never recorded: they launch no kernel, see `sim.recorder`; an allocation
@@ -26,6 +28,7 @@ optimisation merged runs of them (`sim.program.Program.merge_runs`): the calls s
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import math
 import time
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -41,6 +44,7 @@ from ascendgraph.errors import (
     CaptureConstraintError,
 )
 from sim import kernels
+from sim import pool_checks
 from sim.pool_memory import GraphMemory
 from sim.static_addresses import tensors_in as _tensors_in
 from sim.mode_stack import withdraw
@@ -132,7 +136,7 @@ class ControlRecord:
 class TaskGroup:
     """The handle task_group_end returns: a run of records of one graph capture."""
 
-    __slots__ = ("graph", "generation", "index", "record_indices", "name", "updated_stamp")
+    __slots__ = ("graph", "generation", "index", "record_indices", "name", "updated_stamp", "issued_stamp")
 
     def __init__(self, graph: "SimGraph", generation: int, index: int, record_indices: list[int]) -> None:
         self.graph = graph
@@ -141,6 +145,7 @@ class TaskGroup:
         self.record_indices = record_indices
         self.name = f"task group {index} of {graph.name}"
         self.updated_stamp = 0  # the device's event counter at its last applied task update
+        self.issued_stamp = 0  # the same for the last update the host issued (it may not have run yet)
 
     def __repr__(self) -> str:
         return f"<{self.name}: {len(self.record_indices)} ops>"
@@ -233,10 +238,14 @@ class Capture:
         self.super_kernel_scopes: list[str] = []  # names of the super_kernel_scope()s opened
         self.fresh_bytes = 0
         self.pool_blocks: list[Any] = []  # storages made outside the pool arena (held by the graph: sim.graph)
-        self.memory = GraphMemory(graph.name)  # the pool blocks this capture is handed
+        self.memory = GraphMemory(graph.name, device.virtual_clock.next_stamp)  # the pool blocks this capture is handed
         self.on_arena = device.torch_device.type != "meta"
+        self.live: dict[int, Any] = {}  # the pool's handed-out blocks by address (its arena's), for rebinding
         if self.on_arena:
-            pool.arena.sweep()  # blocks freed since the last capture into the pool are handed out again
+            arena = pool.arena
+            arena.sweep()  # blocks freed since the last capture into the pool are handed out again
+            self.memory.arena = arena
+            self.live = arena.live
         self.fallback_ops = 0
         self.recorder = CaptureRecorder(self)
         self.guard = HostSyncGuard(self.host_sync_error, self.device.host_memory)
@@ -268,7 +277,7 @@ class Capture:
 
     # -- ops
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        info = self.device._op_info(func)
+        info = self.device.op_info(func)
         kind = info.kind
         if self.open_group is not None:
             return self._dispatch_in_group(info, args, kwargs)
@@ -303,7 +312,7 @@ class Capture:
             made = materialize(info, args, kwargs, refuse)
             if made is None:
                 return self._record_executed(info, args, kwargs)
-            self.records.append(OpRecord(func, args, dict(kwargs), made[1], self.device._current().stream_id))
+            self._append(func, args, kwargs, made[1])
             return made[0]
         if kind == HOST_SYNC:
             if self._reads_host_memory_only(args, kwargs):
@@ -313,9 +322,10 @@ class Capture:
 
     def _allocate(self, meta: Tensor) -> Tensor:
         nbytes = meta.untyped_storage().nbytes() if meta.numel() else 0
-        self.device._capture_malloc(self, nbytes)
+        self.device.captures.malloc(self, nbytes)
         if self.on_arena and nbytes:
-            real = self.pool.arena.allocate(meta, self.memory, next(self.device._stamps))
+            real = self.pool.arena.allocate(meta, self.memory, self.device.virtual_clock.next_stamp(), self.stream.stream_id,
+                                            index=len(self.records))
         else:
             real = torch.empty_strided(meta.size(), meta.stride(), dtype=meta.dtype, device=self.device.torch_device)
             self.pool_blocks.append(real.untyped_storage())
@@ -324,32 +334,42 @@ class Capture:
         self.fresh_bytes += nbytes
         return real
 
-    def bind_program(self) -> None:
-        """Point every recorded tensor that lies on a pool block at the block's program alias
-        (module docstring): the records stop holding the captured code's tensors."""
-        if not self.on_arena or not self.memory.ranges:
-            return
-        arena = self.pool.arena
-        bound: dict[int, Tensor] = {}
+    def allocate_raw(self, nbytes: int) -> int:
+        """A raw block of the capture's pool (``device.memory.allocate`` on the capturing stream):
+        counted, consulted by the malloc failpoint, poisoned (all bits set: NaN in every float
+        dtype) like a tensor's fresh block; freed by address."""
+        self.device.captures.malloc(self, nbytes)
+        allocation = self.pool.arena.take(nbytes, self.memory, self.device.virtual_clock.next_stamp(), self.stream.stream_id,
+                                          raw=True, index=len(self.records))
+        if self.poison:
+            ctypes.memset(allocation.address, 0xFF, nbytes)
+        self.fresh_bytes += nbytes
+        return allocation.address
 
-        def rebind(value: Any) -> Any:
-            if isinstance(value, Tensor):
-                key = id(value)
-                if key not in bound:
-                    alias = arena.program_tensor(value) if type(value) is Tensor else None
-                    bound[key] = value if alias is None else alias
-                return bound[key]
-            if isinstance(value, tuple):
-                return tuple(rebind(v) for v in value)
-            if isinstance(value, list):
-                return [rebind(v) for v in value]
-            return value
+    def _append(self, func: Any, args: tuple, kwargs: dict, dests: Any) -> None:
+        """Record one op: check its pool reads and writes (`sim.pool_checks.check_op`),
+        then keep it on the blocks' program aliases, so the recording holds no block allocated and
+        a block the captured code frees is handed out again inside this capture."""
+        if self.live:
+            pool_checks.check_op(self.memory, func, args, kwargs, len(self.records))
+            args = self._bind(args)
+            kwargs = {key: self._bind(value) for key, value in kwargs.items()}
+            dests = [self._bind(dest) for dest in dests]
+        self.records.append(OpRecord(func, args, dict(kwargs), dests, self.device.current_stream().stream_id))
 
-        for record in self.records:
-            if isinstance(record, OpRecord):
-                record.args = rebind(record.args)
-                record.kwargs = {key: rebind(value) for key, value in record.kwargs.items()}
-                record.dests = [rebind(dest) for dest in record.dests]
+    def _bind(self, value: Any) -> Any:
+        """``value`` with every tensor on a live block of the pool replaced by the block's program alias."""
+        if type(value) is Tensor:
+            storage = value.untyped_storage()
+            allocation = self.live.get(storage.data_ptr())
+            if allocation is None or allocation.user_storage is None or allocation.user_storage() is not storage:
+                return value
+            return allocation.program_alias(value)
+        if isinstance(value, tuple):
+            return tuple(self._bind(v) for v in value)
+        if isinstance(value, list):
+            return [self._bind(v) for v in value]
+        return value
 
     def _allocate_only(self, info: OpInfo, args: tuple, kwargs: dict) -> Any:
         """An allocation: fresh pool memory (counted, poisoned), no task recorded."""
@@ -362,12 +382,12 @@ class Capture:
         kernels.on_capture(self.device.contracts, self.graph.name, info.func, args, kwargs)
         collective = collective_group(info.func, args, kwargs)
         if collective is not None:  # the graph holds the group's streams (sim.budget)
-            self.device._capture_collective(self, info.func, collective[0])
+            self.device.captures.collective(self, info.func, collective[0])
         made = materialize(info, args, kwargs, self._allocate)
         if made is None:
             return self._record_executed(info, args, kwargs)
         value, dests = made
-        self.records.append(OpRecord(info.func, args, dict(kwargs), dests, self.device._current().stream_id))
+        self._append(info.func, args, kwargs, dests)
         return value
 
     def _record_executed(self, info: OpInfo, args: tuple, kwargs: dict) -> Any:
@@ -385,7 +405,7 @@ class Capture:
                 dests.append(value)
             else:
                 dests.append(None)
-        self.records.append(OpRecord(func, args, dict(kwargs), dests, self.device._current().stream_id))
+        self._append(func, args, kwargs, dests)
         return out
 
     def control(self, kind: str, event: "SimExternalEvent") -> None:
@@ -427,9 +447,10 @@ class Update:
         self.stream = stream
         self.calls: list[tuple[Any, tuple, dict]] = []
         self.collector = UpdateCollector(self)
+        self.in_graph: Any = None  # the token of `sim.pool_memory.enter_graph` while the update is open
 
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        info = self.device._op_info(func)
+        info = self.device.op_info(func)
         if info.kind == ALIAS or info.kind == HOST:
             return func(*args, **kwargs)
         if info.kind == ALLOC:  # scratch memory of the update: not a re-issued task

@@ -13,17 +13,26 @@ simulator adds is the device's *graph* behaviour, enforced the way torch_npu enf
 * a virtual clock (`sim.cost`) prices eager launches, graph launches and device tasks.
 
 All state lives on the device object: two devices in one process (or in pytest-xdist
-workers) never see each other.
+workers) never see each other. One exception is the eager kernels' contract policy outside
+every device scope: the kernels are process-wide (torch.library), so an eager kernel that runs
+outside ``track_eager`` / ``warmup_scope`` / ``kernel_policy`` takes the newest device's policy
+(`sim.kernels`).
 
-Pool-memory model: see `sim.pools`.
+The device owns its parts as components, each a module with its own theory of operation; it
+hands them to one another and calls them only through their public methods:
 
-The device is one class assembled from cohesive parts:
+    device.memory       sim.memory       DeviceMemory   the caching allocator: the device pool, by address
+    device.pools        sim.pools        GraphPools     graph pools, their footprints and host memory
+    device.queues       sim.queues       StreamQueues   per-stream queues of device work, lag, ordering hazards
+    device.virtual_clock sim.clock       VirtualClock   host and device clocks, the order of events
+    device.trace        sim.tracing      Trace          kernel log and trace spans
+    device.ledger       sim.budget       StreamLedger   the stream budget
+    device.captures     sim.capturing    Captures       capture_begin / capture_end, abort, release
+    device.replays      sim.replay       Replays        replays, ExternalEvent record / wait / reset
+    device.task_groups  sim.task_groups  TaskGroups     task groups, task updates, stale parameters
 
-    sim.capturing    CaptureMixin     device.graph(), capture_begin/end, pools, abort, release
-    sim.replay       ReplayMixin      replay, ExternalEvent record/wait/reset, suspended streams
-    sim.task_groups  TaskGroupMixin   task groups, task updates, stale-parameter detection
-    sim.tracing      TracingMixin     kernel log, trace spans, profiling, static / super kernels
-    sim.pools        SimPool(Handle)  graph memory pools
+`SimDevice` keeps what is the device's own (profile, options, streams, the fault plan, the op
+classification cache) and the Device protocol's methods, which delegate.
 """
 from __future__ import annotations
 
@@ -46,67 +55,51 @@ from ascendgraph.device import (
     KernelPrecheck,
     StaticKernels,
     SuperKernels,
-    VirtualClock,
+    VirtualClock as VirtualClockCapability,
     WarmupScope,
 )
-from ascendgraph.errors import (
-    GRAPH_HANG_REPLAY,
-    GRAPH_HANG_STREAM,
-    TEXT_DEVICE_LOST,
-    ConfigError,
-    DeviceLost,
-    GraphHang,
-    StaleGraphParams,
-)
-from sim.budget import StreamLedger
-from sim.capture import Capture, Update
-from sim.capturing import CaptureMixin
-from sim.cost import CostModel
+from ascendgraph.errors import GRAPH_HANG_STREAM, TEXT_DEVICE_LOST, ConfigError, DeviceLost, GraphHang
 from sim import kernels
+from sim.budget import StreamLedger
+from sim.capture import TaskGroup
+from sim.capturing import Captures
+from sim.clock import VirtualClock
+from sim.cost import CostModel
 from sim.faults import Action, FaultPlan, Term, fault_error
-from sim.graph import ReplayRun
+from sim.graph import ReplayRun, SimGraph
+from sim.memory import DeviceMemory, DeviceMemoryOwner
+from sim.options import OPTIONS, check_option_names, stream_error
 from sim.pool_memory import PoolAllocation, PoolWeakTensor
-from sim.pools import SimPool, SimPoolHandle
+from sim.pools import GraphPools, SimPoolHandle
 from sim.profiles import DEFAULT_PROFILE, SimProfile, get_profile
-from sim.recorder import OpInfo, classify
-from sim.replay import ReplayMixin, _EagerWait
+from sim.queues import DeviceRunner, StreamQueues
+from sim.recorder import EagerTracker, OpInfo, classify
+from sim.replay import Replays
 from sim.streams import SimEvent, SimExternalEvent, SimStream
-from sim.task_groups import TaskGroupMixin
-from sim.tracing import SUPER_KERNEL_OPTION_KEYS, KernelRecord, TraceSpan, TracingMixin
+from sim.task_groups import TaskGroups
+from sim.tracing import (
+    SUPER_KERNEL_OPTION_KEYS,
+    KernelRecord,
+    SimProfileSession,
+    Trace,
+    TraceSpan,
+    check_super_kernel_options,
+    merge_super_kernels,
+)
 from sim.warmup import WarmupMode, warmup_scope
 
 __all__ = ["SimDevice", "SimPoolHandle", "KernelRecord", "TraceSpan", "OPTIONS", "SUPER_KERNEL_OPTION_KEYS"]
 
 logger = logging.getLogger(__name__)
 
-# Keyword options SimDevice accepts besides profile / stream_limit / faults / cost_model.
-OPTIONS = {
-    "env": "mapping read for TASK_QUEUE_ENABLE at capture_begin (default: os.environ)",
-    "seed": "seed of the fault plan's percentage draws (default 0)",
-    "allow_rng_in_capture": "record RNG ops instead of rejecting them (default False)",
-    "poison_capture_outputs": "fill fresh capture outputs with NaN until the first replay (default True)",
-    "stream_error": "'207008' (default) or 'el0009': which CANN line a stream exhaustion carries",
-    "record_kernels": "keep a KernelRecord per executed task from the start (default False)",
-    "allow_float32_attention": "declared leniency (docs/decisions.md, 'float32 on the simulator'): accept float32 where the kernels take only "
-    "float16/bfloat16 (an NPU would refuse it; default False)",
-    "lazy_kernel_init": "model the workspace allocation of a kernel's first launch per shape, refused "
-    "inside a capture (so captures need warm-ups; default True)",
-    "require_task_updates": "a replay that executes a task group not updated since that replay began raises "
-    "StaleGraphParams (default True; False leaves stale parameters to the check against eager)",
-    "hccl_op_expansion_mode": "HCCL's collective expansion (AIV, or anything else: FFTS+) pricing captured "
-    "collectives in streams (default: HCCL_OP_EXPANSION_MODE of env)",
-    "meta_tensors": "tensors live on the meta device: captures still count streams, pool bytes and "
-    "virtual time, but no memory is held and nothing computes (planning only; default False)",
-}
-STREAM_ERROR_VARIANTS = ("207008", "el0009")
 
 
-class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
+class SimDevice:
     """The CPU simulator device (see the module docstring)."""
 
     name = "sim"
     # The optional capabilities of ascendgraph.device the simulator provides (the conformance suite checks them).
-    capabilities = (FaultInjection, KernelLog, VirtualClock, WarmupScope, StaticKernels, SuperKernels,
+    capabilities = (FaultInjection, KernelLog, VirtualClockCapability, WarmupScope, StaticKernels, SuperKernels,
                     HcclExpansionMode, Float32Attention, KernelPrecheck)
 
     def __init__(
@@ -117,13 +110,7 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
         cost_model: Optional[CostModel] = None,
         **options: Any,
     ) -> None:
-        unknown = sorted(set(options) - set(OPTIONS))
-        if unknown:
-            raise ConfigError(
-                f"unknown SimDevice option(s) {', '.join(unknown)}; valid options: "
-                + "; ".join(f"{k} ({v})" for k, v in OPTIONS.items()),
-                key="device",
-            )
+        check_option_names(options)
         self.sim_profile = get_profile(profile)
         self.profile: DeviceProfile = self.sim_profile.device
         if stream_limit is not None and (isinstance(stream_limit, bool) or not isinstance(stream_limit, int) or stream_limit < 1):
@@ -131,11 +118,12 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
         self.uid = id(self)
         self.cost = cost_model or CostModel(self.sim_profile.cost)
         env = options.get("env")
-        self._env: Mapping[str, str] = env if env is not None else os.environ
+        self.env: Mapping[str, str] = env if env is not None else os.environ
         self.seed = int(options.get("seed", 0))
         self.allow_rng_in_capture = bool(options.get("allow_rng_in_capture", False))
         self.poison_capture_outputs = bool(options.get("poison_capture_outputs", True))
         self.allow_float32_attention = bool(options.get("allow_float32_attention", False))
+        self.require_task_updates = bool(options.get("require_task_updates", True))
         # Which tensors live in host memory: None means every tensor stands for device memory
         # (the simulator's convention). The torch_npu facade answers with its pinned host copies
         # (sim.facade.pinned): reading those during a capture is host work, not a device sync.
@@ -144,19 +132,15 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
             allow_float32_attention=self.allow_float32_attention,
             lazy_kernel_init=bool(options.get("lazy_kernel_init", True)),
         )
-        kernels.activate(self.contracts)  # eager kernels are process-wide: the newest device's policy
-        self.stream_error = str(options.get("stream_error", "207008")).lower()
-        if self.stream_error not in STREAM_ERROR_VARIANTS:
-            raise ConfigError(
-                f"stream_error must be one of {', '.join(STREAM_ERROR_VARIANTS)}, got {self.stream_error!r}",
-                key="stream_error",
-            )
-        self._ledger = StreamLedger(
+        kernels.register(self.contracts)  # eager kernels in this device's scopes use it (`kernel_policy`)
+        self.stream_error = stream_error(options)
+        self.ledger = StreamLedger(
             stream_limit or self.profile.stream_limit,
             reserved_streams=self.profile.reserved_streams,
-            expansion_mode=options.get("hccl_op_expansion_mode") or self._env.get("HCCL_OP_EXPANSION_MODE"),
+            expansion_mode=options.get("hccl_op_expansion_mode") or self.env.get("HCCL_OP_EXPANSION_MODE"),
         )
         self._faults: Optional[FaultPlan] = None
+        self._lost_at: Optional[str] = None
         self.set_fault_plan(faults)
 
         # meta_tensors (planning): same shapes, strides and byte counts, no storage, no compute.
@@ -165,35 +149,18 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
         self._stream_ids = itertools.count(0)
         self._default = SimStream(self, next(self._stream_ids), "stream 0 (default)")
         self._streams: list[SimStream] = [self._default]
-        self._capture_stream: Optional[SimStream] = None
         self._tls = threading.local()
-        self._busy: set[SimStream] = set()
         self._event_ids = itertools.count(1)
-        self._graph_ids = itertools.count(1)
-        self._pool_ids = itertools.count(1)
-        self._hold_ids = itertools.count(1)
-        self._pools: dict[int, SimPool] = {}
         self._ops: dict[Any, OpInfo] = {}
 
-        self._capture: Optional[Capture] = None
-        self._update: Optional[Update] = None
-        self._graphs_alive = 0
-        self._captured_total = 0
-        self._replays = 0
-        self.require_task_updates = bool(options.get("require_task_updates", True))
-        self._stamps = itertools.count(1)  # orders replay launches and applied task updates
-        self._stale: list[StaleGraphParams] = []  # noted by replays, raised at the next host contact
-        self._fallback_ops = 0
-        self._lost_at: Optional[str] = None
-
-        self._host_us = 0.0
-        self._device_us = 0.0
-        self._capture_time_us = 0.0
-        self.kernel_records: list[KernelRecord] = []
-        self.trace_spans: list[TraceSpan] = []
-        self._sessions = 0  # open profiling() sessions
-        self._profiling = bool(options.get("record_kernels", False))
-        self._replay_marks: dict[int, tuple[float, Optional[float], str]] = {}  # id(run) -> (start, wait start, event)
+        self.virtual_clock = VirtualClock()
+        self.trace = Trace(self.virtual_clock, record=bool(options.get("record_kernels", False)))
+        self.queues = StreamQueues(DeviceRunner(self), lag=str(options.get("lag", "device")))
+        self.pools = GraphPools(self.uid)
+        self.memory = DeviceMemory(DeviceMemoryOwner(self))
+        self.captures = Captures(self)
+        self.replays = Replays(self)
+        self.task_groups = TaskGroups(self)
 
     def check_kernel_call(self, kernel: str, arguments: Mapping[str, Any]) -> None:
         """Pre-check one torch_npu kernel call against the contract table (KernelContractError)."""
@@ -203,44 +170,24 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
         """Turn on the declared float32 leniency (docs/decisions.md) on a device made without it."""
         self.allow_float32_attention = True
         self.contracts.lenient = self.contracts.lenient | kernels.FLOAT32_LENIENT_RULES
-        kernels.activate(self.contracts)
+
+    def kernel_policy(self) -> ContextManager[kernels.ContractPolicy]:
+        """Eager kernels of the block use this device's contract policy (its leniencies, its
+        lazy-initialisation record); `track_eager` and `warmup_scope` set it themselves."""
+        return kernels.contract_policy(self.contracts)
 
     # ------------------------------------------------------------------ basics
     @property
     def torch_device(self) -> torch.device:
         return self._torch_device
 
-    def open_work(self) -> list[str]:
-        """What is open on this device right now, in words: a task update, a capture (and a
-        task group open in it). Empty when nothing is."""
-        found = []
-        if self._update is not None:
-            found.append(f"a task update of {self._update.group.name} on {self._update.stream}")
-        capture = self._capture
-        if capture is not None:
-            group = f", with a task group open on {capture.open_group[0]}" if capture.open_group is not None else ""
-            found.append(f"the capture of {capture.graph.name} on {capture.stream}{group}")
-        return found
-
-    def abandon_open_work(self) -> list[str]:
-        """Close whatever a caller left open, as leaving it by an exception does: the task
-        update is discarded (its group keeps its previous parameters), the capture is aborted
-        (`_abort_capture`: no graph, streams and pool bytes given back), and their modes come
-        off torch's mode stacks wherever they sit (`sim.mode_stack`), so later ops run eagerly
-        again. Returns what was open, in words (`open_work`)."""
-        found = self.open_work()
-        self.abandon_task_update()
-        capture = self._capture
-        if capture is not None:
-            self.abandon_task_group()
-            self._abort_capture(capture.graph)
-        return found
-
-    def _check_alive(self) -> None:
+    def check_alive(self) -> None:
+        """``DeviceLost`` once an injected ``device_lost`` fault fired: every later call fails."""
         if self._lost_at is not None:
             raise DeviceLost(TEXT_DEVICE_LOST.format(site=self._lost_at))
 
-    def _op_info(self, func: Any) -> OpInfo:
+    def op_info(self, func: Any) -> OpInfo:
+        """How the simulator treats ``func`` (`sim.recorder.classify`), cached per device."""
         info = self._ops.get(func)
         if info is None:
             info = self._ops[func] = classify(func)
@@ -266,13 +213,13 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
         """The stack's stream limit is this `ascendgraph.sizes.StreamPlan`'s ``max_streams``
         (None: the device's own). Only the limit: graphs are charged from what they hold
         (`sim.budget`), never with the plan's per-graph figures."""
-        self._ledger.set_plan(plan)
+        self.ledger.set_plan(plan)
 
     def set_hccl_op_expansion_mode(self, mode: Optional[str]) -> None:
         """HCCL's expansion mode for the collectives captured from now on (AIV or FFTS+)."""
-        self._ledger.set_expansion_mode(mode)
+        self.ledger.set_expansion_mode(mode)
 
-    def _fault(self, site: str, *, stream_id: int = 0, size_bytes: int = 0) -> Optional[Term]:
+    def fault(self, site: str, *, stream_id: int = 0, size_bytes: int = 0) -> Optional[Term]:
         """Consult the fault plan at ``site``; raise / delay here, return hang / skip terms."""
         plan = self._faults
         if plan is None:
@@ -287,26 +234,30 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
                 self._lost_at = site
             raise fault_error(term.code, site=site, stream_id=stream_id, size_bytes=size_bytes)
         if term.action is Action.DELAY:
-            self._host_us += term.delay_ms * 1000.0
+            self.virtual_clock.host_spends(term.delay_ms * 1000.0)
             return None
         if term.action is Action.HANG and site not in ("replay", "event_record"):
             raise GraphHang(
-                GRAPH_HANG_STREAM.format(stream=self._current(), event=f"an injected hang at {site}")
+                GRAPH_HANG_STREAM.format(stream=self.current_stream(), event=f"an injected hang at {site}")
             )
         return term
 
     # ------------------------------------------------------------------ streams and events
-    def _current(self) -> SimStream:
+    def current_stream(self) -> SimStream:
         return getattr(self._tls, "stream", None) or self._default
 
-    def current_stream(self) -> SimStream:
-        return self._current()
+    def set_current_stream(self, stream: Optional[SimStream]) -> None:
+        """Make ``stream`` this thread's current stream (None: the default stream), as torch_npu's
+        ``set_stream`` does: not a context (`stream` is the context)."""
+        if stream is not None and (not isinstance(stream, SimStream) or stream.device is not self):
+            raise ConfigError(f"{stream!r} is not a stream of this device ({self!r})", key="stream")
+        self._tls.stream = None if stream is self._default else stream
 
     def default_stream(self) -> SimStream:
         return self._default
 
     def new_stream(self) -> SimStream:
-        self._check_alive()
+        self.check_alive()
         stream_id = next(self._stream_ids)
         stream = SimStream(self, stream_id, f"stream {stream_id}")
         self._streams.append(stream)
@@ -327,29 +278,110 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
         finally:
             self._tls.stream = previous
 
+    def stream_names(self) -> dict[int, str]:
+        """Stream id -> name of every stream of the device (profile track names)."""
+        return {stream.stream_id: stream.name for stream in self._streams}
+
     def new_event(self) -> SimEvent:
         return SimEvent(self, f"event#{next(self._event_ids)}")
 
     def new_external_event(self) -> SimExternalEvent:
         return SimExternalEvent(self, f"external event#{next(self._event_ids)}")
 
+    # ------------------------------------------------------------------ graphs (sim.capturing, sim.replay, sim.task_groups)
+    def new_graph(self, name: Optional[str] = None) -> SimGraph:
+        return self.captures.new_graph(name)
+
+    def graph_pool_handle(self) -> SimPoolHandle:
+        return self.pools.new_shared()
+
+    def graph(self, graph: SimGraph, *, pool: Optional[SimPoolHandle] = None, stream: Optional[SimStream] = None,
+              capture_error_mode: str = "global", graph_kind: str = "full") -> ContextManager[None]:
+        """Capture the block into ``graph`` on ``stream`` (default: a side stream).
+
+        Like torch_npu's ``graph.__enter__`` it synchronizes first (a suspended replay
+        raises GraphHang here). An exception inside the block aborts the capture and
+        leaves nothing behind. ``graph_kind`` ("full" | "piecewise") selects the stream
+        charge of the StreamPlan.
+        """
+        return self.captures.graph(graph, pool=pool, stream=stream, capture_error_mode=capture_error_mode,
+                                   graph_kind=graph_kind)
+
+    def is_current_stream_capturing(self) -> bool:
+        capture = self.captures.active
+        return capture is not None and self.current_stream() is capture.stream
+
+    @property
+    def capture_in_progress(self) -> Any:
+        """The `sim.capture.Capture` under way on this device, or None."""
+        return self.captures.active
+
+    @property
+    def update_in_progress(self) -> Any:
+        """The `sim.capture.Update` (task update) open on this device, or None."""
+        return self.task_groups.open_update
+
+    def open_work(self) -> list[str]:
+        """What is open on this device right now, in words: a task update, a capture (and a
+        task group open in it). Empty when nothing is."""
+        found = []
+        update = self.task_groups.open_update
+        if update is not None:
+            found.append(f"a task update of {update.group.name} on {update.stream}")
+        capture = self.captures.active
+        if capture is not None:
+            group = f", with a task group open on {capture.open_group[0]}" if capture.open_group is not None else ""
+            found.append(f"the capture of {capture.graph.name} on {capture.stream}{group}")
+        return found
+
+    def abandon_open_work(self) -> list[str]:
+        """Close whatever a caller left open, as leaving it by an exception does: the task update
+        is discarded (its group keeps its previous parameters), the capture is aborted (no graph;
+        streams and pool bytes given back), and their modes come off torch's mode stacks
+        (`sim.mode_stack`). Returns what was open, in words (`open_work`)."""
+        found = self.open_work()
+        self.task_groups.abandon_update()
+        capture = self.captures.active
+        if capture is not None:
+            self.task_groups.abandon_group()
+            self.captures.abort(capture.graph)
+        return found
+
+    def abandon_task_update(self) -> None:
+        self.task_groups.abandon_update()
+
+    def abandon_task_group(self) -> None:
+        self.task_groups.abandon_group()
+
+    def capturing_stream(self) -> Optional[SimStream]:
+        """The stream a capture is recording on right now, or None."""
+        capture = self.captures.active
+        return capture.stream if capture is not None else None
+
+    def task_group_begin(self, stream: SimStream) -> None:
+        self.task_groups.group_begin(stream)
+
+    def task_group_end(self, stream: SimStream) -> TaskGroup:
+        return self.task_groups.group_end(stream)
+
+    def task_update_begin(self, stream: SimStream, handle: TaskGroup) -> None:
+        self.task_groups.update_begin(stream, handle)
+
+    def task_update_end(self, stream: SimStream) -> None:
+        self.task_groups.update_end(stream)
+
     # ------------------------------------------------------------------ memory, sync
-    def _pool_bytes(self) -> int:
-        # A copy: a graph's finalizer (garbage collection during the sum) may drop its pool.
-        return sum(pool.bytes for pool in list(self._pools.values()))
-
-    def graph_pools(self) -> list[SimPool]:  # the pools alive (sim.memory_ledger reads them)
-        return list(self._pools.values())
-
     def empty_cache(self) -> None:
-        """Graph pools are not returned by empty_cache (as on the device): a no-op."""
-        self._check_alive()
+        """Give back the device pool's cached free segments (`sim.memory`); graph pools stay, as on the device."""
+        self.memory.empty_cache()
 
     def memory_allocated(self) -> int:
-        return self._pool_bytes()
+        """Bytes handed out: the device pool's blocks and the graph pools (`sim.memory.DeviceMemory`)."""
+        return self.memory.allocated_bytes()
 
-    def _host_sync_check(self, what: str) -> None:
-        capture = self._capture
+    def check_host_sync(self, what: str) -> None:
+        """``what`` synchronizes with the host: refused while a capture is under way."""
+        capture = self.captures.active
         if capture is not None:
             raise capture.host_sync_error(what)
 
@@ -357,35 +389,45 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
         """A context for work whose results are discarded (the engine's warm-ups): kernels are
         launched at their shapes (contracts checked, lazy initialisation marked) and their
         outputs only shaped, not computed (`sim.warmup`)."""
-        self._check_alive()
-        return warmup_scope(self)
+        self.check_alive()
+        return _within(self.kernel_policy(), warmup_scope(self))
 
     def synchronize(self) -> None:
         """Wait for all streams. A replay suspended at an unrecorded ExternalEvent would
         block for ever on the device: here it raises GraphHang naming graph and event."""
-        self._check_alive()
-        self._host_sync_check("device.synchronize()")
-        self._fault("synchronize")
-        self._synchronize_streams(list(self._busy), what="device.synchronize()")
-        self._host_us = max(self._host_us, self._device_us)
+        self.check_alive()
+        self.check_host_sync("device.synchronize()")
+        self.fault("synchronize")
+        self.queues.flush(reason="device.synchronize()")
+        self.virtual_clock.host_waits()
 
-    def _synchronize_streams(self, streams: list[SimStream], *, what: str) -> None:
-        self._check_alive()
-        self._host_sync_check(what)
-        self._surface_stale()
-        for stream in streams:
-            if not stream.pending:
-                continue
-            head = stream.pending[0]
-            if isinstance(head, _EagerWait):
-                raise GraphHang(GRAPH_HANG_STREAM.format(stream=stream, event=head.event))
-            raise GraphHang(GRAPH_HANG_REPLAY.format(graph=head.graph.name, event=head.waiting_on))
+    def synchronize_stream(self, stream: SimStream) -> None:
+        """Wait for ``stream`` (``stream.synchronize()``)."""
+        what = f"{stream}.synchronize()"
+        self.check_alive()
+        self.check_host_sync(what)
+        self.queues.flush(stream, reason=what)
+
+    def host_read(self, what: str) -> None:
+        """The host is about to read device memory (``what``: the call, for messages): inside a
+        capture that is the host-sync error; otherwise the current stream's queued work runs
+        first, as ``.item()`` on a card copies on the current stream and waits for it."""
+        self.check_alive()
+        self.check_host_sync(what)
+        self.queues.flush(self.current_stream(), reason=what)
+        self.virtual_clock.host_waits()
+
+    def host_access(self, tensor: torch.Tensor, what: str, *, write: bool = False) -> None:
+        """The host is about to read (``write=True``: write) ``tensor``'s host memory: a queued
+        non-blocking copy that fills it (or reads it) and that nothing waited for is a
+        ``StreamOrderError`` (`sim.queues.StreamQueues.check_host_access`)."""
+        self.queues.check_host_access(tensor.data_ptr(), tensor.numel() * tensor.element_size(), what, write=write)
 
     def weak_ref(self, tensor: torch.Tensor) -> torch.Tensor:
         """torch_npu's ``_weak_ref_tensor`` on the simulator. A tensor on a graph-pool block
         (a capture output) gets a `sim.pool_memory.PoolWeakTensor`: it does not keep the block
-        allocated, and an op on it raises once its graph was reset or another graph of the pool
-        wrote the block. Any other tensor gets an alias (``detach()``) that, unlike torch_npu's,
+        allocated, and an op on it raises once its graph was reset or another allocation wrote
+        the block. Any other tensor gets an alias (``detach()``) that, unlike torch_npu's,
         keeps its storage alive: plain torch has no non-owning CPU alias of ordinary memory that
         fails safely (one over a raw address would read freed memory or crash the process)."""
         allocation = self.pool_allocation(tensor)
@@ -395,27 +437,103 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
             return tensor
         return tensor.detach()
 
+    def graph_pools(self) -> list[Any]:
+        """The graph pools alive (`sim.memory_ledger` reads them)."""
+        return self.pools.all()
+
     def pool_allocation(self, tensor: torch.Tensor) -> Optional[PoolAllocation]:
         """The live graph-pool block ``tensor`` lies on (handed to a capture), or None."""
         if type(tensor) is not torch.Tensor or tensor.device.type == "meta":
             return None
-        pools = list(self._pools.values())
-        if self._capture is not None:
-            pools.append(self._capture.pool)
-        for pool in pools:
-            if pool._arena is not None:
-                allocation = pool._arena.allocation_of(tensor)
-                if allocation is not None:
-                    return allocation
-        return None
+        capture = self.captures.active
+        return self.pools.allocation_of(tensor, also=capture.pool if capture is not None else None)
 
-    # ------------------------------------------------------------------ clock, profiling, stats
+    # ------------------------------------------------------------------ trace (sim.tracing)
+    @property
+    def kernel_records(self) -> list[KernelRecord]:
+        return self.trace.kernel_records
+
+    @property
+    def trace_spans(self) -> list[TraceSpan]:
+        return self.trace.trace_spans
+
+    @property
+    def records_kernels(self) -> bool:
+        """Whether executed tasks are kept as KernelRecords right now."""
+        return self.trace.recording
+
+    def set_record_kernels(self, enabled: bool = True) -> None:
+        """Keep (or stop keeping) a KernelRecord per executed task outside profiling() too."""
+        self.trace.set_recording(enabled)
+
+    def discard_kernel_records(self) -> bool:
+        """Drop the kernel records and trace spans kept so far — unless a profiling() session
+        is open (its records are indexes into them). Returns whether they were dropped."""
+        return self.trace.discard()
+
+    def profiling(self, output_dir: str, **options: Any) -> ContextManager[SimProfileSession]:
+        """Keep a KernelRecord per task executed in the block (replayed or tracked eager).
+        Writing op_statistic.csv / kernel_details.csv from them is the profiler's job.
+
+        (The Device protocol names this ``profile(...)``, which the ``profile`` attribute —
+        the DeviceProfile — shadows on every device; hence the different name.)"""
+        return self.trace.profiling(output_dir, **options)
+
+    @contextmanager
+    def track_eager(self) -> Iterator[None]:
+        """Charge the eager ops issued in the block to the virtual clock (and the kernel log
+        while recording); each first runs its stream's queued work (`sim.queues`). Outside it
+        eager ops are free: nothing intercepts them."""
+        self.check_alive()
+        with self.kernel_policy(), EagerTracker(self):
+            yield
+
+    def charge_eager(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        """An eager kernel ran under ``track_eager``: price it on the clock, log it while recording."""
+        outputs = out if isinstance(out, (tuple, list)) else [out]
+        task = self.cost.task(func, args, kwargs, [o for o in outputs if isinstance(o, torch.Tensor)])
+        self.trace.charge_eager(task, self.cost.params.host_launch_us, self.current_stream().stream_id)
+
+    # ------------------------------------------------------------------ static and super kernels
+    def install_static_kernels(self, table: Mapping[tuple, str]) -> None:
+        """Make fixed-shape kernels available (a static-kernel build: signature -> kernel id,
+        see `sim.cost.task_signature`). Graphs captured from now on run a task whose signature
+        is installed as that static kernel; earlier captures keep the kernels they had."""
+        self.cost.static_kernels.update(table)
+
+    @property
+    def static_kernels(self) -> dict[tuple, str]:
+        return dict(self.cost.static_kernels)
+
+    @contextmanager
+    def super_kernel_scope(self, scope_name: Optional[str] = None) -> Iterator[None]:
+        """torch_npu's ``super_kernel_scope_begin/end`` around a captured region. The
+        simulator notes the scope on the capture (``graph.info()["super_kernel_scopes"]``);
+        `super_kernel_optimize` merges runs of static kernels whether or not a scope was open."""
+        if scope_name is not None and (not isinstance(scope_name, str) or not scope_name.strip()):
+            raise RuntimeError("scope_name should be None or a non-empty string.")
+        capture = self.captures.active
+        if capture is not None:
+            capture.super_kernel_scopes.append(scope_name or "")
+        yield
+
+    def super_kernel_optimize(self, graph: SimGraph, optimize_options: Optional[dict[str, Any]] = None) -> int:
+        """Merge each run of two or more consecutive static kernels of a captured graph into one
+        super kernel (torch_npu's ``NPUGraph.super_kernel_optimize``; only fixed-shape binaries
+        can be fused, and a graph event wait ends a run). Returns how many super kernels."""
+        self.check_alive()
+        if not isinstance(graph, SimGraph) or graph.device is not self:
+            raise ConfigError(f"{graph!r} is not a graph of this device; use device.new_graph()", key="graph")
+        check_super_kernel_options(optimize_options)
+        return merge_super_kernels(graph)
+
+    # ------------------------------------------------------------------ clock, stats
     def xlite_runtime(self, model: Any, spec: Any) -> Any:
         """The xlite stand-in (`sim.xlite.SimXliteRuntime`): the model run eagerly into a
         hidden-state buffer of ``spec.budget`` rows; refuses batches over the budget."""
         from sim.xlite import SimXliteRuntime
 
-        self._check_alive()
+        self.check_alive()
         return SimXliteRuntime(self, model, spec)
 
     def collective_fabric(self, layout: Any, *, seed: int = 0, timeout_s: Optional[float] = 1836.0) -> Any:
@@ -428,41 +546,44 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
     @property
     def host_clock_us(self) -> float:
         """The virtual host clock (injected delays included), read by the multi-rank runner."""
-        return self._host_us
+        return self.virtual_clock.host_us
 
     def clock(self) -> tuple[float, float]:
         """(host clock, device clock) in virtual microseconds."""
-        return self._host_us, self._device_us
+        return self.virtual_clock.host_us, self.virtual_clock.device_us
 
     def stats(self) -> DeviceStats:
-        pool_bytes = self._pool_bytes()
-        suspended = sum(1 for s in self._busy for item in s.pending if isinstance(item, ReplayRun))
+        clock = self.virtual_clock
+        ledger = self.ledger
+        captures = self.captures
+        queued_replays = sum(1 for s in self.queues.busy_streams() for queued in s.pending
+                             if isinstance(queued.item, ReplayRun))
         return DeviceStats(
-            streams_in_use=self._ledger.in_use,
-            stream_limit=self._ledger.budget,
-            graphs_alive=self._graphs_alive,
-            graphs_captured_total=self._captured_total,
-            pool_bytes=pool_bytes,
-            allocated_bytes=pool_bytes,
-            virtual_time_us=max(self._host_us, self._device_us),
+            streams_in_use=ledger.in_use,
+            stream_limit=ledger.budget,
+            graphs_alive=captures.graphs_alive,
+            graphs_captured_total=captures.captured_total,
+            pool_bytes=self.pools.bytes,
+            allocated_bytes=self.memory.allocated_bytes(),
+            virtual_time_us=clock.now_us,
             extra={
                 "profile": self.profile.name,
-                "host_time_us": self._host_us,
-                "device_time_us": self._device_us,
-                "capture_time_us": self._capture_time_us,
-                "replays": self._replays,
-                "suspended_replays": suspended,
-                "capturing": self._capture is not None,
-                "stream_plan": self._ledger.plan is not None,
-                "graph_streams": self._ledger.in_use - self._ledger.reserved,
-                "reserved_streams": self._ledger.reserved,
-                "hccl_expansion": self._ledger.expansion,
+                "host_time_us": clock.host_us,
+                "device_time_us": clock.device_us,
+                "capture_time_us": clock.capture_us,
+                "replays": self.replays.count,
+                "suspended_replays": queued_replays,  # replays queued or suspended on a stream
+                "capturing": captures.active is not None,
+                "stream_plan": ledger.plan is not None,
+                "graph_streams": ledger.in_use - ledger.reserved,
+                "reserved_streams": ledger.reserved,
+                "hccl_expansion": ledger.expansion,
                 "user_streams": len(self._streams) - 1,
-                "pools": len(self._pools),
+                "pools": len(self.pools),
                 # host memory behind the graph pools (sim.pool_memory): shared blocks, about the largest graph
-                "pool_host_bytes": sum(pool.arena_bytes for pool in list(self._pools.values())),
-                "capture_fallback_ops": self._fallback_ops,
-                "kernel_records": len(self.kernel_records),
+                "pool_host_bytes": self.pools.host_bytes,
+                "capture_fallback_ops": captures.fallback_ops,
+                "kernel_records": len(self.trace.kernel_records),
                 "device_lost": self._lost_at is not None,
             },
         )
@@ -470,3 +591,8 @@ class SimDevice(CaptureMixin, ReplayMixin, TaskGroupMixin, TracingMixin):
     def __repr__(self) -> str:
         return f"<SimDevice #{self.uid} {self.profile.name}>"
 
+
+@contextmanager
+def _within(outer: ContextManager[Any], inner: ContextManager[Any]) -> Iterator[Any]:
+    with outer, inner as value:
+        yield value

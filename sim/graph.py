@@ -78,7 +78,8 @@ class GraphHold:
 class ReplayRun:
     """One launched replay: where it is in the program and what it waits for."""
 
-    __slots__ = ("graph", "program", "segment", "waiting_on", "perturb", "stamp", "number")
+    __slots__ = ("graph", "program", "segment", "waiting_on", "waited", "perturb", "stamp", "number", "ready_us",
+                 "reported")
 
     def __init__(self, graph: "SimGraph", program: "Program", stamp: int = 0) -> None:
         self.graph = graph
@@ -88,6 +89,9 @@ class ReplayRun:
         self.stamp = stamp  # the device's event counter at launch (task updates after it are fresh)
         self.number = graph.replays  # this graph's replay count, for messages
         self.perturb = 0.0  # a fault plan's perturb(x): added to the outputs when the run finishes
+        self.waited: Optional["SimExternalEvent"] = None  # the event it last suspended on
+        self.ready_us = 0.0  # the host clock from which its next segment may start (launch, or the record it waited for)
+        self.reported: set[int] = set()  # indexes of the task groups already reported stale for this run
 
 
 class SimGraph:
@@ -106,21 +110,22 @@ class SimGraph:
         self.pool_bytes = 0
         self.replays = 0
         self.super_kernel_scopes: tuple[str, ...] = ()  # super_kernel_scope()s opened in the capture
-        self._hold: Optional[GraphHold] = None
-        self._finalizer: Optional[weakref.finalize] = None
-        self._pool_handle: Optional["SimPoolHandle"] = None
+        self.hold: Optional[GraphHold] = None  # what it holds on its device (sim.capturing)
+        self.finalizer: Optional[weakref.finalize] = None
+        self.pool_handle: Optional["SimPoolHandle"] = None
         # The pool blocks this graph's capture was handed (`sim.pool_memory`). A block freed by
         # Python goes back to the pool, not to the device (torch_npu's private graph pool), and a
         # later capture into the same pool may be handed it; until then, and while the graph
         # lives, a weak reference into it (vLLM Ascend's attention `softmax_lse`, graph outputs)
         # reads the graph's data. Reset releases them.
-        self._memory: Optional["GraphMemory"] = None
+        self.memory: Optional["GraphMemory"] = None
         # Storages of capture outputs made outside the pool (ops without a meta kernel, meta
         # devices): the graph holds them until reset.
-        self._pool_blocks: tuple[Any, ...] = ()
+        self.pool_blocks: tuple[Any, ...] = ()
 
     # -- the state machine
-    def _transition(self, operation: str) -> str:
+    def transition(self, operation: str) -> str:
+        """The state ``operation`` leads to, or torch_npu's refusal (`REFUSALS`)."""
         key = (self.state, operation)
         if key in TRANSITIONS:
             return TRANSITIONS[key]
@@ -132,22 +137,22 @@ class SimGraph:
     ) -> None:
         """Start capturing on the current stream. ``graph_kind`` ("full" | "piecewise")
         selects the stream charge of the StreamPlan."""
-        self.device._capture_begin(self, pool=pool, capture_error_mode=capture_error_mode, graph_kind=graph_kind)
+        self.device.captures.begin(self, pool=pool, capture_error_mode=capture_error_mode, graph_kind=graph_kind)
 
     def capture_end(self) -> None:
-        self.device._capture_end(self)
+        self.device.captures.end(self)
 
     def replay(self) -> None:
-        self.device._replay(self)
+        self.device.replays.replay(self)
 
     def reset(self) -> None:
         """Delete the captured graph (or abort a capture under way); the object can capture again."""
-        self.device._reset_graph(self)
+        self.device.captures.reset(self)
 
     def pool(self) -> "SimPoolHandle":
-        self._transition("pool")
-        assert self._pool_handle is not None
-        return self._pool_handle
+        self.transition("pool")
+        assert self.pool_handle is not None
+        return self.pool_handle
 
     # -- introspection (tests, reports)
     @property
@@ -173,7 +178,7 @@ class SimGraph:
             "kind": self.kind,
             "tasks": self.num_tasks,
             "pool_bytes": self.pool_bytes,
-            "streams": self._hold.charge.streams if self._hold else 0,
+            "streams": self.hold.charge.streams if self.hold else 0,
             "capture_time_us": self.capture_time_us,
             "capture_wall_s": self.capture_wall_s,
             "device_time_us": self.device_time_us(),

@@ -13,9 +13,14 @@ NPU would refuse it: when issued eagerly (here, in the kernel), when recorded by
 and when re-issued by a task update (`on_capture` / `on_update`, called by ``sim.capture``),
 never per replay (a replay runs under `replaying()`). A violation raises
 KernelContractError. The rules a device relaxes (``allow_float32_attention``: the
-half-precision dtype rules, docs/decisions.md "float32 on the simulator") come from the device's `ContractPolicy`; eager kernels use
-the policy of the most recently created SimDevice (the kernels are process-wide, as
-torch.library is), or the strict default.
+half-precision dtype rules, docs/decisions.md "float32 on the simulator") come from the device's
+`ContractPolicy`. The kernels are process-wide (torch.library is), so an eager kernel takes the
+policy of the device whose scope it runs in — ``device.track_eager()``, ``device.warmup_scope()``,
+``device.kernel_policy()``, all setting the `contract_policy` ContextVar: inside them two devices
+never see each other's policy. Outside every scope (the engine's eager attention between the
+piecewise graphs of a capture, a test calling an op directly) nothing says which device a CPU
+tensor's kernel belongs to, and the newest device's policy applies: the one process-wide
+fallback, set when a device is created.
 
 Lazy initialisation (docs/decisions.md "Warm-ups and lazy initialisation"). The first launch of a kernel for a new shape allocates its
 workspace (aclnn tiling and workspace). Eager launches mark (kernel, shape, dtype) as
@@ -50,7 +55,7 @@ __all__ = [
     "ContractPolicy",
     "LAZY_INIT_DURING_CAPTURE",
     "FLOAT32_LENIENT_RULES",
-    "activate",
+    "register",
     "current_policy",
     "contract_policy",
     "unchecked",
@@ -206,7 +211,7 @@ class ContractPolicy:
 
 
 _STRICT = ContractPolicy(lazy_init=False)
-_ACTIVE: list[ContractPolicy] = [_STRICT]
+_NEWEST: list[ContractPolicy] = [_STRICT]  # eager kernels outside every device's scope: the newest device's policy
 _OVERRIDE: contextvars.ContextVar[Optional[ContractPolicy]] = contextvars.ContextVar("sim_contract_policy", default=None)
 _REPLAYING: contextvars.ContextVar[bool] = contextvars.ContextVar("sim_replaying", default=False)
 
@@ -217,15 +222,18 @@ _REPLAYING: contextvars.ContextVar[bool] = contextvars.ContextVar("sim_replaying
 _LIVE: "weakref.WeakValueDictionary[int, ContractPolicy]" = weakref.WeakValueDictionary()
 
 
-def activate(policy: ContractPolicy) -> None:
-    """Make ``policy`` the one eager kernels use (SimDevice does it when created)."""
-    _ACTIVE[0] = policy
+def register(policy: ContractPolicy) -> None:
+    """A new device's policy (SimDevice does it when created): eager launches mark it initialised
+    on every live device, and it is the fallback outside every device's scope."""
     _LIVE[id(policy)] = policy
+    _NEWEST[0] = policy
 
 
 def current_policy() -> ContractPolicy:
+    """The policy of the device whose scope the caller is in (`contract_policy`); outside every
+    device's scope, the newest device's (module docstring)."""
     override = _OVERRIDE.get()
-    return override if override is not None else _ACTIVE[0]
+    return override if override is not None else _NEWEST[0]
 
 
 @contextlib.contextmanager

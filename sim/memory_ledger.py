@@ -173,7 +173,7 @@ def _live_blocks(device: "SimDevice") -> list[tuple[Any, PoolAllocation]]:
         arena = pool.arena_if_made
         if arena is None:
             continue
-        for allocation in list(arena.live):
+        for allocation in list(arena.live.values()):
             if allocation.user_storage() is not None:
                 blocks.append((pool.handle, allocation))
     return blocks

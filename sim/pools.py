@@ -1,24 +1,32 @@
-"""Graph memory pools of the simulator: the handle users see and the pool's accounting.
+"""Graph memory pools of the simulator: the handles users see, each pool's accounting, and the
+device's set of pools (``device.pools``).
 
-Pool-memory model: a graph's footprint is the bytes of the fresh storages allocated while
-it was captured (no reuse inside a capture). A pool costs the largest footprint of the
-graphs alive in it (graphs sharing a pool reuse its blocks, as vLLM captures the largest
-size first), and the device's pool bytes are the sum over pools.
+Theory of operation. A graph is captured into a pool: a shared one (``graph_pool_handle()``, or
+``graph.pool()`` of an earlier graph) or a private one made for the capture. A graph's footprint
+is the bytes of the fresh storages its capture allocated (every request: an upper bound of the
+real pool's footprint). A pool costs the largest footprint of the graphs alive in it (graphs
+sharing a pool reuse its blocks, as vLLM captures the largest size first), and the device's
+pool bytes are the sum over pools. A private pool lives while one of its graphs does; a shared
+one as long as the device.
 
-The host memory behind those bytes is the pool's `sim.pool_memory.PoolArena` (created on
-the first real allocation; meta-tensor devices have none): a block whose tensors are all
-gone is handed to the next capture into the pool, so the memory the process holds tracks
-the largest graph as well.
+The memory behind those bytes is the pool's `sim.pool_memory.PoolArena` (created on the first
+real allocation; meta-tensor devices have none): the caching allocator's blocks (`sim.memory`),
+handed out again within a capture and to later captures into the pool, so the memory the
+process holds tracks the largest graph as well.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import count
 from typing import Optional
 
-from sim.pool_memory import PoolArena
+import torch
 
-__all__ = ["SimPoolHandle", "SimPool"]
+from ascendgraph.errors import ConfigError
+from sim.pool_memory import PoolAllocation, PoolArena
+
+__all__ = ["SimPoolHandle", "SimPool", "GraphPools"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +47,11 @@ class SimPool:
         self._arena: Optional[PoolArena] = None
 
     @property
+    def has_arena(self) -> bool:
+        """Whether the pool has host memory yet (its first real allocation made it)."""
+        return self._arena is not None
+
+    @property
     def arena(self) -> PoolArena:
         """The pool's host memory (made on first use)."""
         if self._arena is None:
@@ -50,7 +63,7 @@ class SimPool:
         (an alias still alive keeps its own segment's memory, never the pool's bookkeeping)."""
         if self._arena is not None and not self.footprints:
             self._arena.sweep()
-            if not self._arena.live:
+            if not self._arena.live:  # raw blocks (freed by address) and tensors still alive keep it
                 self._arena = None
 
     @property
@@ -66,3 +79,88 @@ class SimPool:
     def bytes(self) -> int:
         return max(self.footprints.values(), default=0)
 
+
+class GraphPools:
+    """``device.pools``: the device's graph pools by id (module docstring)."""
+
+    def __init__(self, device_uid: int) -> None:
+        self.device_uid = device_uid
+        self._pools: dict[int, SimPool] = {}
+        self._ids = count(1)
+        self._tokens = count(1)
+
+    def new_shared(self) -> SimPoolHandle:
+        """A shared pool (``graph_pool_handle()``)."""
+        handle = SimPoolHandle(self.device_uid, next(self._ids))
+        self._pools[handle.pool_id] = SimPool(handle, shared=True)
+        return handle
+
+    def for_capture(self, handle: Optional[SimPoolHandle]) -> SimPool:
+        """The pool a capture allocates from: ``handle``'s, or a private one (None)."""
+        if handle is None:
+            return SimPool(SimPoolHandle(self.device_uid, next(self._ids)), shared=False)
+        if not isinstance(handle, SimPoolHandle) or handle.device_uid != self.device_uid:
+            raise ConfigError(
+                f"pool {handle!r} does not belong to this device; use device.graph_pool_handle() "
+                "or graph.pool() of a graph of this device",
+                key="pool",
+            )
+        pool = self._pools.get(handle.pool_id)
+        if pool is None:  # the handle of a private pool whose graphs were all reset
+            pool = self._pools[handle.pool_id] = SimPool(handle, shared=True)
+        return pool
+
+    def hold(self, pool: SimPool, nbytes: int) -> int:
+        """A captured graph's footprint in ``pool`` (a private pool is kept from now on); its token."""
+        if not pool.shared:
+            self._pools[pool.handle.pool_id] = pool
+        token = next(self._tokens)
+        pool.footprints[token] = nbytes
+        return token
+
+    def release(self, pool: SimPool, token: int) -> None:
+        """A graph's footprint goes (reset or freed); a private pool without graphs goes too."""
+        pool.footprints.pop(token, None)
+        pool.trim()
+        if not pool.shared and not pool.footprints:
+            self._pools.pop(pool.handle.pool_id, None)
+
+    def get(self, handle: SimPoolHandle) -> Optional[SimPool]:
+        return self._pools.get(handle.pool_id)
+
+    def is_kept(self, pool: SimPool) -> bool:
+        return self._pools.get(pool.handle.pool_id) is pool
+
+    def all(self) -> list[SimPool]:
+        # A copy: a graph's finalizer (garbage collection during a sum) may drop its pool.
+        return list(self._pools.values())
+
+    def __len__(self) -> int:
+        return len(self._pools)
+
+    @property
+    def bytes(self) -> int:
+        """What the pools cost: the sum over pools of their largest live footprint."""
+        return sum(pool.bytes for pool in self.all())
+
+    @property
+    def host_bytes(self) -> int:
+        """Host memory behind the pools (shared blocks: about the largest graph)."""
+        return sum(pool.arena_bytes for pool in self.all())
+
+    def allocation_of(self, tensor: torch.Tensor, also: Optional[SimPool] = None) -> Optional[PoolAllocation]:
+        """The live graph-pool block ``tensor`` lies on (``also``: a capture's pool not kept yet)."""
+        pools = self.all() + ([also] if also is not None else [])
+        for pool in pools:
+            if pool.has_arena:
+                allocation = pool.arena.allocation_of(tensor)
+                if allocation is not None:
+                    return allocation
+        return None
+
+    def release_raw(self, address: int, also: Optional[SimPool] = None) -> bool:
+        """Free a raw block of a graph pool by address; False when no pool holds it."""
+        for pool in self.all() + ([also] if also is not None else []):
+            if pool.has_arena and pool.arena.release_raw(address):
+                return True
+        return False

@@ -426,12 +426,15 @@ class EagerTracker(_Mode):
         self.device = device
 
     def handle(self, func: Any, args: Any, kwargs: dict) -> Any:
+        stream = self.device.current_stream()
+        if stream.pending:  # an eager kernel must not overtake the work queued on its stream (sim.queues)
+            self.device.queues.run(stream)
         if func in WIDENED_MATMULS and widens(func, args, kwargs):
             out = widened_matmul(func, args, kwargs)  # half precision: float32 accumulation (sim.matmul)
         else:
             out = func(*args, **kwargs)
-        if self.device._op_info(func).launches_kernel:
-            self.device._charge_eager(func, args, kwargs, out)
+        if self.device.op_info(func).launches_kernel:
+            self.device.charge_eager(func, args, kwargs, out)
         return out
 
 

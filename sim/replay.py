@@ -1,209 +1,136 @@
-"""Replay and ExternalEvents on the simulator: launched replays run their program segment by
-segment and suspend at a captured wait on an event nobody has recorded yet; recording the
-event (eagerly, or from a task update on another stream) resumes them. An eager record (or reset) is a
-task of its stream: on a stream with work pending it waits its turn, and a record queued
-behind a wait for that same event is a hang on the device (GraphHang at the record).
+"""Replays and ExternalEvents on the simulator (``device.replays``).
 
-`ReplayMixin` is part of `sim.device.SimDevice`.
+Theory of operation. ``graph.replay()`` checks the graph may replay (captured, its captured
+addresses unmoved), consults the failpoint, prices the launch on the host clock, stamps the run
+(`sim.clock`: later task updates count for it, its pool blocks hold its data again) and queues it
+on the current stream (`sim.queues`). When the stream runs it, `advance` executes the program
+segment by segment on the captured tensors — below autograd, outside every other dispatch mode,
+each segment priced on the device clock and logged while recording — and suspends at a captured
+wait on an ExternalEvent nobody has recorded yet; a record of the event lets it go on. Inside a
+capture, ExternalEvent record / wait / reset on the capturing stream become graph nodes; outside,
+they are device work of their stream like any other (`sim.queues`).
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any, Optional, cast
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
-from ascendgraph.errors import EXTERNAL_EVENT_NOT_RESET, RECORD_BEHIND_ITS_WAIT, GraphHang
 from sim import kernels
 from sim.capture import COPY_MANY, COPY_ONE, modes_off
 from sim.faults import Action
 from sim.graph import ReplayRun, SimGraph
+from sim.pool_memory import replaying_graph
 from sim.streams import SimExternalEvent, SimStream
 
-__all__ = ["ReplayMixin"]
+if TYPE_CHECKING:  # pragma: no cover
+    from sim.device import SimDevice
+
+__all__ = ["Replays"]
 
 _NO_CONTEXT = contextlib.nullcontext()
 
 
-class _EagerWait:
-    """An eager wait on an unrecorded ExternalEvent, blocking its stream."""
+class Replays:
+    """``device.replays`` (module docstring)."""
 
-    __slots__ = ("event",)
+    def __init__(self, device: "SimDevice") -> None:
+        self.device = device
+        self.count = 0  # replays launched on the device
 
-    def __init__(self, event: SimExternalEvent) -> None:
-        self.event = event
-
-
-class _QueuedEventOp:
-    """An eager ExternalEvent record or reset issued on a stream with work pending: like any
-    task on a stream, it takes effect when the stream reaches it."""
-
-    __slots__ = ("kind", "event")
-
-    def __init__(self, kind: str, event: SimExternalEvent) -> None:
-        self.kind = kind  # "record" or "reset"
-        self.event = event
-
-
-def _waits_on(item: Any) -> Optional[SimExternalEvent]:
-    if isinstance(item, _EagerWait):
-        return item.event
-    if isinstance(item, _QueuedEventOp):
-        return None
-    return getattr(item, "waiting_on", None)
-
-
-if TYPE_CHECKING:  # the type checker reads the mixin as a part of SimDevice (sim.device_parts)
-    from sim.device import SimDevice
-    from sim.device_parts import DeviceParts as _Parts
-else:
-    _Parts = object
-
-
-class ReplayMixin(_Parts):
-    """ExternalEvent record / wait / reset, stream draining, and graph replay."""
-
-    def _external_record(self, event: SimExternalEvent, stream: Optional[SimStream]) -> None:
-        self._check_alive()
-        stream = stream or self._current()
-        capture = self._capture
+    def _captured(self, kind: str, event: SimExternalEvent, stream: Optional[SimStream]) -> Optional[SimStream]:
+        """The stream an ExternalEvent ``kind`` goes to, or None when a capture recorded it as a node."""
+        device = self.device
+        device.check_alive()
+        stream = stream or device.current_stream()
+        capture = device.captures.active
         if capture is not None and stream is capture.stream:
-            capture.control("record", event)
+            capture.control(kind, event)
+            return None
+        return stream
+
+    def record_external(self, event: SimExternalEvent, stream: Optional[SimStream]) -> None:
+        target = self._captured("record", event, stream)
+        if target is None:
             return
-        term = self._fault("event_record", stream_id=stream.stream_id)
+        term = self.device.fault("event_record", stream_id=target.stream_id)
         if term is not None and term.action is Action.HANG:
             return  # the record never reaches the device
-        if stream.pending:
-            # Stream order: the record runs after what the stream is blocked on. If that is
-            # a wait for this very event, the record can never run: a hang on the device.
-            for item in stream.pending:
-                if _waits_on(item) is event:
-                    blocked_by = f"replay of {item.graph.name}" if hasattr(item, "graph") else "an eager wait"
-                    raise GraphHang(RECORD_BEHIND_ITS_WAIT.format(event=event, stream=stream, blocked_by=blocked_by))
-            stream.pending.append(_QueuedEventOp("record", event))
-            return
-        self._set_flag(event)
+        # Stream order: the record runs after what the stream holds. If that is a wait for this
+        # very event, the record can never run: a hang on the device (`sim.queues`).
+        self.device.queues.record_external(event, target)
 
-    def _set_flag(self, event: SimExternalEvent) -> None:
-        if event.flag:
-            raise RuntimeError(EXTERNAL_EVENT_NOT_RESET.format(event=event))
-        event.flag = True
-        self._wake(event)
-        self._surface_stale()
+    def wait_external(self, event: SimExternalEvent, stream: Optional[SimStream]) -> None:
+        target = self._captured("wait", event, stream)
+        if target is not None:
+            self.device.queues.wait_external(event, target)
 
-    def _external_wait(self, event: SimExternalEvent, stream: Optional[SimStream]) -> None:
-        self._check_alive()
-        stream = stream or self._current()
-        capture = self._capture
-        if capture is not None and stream is capture.stream:
-            capture.control("wait", event)
-            return
-        if event.flag and not stream.pending:
-            return
-        stream.pending.append(_EagerWait(event))
-        self._busy.add(stream)
-
-    def _external_reset(self, event: SimExternalEvent, stream: Optional[SimStream]) -> None:
-        self._check_alive()
-        stream = stream or self._current()
-        capture = self._capture
-        if capture is not None and stream is capture.stream:
-            capture.control("reset", event)
-            return
-        if stream.pending:  # stream order, as a record
-            stream.pending.append(_QueuedEventOp("reset", event))
-            return
-        event.flag = False
-
-    def _wake(self, event: SimExternalEvent) -> None:
-        for stream in list(self._busy):
-            head = stream.pending[0] if stream.pending else None
-            if head is not None and _waits_on(head) is event:
-                self._drain(stream)
-
-    def _drain(self, stream: SimStream) -> None:
-        pending = stream.pending
-        while pending:
-            head = pending[0]
-            if isinstance(head, _EagerWait):
-                if not head.event.flag:
-                    return
-                pending.popleft()
-                continue
-            if isinstance(head, _QueuedEventOp):
-                pending.popleft()
-                if head.kind == "record":
-                    self._set_flag(head.event)
-                else:
-                    head.event.flag = False
-                continue
-            if head.waiting_on is not None:
-                if not head.waiting_on.flag:
-                    return
-                head.waiting_on = None
-            if not self._advance(head, stream):
-                return
-            pending.popleft()
-        self._busy.discard(stream)
+    def reset_external(self, event: SimExternalEvent, stream: Optional[SimStream]) -> None:
+        target = self._captured("reset", event, stream)
+        if target is not None:
+            self.device.queues.reset_external(event, target)  # stream order, as a record
 
     # ------------------------------------------------------------------ graphs: replay
-    def _replay(self, graph: SimGraph) -> None:
-        self._check_alive()
-        graph._transition("replay")
-        stream = self._current()
-        capture = self._capture
+    def replay(self, graph: SimGraph) -> None:
+        device = self.device
+        device.check_alive()
+        graph.transition("replay")
+        stream = device.current_stream()
+        capture = device.captures.active
         if capture is not None and capture.open_group is not None and stream is capture.stream:
             raise capture.refuse_in_group("graph replay", f"replay of {graph.name}")
-        term = self._fault("replay", stream_id=stream.stream_id)
+        term = device.fault("replay", stream_id=stream.stream_id)
         program = graph.program
         assert program is not None
         program.addresses.check(graph.name)
         graph.replays += 1
-        self._replays += 1
-        self._host_us += self.cost.graph_launch_us(program.num_kernels)
-        run = ReplayRun(graph, program, next(self._stamps))
-        if graph._memory is not None:  # its pool blocks hold its data again (sim.pool_memory)
-            graph._memory.wrote(run.stamp)
+        self.count += 1
+        clock = device.virtual_clock
+        clock.host_spends(device.cost.graph_launch_us(program.num_kernels))
+        run = ReplayRun(graph, program, clock.next_stamp())
+        if graph.memory is not None:  # its pool blocks hold its data again (sim.pool_memory)
+            graph.memory.wrote(run.stamp)
         if term is not None and term.action is Action.PERTURB:
             run.perturb = term.value
         if term is not None and term.action is Action.HANG:
-            run.waiting_on = SimExternalEvent(cast("SimDevice", self), f"an injected hang at replay of {graph.name}")
-        if run.waiting_on is not None or stream.pending:
-            stream.pending.append(run)
-            self._busy.add(stream)
-            return
-        if not self._advance(run, stream):
-            stream.pending.append(run)
-            self._busy.add(stream)
-        self._surface_stale()
+            run.waiting_on = SimExternalEvent(device, f"an injected hang at replay of {graph.name}")
+        run.ready_us = clock.host_us
+        device.queues.issue_replay(stream, run)  # runs when issued unless lag="device": then when waited for
+        device.task_groups.surface_stale()
 
-    def _advance(self, run: ReplayRun, stream: SimStream) -> bool:
+    def advance(self, run: ReplayRun, stream: SimStream) -> bool:
         """Run a replay from where it stands; False when it suspends at a wait."""
         segments = run.program.segments
         count = len(segments)
         index = run.segment
         recorded: list[SimExternalEvent] = []
         finished = True
+        if run.waited is not None:  # resumed: its wait ended when the record was issued
+            run.ready_us = max(run.ready_us, run.waited.recorded_us)
+            run.waited = None
         # Replays inside this device's own capture are recorded (a child graph); any other
         # mode (an eager tracker, another device's capture) must not see graph tasks.
-        quiet = modes_off() if self._capture is None else _NO_CONTEXT
-        with quiet, torch._C._AutoDispatchBelowADInplaceOrView(), kernels.replaying():
+        device = self.device
+        clock = device.virtual_clock
+        trace = device.trace
+        quiet = modes_off() if device.captures.active is None else _NO_CONTEXT
+        with quiet, torch._C._AutoDispatchBelowADInplaceOrView(), kernels.replaying(), replaying_graph(run.graph.memory):
             while index < count:
                 segment = segments[index]
-                if segment.groups and self.require_task_updates:
-                    self._check_fresh(run, segment)
+                if segment.groups and device.require_task_updates:
+                    device.task_groups.check_fresh(run, segment)
                 for call, args, kwargs, mode, target in segment.entries:
                     result = call(*args, **kwargs) if kwargs else call(*args)
                     if mode == COPY_ONE:
                         target.copy_(result)
                     elif mode == COPY_MANY:
                         _copy_many(target, result)
-                start = max(self._device_us, self._host_us)
-                if self._profiling:
-                    self._log_tasks(segment.kernels, start, stream.stream_id, run.graph.name)
-                    self._mark_replay(run, stream, start)
-                self._device_us = start + segment.time_us
+                start = clock.device_runs(run.ready_us, segment.time_us)
+                if trace.recording:
+                    trace.log_tasks(segment.kernels, start, stream.stream_id, run.graph.name)
+                    trace.mark_replay(run, stream, start)
                 index += 1
                 control = segment.control
                 if control is None:
@@ -211,21 +138,22 @@ class ReplayMixin(_Parts):
                 event = control.event
                 if control.kind == "wait":
                     if not event.flag:
-                        run.waiting_on = event
+                        run.waiting_on = run.waited = event
                         finished = False
                         break
                 elif control.kind == "reset":
                     event.flag = False
                 else:
                     event.flag = True
+                    event.recorded_us = run.ready_us
                     recorded.append(event)
         run.segment = index
         if finished and run.perturb:
             _perturb_outputs(run.program, run.perturb)
-        if self._profiling:
-            self._end_replay_part(run, stream, finished)
+        if trace.recording:
+            trace.end_replay_part(run, stream, finished)
         for event in recorded:
-            self._wake(event)
+            device.queues.wake(event)
         return finished
 
 

@@ -1,11 +1,11 @@
 """Streams, events and external events of the simulated device.
 
-On the CPU every eager op runs when it is issued, so plain events only order work that
-is already done: recording and waiting are bookkeeping. What does matter is the graph
-side: a captured ExternalEvent wait suspends a replay until the event is recorded, and a
-stream holding a suspended replay (or an eager wait on an unrecorded ExternalEvent)
-queues later replays behind it. The device owns that logic; these objects carry the
-state and forward to it.
+A stream is a queue of device work (`sim.queues`: what the host issues runs when something
+waits for it). An Event recorded on a stream is a marker in its queue: another stream waiting on
+it goes on once the marker is reached, ``event.synchronize()`` runs the queue up to it. An
+ExternalEvent is a flag: a wait (eager, or captured in a graph) holds its stream until a record
+sets it, a reset clears it. The device's queues own that logic; these objects carry the state
+and forward to them.
 """
 
 from __future__ import annotations
@@ -43,8 +43,12 @@ class SimStream:
         event.wait(self)
 
     def wait_stream(self, stream: "SimStream") -> None:
-        """Order this stream after ``stream`` (bookkeeping only on the CPU)."""
-        self._device._check_alive()
+        """Order this stream's later work after everything issued on ``stream`` so far."""
+        self._device.check_alive()
+        if stream is self:
+            return
+        queues = self._device.queues
+        queues.wait_for(self, queues.tail(stream))
 
     def record_event(self, event: "Optional[SimEvent]" = None) -> "SimEvent":
         event = event or self._device.new_event()
@@ -52,11 +56,13 @@ class SimStream:
         return event
 
     def query(self) -> bool:
-        """True when the stream has no work left (nothing suspended)."""
+        """True when the stream has no work left: the device runs what it can first (it does not
+        stand still while the host asks)."""
+        self._device.queues.run(self)
         return not self.pending
 
     def synchronize(self) -> None:
-        self._device._synchronize_streams([self], what=f"{self}.synchronize()")
+        self._device.synchronize_stream(self)
 
     def __repr__(self) -> str:
         return self.name
@@ -71,25 +77,40 @@ class SimStream:
 class SimEvent:
     """A marker recorded on one stream and waited on by another (record before wait)."""
 
-    __slots__ = ("_device", "name", "recorded")
+    __slots__ = ("_device", "name", "recorded", "marker")
 
     def __init__(self, device: "SimDevice", name: str) -> None:
         self._device = device
         self.name = name
         self.recorded = False
+        self.marker: Any = None  # its place in the recording stream's queue (`sim.queues.Queued`)
 
     def record(self, stream: Optional[SimStream] = None) -> None:
-        self._device._check_alive()
+        from sim.queues import Marker
+
+        device = self._device
+        device.check_alive()
         self.recorded = True
+        stream = stream or device.current_stream()
+        if stream is device.capturing_stream():
+            return  # inside a capture: part of the graph (not modelled), not device work of its own
+        self.marker = device.queues.issue(stream, Marker(self))
 
     def wait(self, stream: Optional[SimStream] = None) -> None:
-        self._device._check_alive()
+        """``stream``'s later work waits until the device reached this event's record."""
+        device = self._device
+        device.check_alive()
+        stream = stream or device.current_stream()
+        if self.marker is not None and stream is not device.capturing_stream():
+            device.queues.wait_for(stream, self.marker)
 
     def query(self) -> bool:
-        return True
+        return self.marker is None or self._device.queues.marker_done(self.marker)
 
     def synchronize(self) -> None:
-        self._device._host_sync_check(f"{self.name}.synchronize()")
+        self._device.check_host_sync(f"{self.name}.synchronize()")
+        if self.marker is not None:
+            self._device.queues.host_waited(self.marker, reason=f"{self.name}.synchronize()")
 
     def __repr__(self) -> str:
         return self.name
@@ -102,21 +123,23 @@ class SimExternalEvent:
     graph; outside, record sets the flag (and resumes what waits on it), reset clears it.
     """
 
-    __slots__ = ("_device", "name", "flag")
+    __slots__ = ("_device", "name", "flag", "recorded_us", "ledger")
 
     def __init__(self, device: "SimDevice", name: str) -> None:
         self._device = device
         self.name = name
         self.flag = False
+        self.recorded_us = 0.0  # the host clock when the record that set the flag was issued
+        self.ledger: Any = None  # its records and their consumers (`sim.queues`)
 
     def record(self, stream: Optional[SimStream] = None) -> None:
-        self._device._external_record(self, stream)
+        self._device.replays.record_external(self, stream)
 
     def wait(self, stream: Optional[SimStream] = None) -> None:
-        self._device._external_wait(self, stream)
+        self._device.replays.wait_external(self, stream)
 
     def reset(self, stream: Optional[SimStream] = None) -> None:
-        self._device._external_reset(self, stream)
+        self._device.replays.reset_external(self, stream)
 
     def __repr__(self) -> str:
         return self.name

@@ -1,27 +1,39 @@
 """The simulator's kernel log and trace (what a profiler turns into CSV rows and a timeline),
-and the static / super kernel hooks that change what the log shows.
+and the super-kernel optimisation that changes what the log shows.
 
-`TracingMixin` is part of `sim.device.SimDevice`: it keeps a `KernelRecord` per executed
-task and a `TraceSpan` per capture, replay, wait and task update while profiling (or when
-``record_kernels`` is on), and prices eager ops on the virtual clock.
+Theory of operation. `Trace` (``device.trace``) keeps, while recording is on (a profiling
+session is open, or ``record_kernels``), a `KernelRecord` per task the device executes — each
+replayed task, each eager kernel the device prices under ``track_eager`` — on the virtual clock
+(`sim.clock`), and a `TraceSpan` per capture, replay, wait and task update. A replay's span runs
+from its first kernel to its last; a replay suspended at an ExternalEvent gets a "wait" span
+until the event's record released it. Recording is off by default, so long runs keep nothing.
+
+`merge_super_kernels` is torch_npu's ``NPUGraph.super_kernel_optimize`` on the simulator: runs
+of consecutive static kernels of a captured graph become one launch in the log and on the
+clock (the calls still run one by one).
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, NamedTuple, Optional, cast
+from typing import TYPE_CHECKING, Any, Iterator, NamedTuple, Optional
 
-import torch
-
-from ascendgraph.errors import CaptureConstraintError, ConfigError
+from ascendgraph.errors import CaptureConstraintError
+from sim.clock import VirtualClock
 from sim.graph import CAPTURED, ReplayRun, SimGraph
-from sim.recorder import EagerTracker
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sim.device import SimDevice
     from sim.streams import SimStream
 
-__all__ = ["KernelRecord", "TraceSpan", "SimProfileSession", "TracingMixin", "SUPER_KERNEL_OPTION_KEYS"]
+__all__ = [
+    "KernelRecord",
+    "TraceSpan",
+    "SimProfileSession",
+    "Trace",
+    "SUPER_KERNEL_OPTION_KEYS",
+    "check_super_kernel_options",
+    "merge_super_kernels",
+]
 
 # torch_npu's NPUGraph.super_kernel_optimize(optimize_options=...) keys (2.13); accepted, not modelled.
 SUPER_KERNEL_OPTION_KEYS = frozenset({
@@ -75,10 +87,10 @@ class TraceSpan(NamedTuple):
 
 
 class SimProfileSession:
-    """What ``device.profile(...)`` yields: the kernel records of the profiled region."""
+    """What ``device.profiling(...)`` yields: the kernel records of the profiled region."""
 
-    def __init__(self, device: "SimDevice", output_dir: str, start: int, options: dict[str, Any]) -> None:
-        self.device = device
+    def __init__(self, trace: "Trace", output_dir: str, start: int, options: dict[str, Any]) -> None:
+        self.trace = trace
         self.output_dir = output_dir
         self.options = options
         self._start = start
@@ -86,7 +98,7 @@ class SimProfileSession:
 
     @property
     def records(self) -> list[KernelRecord]:
-        return self.device.kernel_records[self._start : self._stop]
+        return self.trace.kernel_records[self._start : self._stop]
 
 
 
@@ -107,40 +119,53 @@ def _member_records(task: Any, start: float, stream_id: int, graph: Optional[str
     return tuple(records)
 
 
-if TYPE_CHECKING:  # the type checker reads the mixin as a part of SimDevice (sim.device_parts)
-    from sim.device_parts import DeviceParts as _Parts
-else:
-    _Parts = object
+class Trace:
+    """``device.trace``: the kernel log and trace spans (module docstring)."""
 
+    def __init__(self, clock: VirtualClock, *, record: bool = False) -> None:
+        self.clock = clock
+        self.kernel_records: list[KernelRecord] = []
+        self.trace_spans: list[TraceSpan] = []
+        self._sessions = 0  # open profiling() sessions
+        self.recording = bool(record)
+        self._replay_marks: dict[int, tuple[float, Optional[float], str]] = {}  # id(run) -> (start, wait start, event)
 
-class TracingMixin(_Parts):
-    """Kernel log, trace spans, eager pricing, profiling sessions, static and super kernels."""
+    # -- switches
+    def set_recording(self, enabled: bool = True) -> None:
+        """Keep (or stop keeping) a KernelRecord per executed task outside profiling() too."""
+        self.recording = bool(enabled) or self._sessions > 0
 
-    def _mark_replay(self, run: ReplayRun, stream: SimStream, start: float) -> None:
-        """Trace: note a replay's first kernel; close the wait a resumed replay sat in."""
-        mark = self._replay_marks.get(id(run))
-        if mark is None:
-            self._replay_marks[id(run)] = (start, None, "")
-        elif mark[1] is not None:
-            self.trace_spans.append(
-                TraceSpan("wait", f"wait {mark[2]}", stream.stream_id, mark[1], start - mark[1], run.graph.name)
-            )
-            self._replay_marks[id(run)] = (mark[0], None, "")
+    def discard(self) -> bool:
+        """Drop the kernel records and trace spans kept so far — unless a profiling() session
+        is open (its records are indexes into them). Returns whether they were dropped."""
+        if self._sessions:
+            return False
+        del self.kernel_records[:]
+        del self.trace_spans[:]
+        self._replay_marks.clear()
+        return True
 
-    def _end_replay_part(self, run: ReplayRun, stream: SimStream, finished: bool) -> None:
-        mark = self._replay_marks.get(id(run))
-        if mark is None:
-            return
-        if finished:
-            del self._replay_marks[id(run)]
-            self.trace_spans.append(
-                TraceSpan("replay", f"replay {run.graph.name}", stream.stream_id, mark[0], self._device_us - mark[0],
-                          run.graph.name)
-            )
-        else:
-            self._replay_marks[id(run)] = (mark[0], self._device_us, str(run.waiting_on))
+    @contextmanager
+    def profiling(self, output_dir: str, **options: Any) -> Iterator[SimProfileSession]:
+        """Keep a KernelRecord per task executed in the block."""
+        session = SimProfileSession(self, output_dir, len(self.kernel_records), options)
+        previous = self.recording
+        self.recording = True
+        self._sessions += 1
+        try:
+            yield session
+        finally:
+            self._sessions -= 1
+            self.recording = previous
+            session._stop = len(self.kernel_records)
 
-    def _log_tasks(self, tasks: list, start: float, stream_id: int, graph: Optional[str]) -> None:
+    # -- what the device reports
+    def span(self, kind: str, name: str, stream_id: int, start_us: float, duration_us: float,
+             graph: Optional[str]) -> None:
+        if self.recording:
+            self.trace_spans.append(TraceSpan(kind, name, stream_id, start_us, duration_us, graph))
+
+    def log_tasks(self, tasks: list, start: float, stream_id: int, graph: Optional[str]) -> None:
         clock = start
         append = self.kernel_records.append
         for task in tasks:
@@ -154,106 +179,60 @@ class TracingMixin(_Parts):
             )
             clock += task.duration_us
 
-    def _charge_eager(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
-        outputs = out if isinstance(out, (tuple, list)) else [out]
-        task = self.cost.task(func, args, kwargs, [o for o in outputs if isinstance(o, torch.Tensor)])
-        self._host_us += self.cost.params.host_launch_us
-        start = max(self._device_us, self._host_us)
-        self._device_us = start + task.duration_us
-        if self._profiling:
-            self._log_tasks([task], start, self._current().stream_id, None)
-
-    @contextmanager
-    def track_eager(self) -> Iterator[None]:
-        """Charge the eager ops issued in the block to the virtual clock (and the kernel
-        log while profiling). Outside it eager ops are free: nothing intercepts them."""
-        self._check_alive()
-        with EagerTracker(cast("SimDevice", self)):  # a part of SimDevice (sim.device_parts)
-            yield
-
-    @contextmanager
-    def profiling(self, output_dir: str, **options: Any) -> Iterator[SimProfileSession]:
-        """Keep a KernelRecord per task executed in the block (replayed or tracked eager).
-        Writing op_statistic.csv / kernel_details.csv from them is the profiler's job.
-
-        (The Device protocol names this ``profile(...)``, which the ``profile`` attribute —
-        the DeviceProfile — shadows on every device; hence the different name.)"""
-        session = SimProfileSession(cast("SimDevice", self), output_dir, len(self.kernel_records), options)
-        previous = self._profiling
-        self._profiling = True
-        self._sessions += 1
-        try:
-            yield session
-        finally:
-            self._sessions -= 1
-            self._profiling = previous
-            session._stop = len(self.kernel_records)
-    def stream_names(self) -> dict[int, str]:
-        """Stream id -> name of every stream of the device (profile track names)."""
-        return {stream.stream_id: stream.name for stream in self._streams}
-
-    @property
-    def records_kernels(self) -> bool:
-        """Whether executed tasks are kept as KernelRecords right now."""
-        return self._profiling
-
-    def set_record_kernels(self, enabled: bool = True) -> None:
-        """Keep (or stop keeping) a KernelRecord per executed task outside profiling() too."""
-        self._profiling = bool(enabled) or self._sessions > 0
-
-    def discard_kernel_records(self) -> bool:
-        """Drop the kernel records and trace spans kept so far — unless a profiling() session
-        is open (its records are indexes into them). Returns whether they were dropped."""
-        if self._sessions:
-            return False
-        del self.kernel_records[:]
-        del self.trace_spans[:]
-        self._replay_marks.clear()
-        return True
-
-    # ------------------------------------------------------------------ static and super kernels
-    def install_static_kernels(self, kernels: Mapping[tuple, str]) -> None:
-        """Make fixed-shape kernels available (a static-kernel build: signature -> kernel id,
-        see `sim.cost.task_signature`). Graphs captured from now on run a task whose signature
-        is installed as that static kernel; earlier captures keep the kernels they had."""
-        self.cost.static_kernels.update(kernels)
-
-    @property
-    def static_kernels(self) -> dict[tuple, str]:
-        return dict(self.cost.static_kernels)
-
-    @contextmanager
-    def super_kernel_scope(self, scope_name: Optional[str] = None) -> Iterator[None]:
-        """torch_npu's ``super_kernel_scope_begin/end`` around a captured region. The
-        simulator notes the scope on the capture (``graph.info()["super_kernel_scopes"]``);
-        `super_kernel_optimize` merges runs of static kernels whether or not a scope was open."""
-        if scope_name is not None and (not isinstance(scope_name, str) or not scope_name.strip()):
-            raise RuntimeError("scope_name should be None or a non-empty string.")
-        capture = self._capture
-        if capture is not None:
-            capture.super_kernel_scopes.append(scope_name or "")
-        yield
-
-    def super_kernel_optimize(self, graph: SimGraph, optimize_options: Optional[dict[str, Any]] = None) -> int:
-        """Merge each run of two or more consecutive static kernels of a captured graph into one
-        super kernel (torch_npu's ``NPUGraph.super_kernel_optimize``; only fixed-shape binaries
-        can be fused, and a graph event wait ends a run). Returns how many super kernels."""
-        self._check_alive()
-        if not isinstance(graph, SimGraph) or graph.device is not self:
-            raise ConfigError(f"{graph!r} is not a graph of this device; use device.new_graph()", key="graph")
-        if optimize_options is not None:
-            if not isinstance(optimize_options, dict):
-                raise TypeError("optimize_options param must be dict or None.")
-            for key in optimize_options:
-                if key not in SUPER_KERNEL_OPTION_KEYS:
-                    raise ValueError(f"Invalid optimize_options param key: '{key}'.")
-        if graph.state != CAPTURED or graph.program is None:
-            raise CaptureConstraintError(
-                f"super_kernel_optimize needs a captured graph; {graph.name} is {graph.state} (optimise after capture_end)"
+    def mark_replay(self, run: ReplayRun, stream: "SimStream", start: float) -> None:
+        """Note a replay's first kernel; close the wait a resumed replay sat in."""
+        mark = self._replay_marks.get(id(run))
+        if mark is None:
+            self._replay_marks[id(run)] = (start, None, "")
+        elif mark[1] is not None:
+            self.trace_spans.append(
+                TraceSpan("wait", f"wait {mark[2]}", stream.stream_id, mark[1], start - mark[1], run.graph.name)
             )
-        from sim.cost import STATIC_KERNEL_TAG
+            self._replay_marks[id(run)] = (mark[0], None, "")
 
-        return graph.program.merge_runs(
-            lambda task: task.op_type.endswith(STATIC_KERNEL_TAG), f"super_kernel_{graph.name.replace('#', '')}"
+    def end_replay_part(self, run: ReplayRun, stream: "SimStream", finished: bool) -> None:
+        mark = self._replay_marks.get(id(run))
+        if mark is None:
+            return
+        device_us = self.clock.device_us
+        if finished:
+            del self._replay_marks[id(run)]
+            self.trace_spans.append(
+                TraceSpan("replay", f"replay {run.graph.name}", stream.stream_id, mark[0], device_us - mark[0],
+                          run.graph.name)
+            )
+        else:
+            self._replay_marks[id(run)] = (mark[0], device_us, str(run.waiting_on))
+
+    def charge_eager(self, task: Any, host_launch_us: float, stream_id: int) -> None:
+        """An eager kernel priced on the clock (``track_eager``), logged while recording."""
+        self.clock.host_spends(host_launch_us)
+        start = self.clock.device_runs(self.clock.host_us, task.duration_us)
+        if self.recording:
+            self.log_tasks([task], start, stream_id, None)
+
+
+def check_super_kernel_options(optimize_options: Optional[dict[str, Any]]) -> None:
+    """torch_npu's checks of ``optimize_options`` (its texts)."""
+    if optimize_options is None:
+        return
+    if not isinstance(optimize_options, dict):
+        raise TypeError("optimize_options param must be dict or None.")
+    for key in optimize_options:
+        if key not in SUPER_KERNEL_OPTION_KEYS:
+            raise ValueError(f"Invalid optimize_options param key: '{key}'.")
+
+
+def merge_super_kernels(graph: SimGraph) -> int:
+    """Merge each run of two or more consecutive static kernels of a captured graph into one
+    super kernel (only fixed-shape binaries can be fused; a graph event wait ends a run).
+    Returns how many super kernels."""
+    if graph.state != CAPTURED or graph.program is None:
+        raise CaptureConstraintError(
+            f"super_kernel_optimize needs a captured graph; {graph.name} is {graph.state} (optimise after capture_end)"
         )
+    from sim.cost import STATIC_KERNEL_TAG
 
+    return graph.program.merge_runs(
+        lambda task: task.op_type.endswith(STATIC_KERNEL_TAG), f"super_kernel_{graph.name.replace('#', '')}"
+    )

@@ -133,7 +133,7 @@ class WarmupMode(_Mode):
 
     def _info(self, func: Any) -> OpInfo:
         if self.device is not None:
-            return self.device._op_info(func)
+            return self.device.op_info(func)
         info = self._ops.get(func)
         if info is None:
             info = self._ops[func] = classify(func)

@@ -392,7 +392,7 @@ def super_kernel_scope_begin(scope_name: Optional[str] = None) -> None:
     rt = runtime()
     rt.check_super_kernel("super_kernel_scope_begin")
     rt.open_super_kernel_scopes.append(scope_name)
-    capture = rt.device._capture  # noted on the capture under way, as SimDevice.super_kernel_scope does
+    capture = rt.device.capture_in_progress  # noted on the capture under way, as SimDevice.super_kernel_scope does
     if capture is not None:
         capture.super_kernel_scopes.append(scope_name or "")
 

@@ -52,8 +52,11 @@ DEFAULT_PROFILE = "A2"
 # What get_device_name() reports per simulator profile generation (CANN SoC names).
 DEVICE_NAMES = {"A2": "Ascend910B3", "A3": "Ascend910_9392", "310P": "Ascend310P3", "A5": "Ascend950PR"}
 SUPER_KERNEL_SOC_PREFIX = "Ascend910_93"  # Atlas A3: the only product line of CANN's aclsk API
-# SimDevice options the facade sets unless a caller overrides them: what torch_npu does.
-FACADE_DEVICE_DEFAULTS = {"allow_rng_in_capture": True, "lazy_kernel_init": False}
+# SimDevice options the facade sets unless a caller overrides them: what torch_npu does. The
+# facade's tensors are CPU tensors whose reads the simulated device cannot see (no host_read), so
+# its device runs each item as it is issued; the host still waits only when asked, so the ordering
+# hazards of a device running behind the host are checked all the same (docs/simulator.md).
+FACADE_DEVICE_DEFAULTS = {"allow_rng_in_capture": True, "lazy_kernel_init": False, "lag": "immediate"}
 SUPER_KERNEL_UNSUPPORTED = (
     "{what}: super kernel is not supported on {device} (an Atlas {generation} device): CANN's super kernel "
     "API (aclskScopeBegin / aclskOptimize, which torch_npu 2.13 calls) is for Atlas A3 products only; "
@@ -155,7 +158,7 @@ class FacadeRuntime:
     # -- streams: torch_npu's set_stream is not a context, so the facade sets the
     # simulator's current stream directly (it is the device's per-thread slot).
     def set_current(self, stream: SimStream) -> None:
-        self.device._tls.stream = None if stream is self.device.default_stream() else stream
+        self.device.set_current_stream(stream)
 
     # -- task-group guard: one while a task group is open ("group"), one while a task update is ("update")
     def push_guard(self, kind: str, where: str) -> None:
@@ -187,11 +190,11 @@ class FacadeRuntime:
         ``graph_task_update_begin`` on a card fails until ``_end``), which a suite cannot recover
         from; docs/facade.md, deviations table."""
         device = self.device
-        update = device._update
+        update = device.update_in_progress
         if update is not None and update.stream is stream:
             self.pop_guard("update")
             device.abandon_task_update()
-        capture = device._capture
+        capture = device.capture_in_progress
         if capture is not None and capture.stream is stream:
             self.pop_guard("group")
             device.abandon_open_work()

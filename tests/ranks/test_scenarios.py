@@ -117,7 +117,7 @@ def test_shards_cover_every_job_once():
     seeds = range(0, 5)
     every = plan_jobs(FILES, seeds)
     shards = [plan_jobs(FILES, seeds, parse_shard(f"{i}/3")) for i in range(3)]
-    assert sorted(sum(shards, []), key=repr) == sorted(every, key=repr)
+    assert sorted((job for shard in shards for job in shard), key=repr) == sorted(every, key=repr)
     assert len(every) == len(FILES) * 2 * 5
     with pytest.raises(Exception, match="i/n"):
         parse_shard("3/3")

@@ -78,6 +78,7 @@ def test_a_compiled_function_captured_runs_its_compiled_code_and_replays():
     assert len(compiled_runs) == 2  # the compiled code ran under the recorder
     assert graph.recorded_ops() == ["aten.mm.default", "aten.relu.default", "aten.mul.Tensor"]
     graph.replay()
+    device.synchronize()
     torch.testing.assert_close(out, expected)
 
 
@@ -161,6 +162,7 @@ def test_every_kind_of_failed_capture_leaves_the_device_as_it_was():
     device.set_fault_plan(None)
     graph, out = capture(device, lambda: x + 1)
     graph.replay()
+    device.synchronize()
     torch.testing.assert_close(out, x + 1)
 
 
@@ -184,7 +186,7 @@ def test_capture_memory_beyond_the_device_is_an_oom():
 
 
 def test_reset_drops_a_suspended_replay():
-    device = SimDevice()
+    device = SimDevice(lag="synchronous")  # it looks at the device between issue and completion
     event = device.new_external_event()
     graph = device.new_graph()
     with device.graph(graph):
@@ -238,7 +240,7 @@ def test_an_eager_wait_on_an_unrecorded_event_hangs_synchronize_until_recorded()
 
 
 def test_a_replay_behind_a_blocked_stream_waits_its_turn():
-    device = SimDevice()
+    device = SimDevice(lag="synchronous")  # it looks at the device between issue and completion
     x = torch.ones(2)
     graph, out = capture(device, lambda: x * 3)
     stream = device.new_stream()
@@ -270,7 +272,7 @@ def test_stream_synchronize_names_the_suspended_graph():
 
 
 def test_a_graph_that_records_an_external_event_releases_its_waiters():
-    device = SimDevice()
+    device = SimDevice(lag="synchronous")  # it looks at the device between issue and completion
     event = device.new_external_event()
     x = torch.ones(2)
     producer, _ = capture(device, lambda: event.record(device.current_stream()))
@@ -363,6 +365,7 @@ def test_an_update_can_change_an_out_op_and_keeps_its_output_address():
         torch.mul(x, 5.0, out=out)
         device.task_update_end(update)
     graph.replay()
+    device.synchronize()
     torch.testing.assert_close(out, x * 5.0)
 
 
@@ -414,7 +417,10 @@ def test_replay_advances_the_device_clock_by_the_graph_time():
     graph.replay()
     host2, dev2 = device.clock()
     assert host2 - host == pytest.approx(device.cost.graph_launch_us(2))
-    assert dev2 == pytest.approx(max(dev, host2) + graph.device_time_us())
+    assert dev2 == dev  # the device runs behind the host: the replay is queued
+    device.synchronize()
+    _, dev3 = device.clock()
+    assert dev3 == pytest.approx(max(dev, host2) + graph.device_time_us())  # from its launch, not from the sync
 
 
 def test_eager_ops_are_free_unless_tracked():
@@ -500,7 +506,7 @@ def test_a_record_on_the_stream_its_own_wait_blocks_is_a_hang_at_the_record():
 
 
 def test_a_record_behind_other_pending_work_takes_effect_when_the_stream_reaches_it():
-    device = SimDevice()
+    device = SimDevice(lag="synchronous")  # it looks at the device between issue and completion
     first, second = device.new_external_event(), device.new_external_event()
     stream, other = device.new_stream(), device.new_stream()
     first.wait(stream)
@@ -525,7 +531,7 @@ def test_an_eager_wait_ahead_of_a_record_of_the_same_event_is_a_hang():
 def test_a_reset_behind_a_suspended_replay_runs_after_the_replay_is_released():
     # The replay's own stream resets the event after its wait, as vLLM Ascend does: queued, the
     # reset clears the flag only once the update's record has released the replay.
-    device = SimDevice()
+    device = SimDevice(lag="synchronous")  # it looks at the device between issue and completion
     event = device.new_external_event()
     stream = _replay_suspended_at(device, event)
     event.reset(stream)  # queued behind the suspended replay
@@ -534,3 +540,30 @@ def test_a_reset_behind_a_suspended_replay_runs_after_the_replay_is_released():
     event.record(device.new_stream())  # so a second record is legal, not "recorded again without reset"
     device.synchronize()
     assert stream.query()
+
+
+def test_eager_kernels_take_the_policy_of_the_device_whose_scope_they_run_in():
+    # The kernels are process-wide (torch.library); the leniency is per device inside a device's
+    # scopes: a device created later must not relax, or tighten, the kernels another device runs.
+    from ascendgraph import ops
+    from ascendgraph.errors import KernelContractError
+    from sim import SimDevice
+
+    x = torch.randn(4, 8)  # float32: dynamic_quant takes float16/bfloat16 only (relaxed by the leniency)
+    lenient = SimDevice(allow_float32_attention=True)
+    strict = SimDevice()  # the newest device
+    with lenient.track_eager():
+        ops.dynamic_quant(x)
+    with lenient.kernel_policy():
+        ops.dynamic_quant(x)
+    with pytest.raises(KernelContractError, match="input_dtype_half"):
+        with strict.track_eager():
+            ops.dynamic_quant(x)
+    with pytest.raises(KernelContractError, match="input_dtype_half"):
+        ops.dynamic_quant(x)  # outside every scope: the newest device's policy (strict), documented
+    later_lenient = SimDevice(allow_float32_attention=True)
+    with pytest.raises(KernelContractError, match="input_dtype_half"):
+        with strict.warmup_scope():  # the newest device relaxes nothing inside another device's scope
+            ops.dynamic_quant(x)
+    with later_lenient.warmup_scope():
+        ops.dynamic_quant(x)

@@ -85,6 +85,7 @@ def test_an_op_without_a_meta_kernel_runs_at_capture_and_is_counted(sim_device):
     assert sim_device.stats().extra["capture_fallback_ops"] == 1
     x.fill_(5)
     graph.replay()
+    sim_device.synchronize()
     assert torch.equal(out, torch.full((3,), 10.0))
 
 

@@ -185,7 +185,7 @@ def test_a_replay_whose_group_was_updated_after_it_began_is_fine():
 
 
 def test_a_replay_executing_a_group_without_an_update_raises_stale_graph_params():
-    device = SimDevice()
+    device = SimDevice(lag="synchronous")  # the stale group surfaces when the host hears from the device at once
     graph, handle, event, x, out = _updatable(device)
     graph.replay()
     with pytest.raises(StaleGraphParams) as excinfo:
@@ -202,7 +202,7 @@ def test_a_replay_executing_a_group_without_an_update_raises_stale_graph_params(
 
 
 def test_an_update_before_the_replay_began_does_not_count():
-    device = SimDevice()
+    device = SimDevice(lag="synchronous")  # the stale group surfaces when the host hears from the device at once
     graph, handle, event, x, out = _updatable(device)
     graph.replay()
     _update(device, handle, event, x, out, 3.0)
@@ -213,7 +213,7 @@ def test_an_update_before_the_replay_began_does_not_count():
 
 
 def test_a_skipped_update_fault_is_caught_whatever_the_numbers():
-    device = SimDevice(faults="task_update=skip_update")
+    device = SimDevice(faults="task_update=skip_update", lag="synchronous")
     graph, handle, event, x, out = _updatable(device)
     graph.replay()
     with pytest.raises(StaleGraphParams):
@@ -230,7 +230,7 @@ def test_without_required_updates_a_stale_group_is_left_to_the_numbers():
 
 
 def test_a_stale_group_replayed_without_a_wait_surfaces_at_the_replay():
-    device = SimDevice()
+    device = SimDevice(lag="synchronous")  # the stale group surfaces when the host hears from the device at once
     x, out = torch.ones(2), torch.empty(2)
     graph = device.new_graph()
     with device.graph(graph):

@@ -191,6 +191,48 @@ def test_no_file_outside_tests_is_longer_than_the_limit_unless_listed_with_a_rea
     assert all(reason.strip() for reason in LONG_FILES.values())
 
 
+# --------------------------------------------------------------------------- sim/ as components (docs/simulator.md)
+
+DEVICE_NAMES = {"device", "_device", "dev", "sim_device"}
+SIM_COMPONENTS = ("memory", "pools", "queues", "stream_order", "clock", "tracing", "budget", "capturing", "replay",
+                  "task_groups", "pool_memory", "pool_checks")
+
+
+def _private_device_accesses(path: Path) -> list[str]:
+    """``<something>.device._name`` and ``device._name``: a private part of a device, reached from outside it."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")):
+            continue
+        base = node.value
+        name = base.attr if isinstance(base, ast.Attribute) else base.id if isinstance(base, ast.Name) else None
+        if name in DEVICE_NAMES:
+            found.append(f"{path.relative_to(REPO)}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_module_outside_the_device_reaches_into_a_devices_private_parts():
+    paths = [path for root in ("sim", "hw", "ascendgraph") for path in sorted((REPO / root).rglob("*.py"))
+             if path != REPO / "sim" / "device.py"]
+    assert len(paths) > 100
+    assert [hit for path in paths for hit in _private_device_accesses(path)] == []
+
+
+def test_the_simulated_device_is_assembled_from_components_not_mixins():
+    from sim.device import SimDevice
+
+    assert SimDevice.__mro__ == (SimDevice, object)
+    device = SimDevice()
+    for attribute, module in (("memory", "sim.memory"), ("pools", "sim.pools"), ("queues", "sim.queues"),
+                              ("virtual_clock", "sim.clock"), ("trace", "sim.tracing"), ("ledger", "sim.budget"),
+                              ("captures", "sim.capturing"), ("replays", "sim.replay"),
+                              ("task_groups", "sim.task_groups")):
+        assert type(getattr(device, attribute)).__module__ == module, attribute
+    for name in SIM_COMPONENTS:
+        docstring = ast.get_docstring(ast.parse((REPO / "sim" / f"{name}.py").read_text(encoding="utf-8"))) or ""
+        assert "Theory of operation" in docstring, f"sim/{name}.py needs a theory-of-operation docstring"
+
+
 # --------------------------------------------------------------------------- backends below the runtime
 
 

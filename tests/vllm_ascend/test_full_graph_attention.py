@@ -71,7 +71,9 @@ class FullGraphRun:
             self.wrapper()
             assert context.capturing is True  # ACLGraphWrapper set it (acl_graph.py:183)
 
-    def step(self, step: harness.Step, seed: int, *, update: bool = True) -> None:
+    def step(self, step: harness.Step, seed: int, *, update: bool = True, wait: bool = True) -> None:
+        """One step; ``wait=False``: the host goes on to the next step without waiting for the
+        device, as the runner does under async scheduling."""
         self.model.load_inputs(step, seed)
         with harness.forward_context(self.config, self.model.metadata(step, self.builder), "FULL", SIZE,
                                      sinks=self.sinks) as context:
@@ -79,7 +81,8 @@ class FullGraphRun:
             if update:
                 acl_graph.update_full_graph_params(AscendAttentionBackend, self.update_stream, context, SIZE,
                                                    harness.update_config(self.config))
-        torch.npu.synchronize()
+        if wait:
+            torch.npu.synchronize()
 
     def eager_step(self, step: harness.Step, seed: int) -> None:
         unpadded = harness.Step(step.q_lens, step.kv_lens, state=step.state)
@@ -121,6 +124,23 @@ def test_full_capture_then_per_step_update_in_the_model_runners_order_is_bitwise
     kernels = set(log.kernels())
     assert {"npu_scatter_pa_kv_cache", "npu_fused_infer_attention_score"} <= kernels
     assert log.violations() == []
+
+
+def test_steps_the_host_does_not_wait_for_stay_ordered_by_the_wrappers_synchronize() -> None:
+    # Async scheduling (model_runner_v1.py@182b75ea use_async_scheduling): the host issues step
+    # N + 1 — its replay, then its task updates and event records on the update stream — before it
+    # waited for step N. Only ACLGraphWrapper's synchronize of the current stream before a FULL
+    # replay (compilation/acl_graph.py@182b75ea:253-266) orders step N + 1's records after step N's
+    # waits and resets; without it the facade reports the race a card hangs on (a GraphHang at the
+    # record, or a StreamOrderError at the update that would reach the previous replay first).
+    run = FullGraphRun()
+    run.capture()
+    for index, (q_lens, kv_lens) in enumerate(STEPS):
+        run.step(harness.Step(q_lens, kv_lens, padded_to=SIZE), seed=index, wait=False)
+    torch.npu.synchronize()
+    for index, (q_lens, kv_lens) in enumerate(STEPS):  # the eager twin, step by step
+        run.eager_step(harness.Step(q_lens, kv_lens, padded_to=SIZE), seed=index)
+    run.assert_equal(harness.Step(*STEPS[-1], padded_to=SIZE))
 
 
 def test_a_replay_without_its_update_is_refused() -> None:

@@ -37,6 +37,7 @@ def test_profiling_keeps_one_kernel_record_per_replayed_task(device, tmp_path):
     graph, _ = capture(device, lambda: (x @ x).relu())
     with device.profiling(str(tmp_path)) as session:
         graph.replay()
+        device.synchronize()  # the device runs behind the host: its kernels have run by here
     names = [record.name for record in session.records]
     assert names == ["aten.mm.default", "aten.relu.default"]
     assert all(record.graph == graph.name and record.duration_us > 0 for record in session.records)
@@ -58,6 +59,8 @@ def test_two_devices_are_independent(device):
     assert graph.recorded_ops() == ["aten.add.Tensor"] and inner.recorded_ops() == ["aten.add.Tensor"]
     inner.replay()
     graph.replay()
+    other.synchronize()
+    device.synchronize()
     torch.testing.assert_close(inner_out, x + 2)
     torch.testing.assert_close(y, x + 3)
     assert first.is_captured

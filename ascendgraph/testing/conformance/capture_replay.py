@@ -147,4 +147,5 @@ def test_capture_outputs_are_garbage_until_the_first_replay(device):
     graph, out = capture(device, lambda: x + 1)
     assert torch.isnan(out).all()
     graph.replay()
+    device.synchronize()
     torch.testing.assert_close(out, x + 1)
