@@ -21,7 +21,8 @@ threads' interleaving).
 Captured collectives. A rank thread that captures a graph on its own simulated device
 (``device.graph(graph)``, sim.capture) and calls a collective inside the capture does not meet
 its peers then: the collective is recorded into the graph (the op
-``ascendgraph_fabric::captured``, whose handle names it) and meets at each replay of the graph,
+``ascendgraph_fabric::captured``, whose handle names it) and meets at each replay of the graph
+(when the device runs it: a replay queues behind the host, docs/simulator.md),
 its fingerprint saying ``graph:<the graph's name>``, so the rules ``graph_never_meets_eager``
 and ``same_graph_key`` apply; the replay's data moves. The captured collectives are an
 all_reduce of one tensor, broadcast, all_gather_single, reduce_scatter_single,

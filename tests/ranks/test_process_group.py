@@ -197,9 +197,9 @@ def _captured_all_reduce(world, keys, eager_rank=None, replays=2):
             dist.all_reduce(x)
         out[rank, "captured"] = x.tolist()  # nothing met at capture: the graph holds the collective
         for _ in range(replays):
-            x.fill_(float(rank + 1))
-            graph.replay()
-        device.synchronize()
+            x.fill_(float(rank + 1))  # a host write: the previous replay is done (synchronized)
+            graph.replay()  # queued on the device; the collective meets when the host waits for it
+            device.synchronize()
         out[rank] = x.tolist()
 
     return world.run(body), out
