@@ -6,12 +6,18 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ascendgraph-installed
 
-.PHONY: run test test-all typecheck bench parity parity-record vllm-ascend-env vllm-ascend ray mutation mutation-rules clean
+.PHONY: run test test-all typecheck bench parity parity-record vllm-ascend-env vllm-ascend ray mutation mutation-rules npu-device clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
 	touch $(STAMP)
+
+# The simulated NPU's torch device (sim/npu_device, a C++ extension): built with g++ and ninja into
+# the cache once per machine, found there afterwards (about a second). A failed build prints one
+# line and does not stop `make test`: the CPU simulator does not need the extension.
+npu-device: $(STAMP)
+	-$(PY) -m sim.npu_device
 
 # The main job: graph mode end to end on the CPU simulator.
 run: $(STAMP)
@@ -19,7 +25,7 @@ run: $(STAMP)
 
 # The default test suite (no NPU, no vLLM needed), parallel on all cores; worksteal: an idle
 # worker takes queued tests from a busy one, so no core waits on the other at the end.
-test: $(STAMP)
+test: $(STAMP) npu-device
 	$(PY) -m pytest -n auto --dist worksteal
 
 # The type checker over ascendgraph/, sim/ and hw/ ([tool.mypy] in pyproject.toml); .ci/run runs it.
@@ -27,7 +33,7 @@ typecheck: $(STAMP)
 	$(PY) -m mypy
 
 # Everything that runs without an NPU: the default suite plus the slow tests (10,000-example fuzzing).
-test-all: $(STAMP)
+test-all: $(STAMP) npu-device
 	$(PY) -m pytest -n auto -m 'not npu and not vllm and not vllm_ascend and not ray'
 
 # Differential tests against vLLM 0.32, in their own cached venv (docs/parity.md); what .ci/run does second.
@@ -46,7 +52,7 @@ vllm-ascend-env:
 	ln -sfn "$$(dirname "$$(dirname "$$(scripts/vllm-ascend-env.sh | tail -n 1)")")" .venv-vllm-ascend
 
 vllm-ascend: vllm-ascend-env
-	.venv-vllm-ascend/bin/python -m sim.facade --npu-device -- .venv-vllm-ascend/bin/python -m pytest -m vllm_ascend \
+	.venv-vllm-ascend/bin/python -m sim.facade -- .venv-vllm-ascend/bin/python -m pytest -m vllm_ascend \
 		tests/vllm_ascend -q -p no:cacheprovider -p no:warnings $(VLLM_ASCEND_PYTEST_ARGS)
 
 # `ascendgraph scenario run --ray` on a local Ray instance against the serial run, in its own cached

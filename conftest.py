@@ -5,8 +5,9 @@ points once the project is installed; from a checkout whose installed metadata p
 them they are loaded here instead (never twice).
 
 docs/decisions.md "A cache directory per test": tests use a temporary ASCENDGRAPH_CACHE_DIR per test so xdist workers never
-share static-kernel builds. Downloads that are expensive and immutable (the torch-npu wheel
-the contract test reads) keep using the user's persistent cache.
+share static-kernel builds. Artifacts that are expensive and immutable (the torch-npu wheel
+the contract test reads, the npu device's C++ extension, sim/npu_device/build.py) keep using
+the user's persistent cache (ASCENDGRAPH_DOWNLOAD_CACHE_DIR).
 """
 
 import os

@@ -366,7 +366,7 @@ def section_ranks(quick: bool, root: str = ROOT) -> dict[str, Any]:
         reason = f"needs the vLLM Ascend environment (make vllm-ascend-env, or ${VLLM_ASCEND_PYTHON_ENV})"
         print(f"{title}: {NOT_MEASURED} ({reason})")
         return {"skipped": True, "reason": reason, **size}
-    figures = run_measured([python, "-m", "sim.facade", "--npu-device", "--", python, "-m", "bench.bench_ranks_vllm",
+    figures = run_measured([python, "-m", "sim.facade", "--", python, "-m", "bench.bench_ranks_vllm",
                             "--dp", str(size["dp"]), "--steps", str(size["steps"])], env=_env(root), cwd=root,
                            timeout_s=1800)
     row: dict[str, Any] = {"skipped": False, **size, "exit_code": figures.exit_code,

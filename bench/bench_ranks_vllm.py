@@ -2,7 +2,7 @@
 
 ``python -m bench.bench_ranks_vllm [--dp 64] [--steps 100]``, in an environment with vLLM (the
 vLLM Ascend environment of ``make vllm-ascend``: ``.venv-vllm-ascend/bin/python -m sim.facade
---npu-device -- .venv-vllm-ascend/bin/python -m bench.bench_ranks_vllm``). Every DP rank is a
+-- .venv-vllm-ascend/bin/python -m bench.bench_ranks_vllm``). Every DP rank is a
 thread with its own vLLM ``parallel_state`` groups on the fabric's torch.distributed backend
 (`sim.vllm_ranks`) and its own ``ParallelConfig``; each step it calls vLLM 0.27.1's unmodified
 ``vllm.v1.worker.dp_utils.coordinate_batch_across_dp`` (a ``[4, dp]`` all-reduce on the DP

@@ -51,7 +51,7 @@ __all__ = [
     "torch_npu_namespace",
     "unavailable_reason",
     "disable_backend_autoload",
-    "torch_device_type",
+    "captures_by_dispatch",
 ]
 
 # The torch_npu release this backend is written and contract-tested against (torch 2.13).
@@ -310,15 +310,17 @@ def load_torch_npu() -> tuple[Optional[ModuleType], str]:
     return _load_once()
 
 
-# The one seam between a real torch_npu and a stand-in: the torch device type tensors of
-# "the NPU" have. torch_npu registers "npu"; the simulator's facade (sim.facade) keeps
-# tensors on the CPU and says so with this module attribute.
-DEVICE_TYPE_ATTRIBUTE = "__ascendgraph_torch_device_type__"
+# The one seam between a real torch_npu and the simulator's facade (sim.facade, which marks
+# its modules with this attribute). Both make "npu" tensors; the facade's graph capture is a
+# dispatch mode, which captures the kernels an ascendgraph op issues only when the op is
+# declared a wrapper op (ascendgraph.ops.register_wrapper_op), as a card's graph captures the
+# torch_npu kernels.
+FACADE_ATTRIBUTE = "__ascendgraph_facade__"
 
 
-def torch_device_type(module: Any) -> str:
-    """"npu" for torch_npu; what a stand-in module declares otherwise ("cpu" for the facade)."""
-    return str(getattr(module, DEVICE_TYPE_ATTRIBUTE, "npu"))
+def captures_by_dispatch(module: Any) -> bool:
+    """Whether ``module`` is the simulator's facade, whose captures record dispatched ops."""
+    return bool(getattr(module, FACADE_ATTRIBUTE, False))
 
 
 def torch_npu_namespace() -> TorchNpu:

@@ -174,9 +174,8 @@ class NpuDevice:
             supports_task_update=self.features["task_update"],
             supports_super_kernel_api=self.features["super_kernel_optimize"],
         )
-        self._device_type = api.torch_device_type(self._npu.module)
         if router is None:  # the process-wide kernels of the torch_npu in use
-            router = kernels.register_npu_kernels(self._npu, self._device_type)
+            router = kernels.register_npu_kernels(self._npu)
             kernels.prepare(self.torch_device)
         router.soc = self.profile.name  # the KV write's kernel follows the SoC (hw.kernels.SCATTER_SOCS)
         self.router = router
@@ -199,10 +198,8 @@ class NpuDevice:
 
     @property
     def torch_device(self) -> torch.device:
-        # Built on use: the "npu" device type exists once torch_npu has registered it. A
-        # stand-in that keeps tensors on the CPU (sim.facade) declares its device type.
-        if getattr(self, "_device_type", "npu") != "npu":
-            return torch.device(self._device_type)
+        # Built on use: the "npu" device type exists once torch_npu (or the simulator's facade)
+        # has registered it.
         return torch.device("npu", self.index)
 
     # ------------------------------------------------------------------ streams and events

@@ -644,10 +644,10 @@ def register_npu_kernels(npu: Optional[TorchNpu] = None, device_type: str = "npu
 
     Registration is process-wide, as ``torch.library`` itself is; a different torch_npu
     module (the simulator's facade after the real one, or back) gets a router of its own.
-    On a stand-in whose tensors live on the CPU (``sim.facade``) the ops are also declared
-    *wrapper ops* with the router as implementation, and registered again on every call
-    (the facade hands the CPU kernels back to the simulator when it is uninstalled): so a
-    simulator capture records the torch_npu kernels hw/ issues, as a card's graph would.
+    On the simulator's facade (`api.captures_by_dispatch`) the ops are also declared *wrapper
+    ops* with the router as implementation, and declared again on every call (the facade takes
+    the declarations back when it is uninstalled): so a simulator capture records the
+    torch_npu kernels hw/ issues, as a card's graph would.
     """
     global _ROUTER
     npu = npu or api.torch_npu_namespace()
@@ -655,18 +655,20 @@ def register_npu_kernels(npu: Optional[TorchNpu] = None, device_type: str = "npu
         _ROUTER = KernelRouter(npu)
         _ROUTER.registered_for = None
     router = _ROUTER
-    if device_type != "npu" or router.registered_for != device_type:
+    wrappers = api.captures_by_dispatch(npu.module) or device_type != "npu"
+    if wrappers or router.registered_for != device_type:
         for name in ops.OP_NAMES:
             getattr(ops, name).register_kernel(device_type)(router.kernel(name))
             defer_kernel_dynamo_guard(getattr(ops, name))
-            if device_type != "npu":
+            if wrappers:
                 ops.register_wrapper_op(ops.kernel_op(name), router.kernel(name))
         router.registered_for = device_type
     return router
 
 
 def prepare(device: torch.device) -> None:
-    """Create per-device constants (the causal mask) outside any capture."""
+    """Create per-device constants (the causal mask) outside any capture: anew for every
+    NpuDevice, so a device runtime that was re-created since (the simulator's facade gives each
+    test a fresh simulated NPU) never computes with a tensor of the previous one."""
     router = _ROUTER if _ROUTER is not None else register_npu_kernels()
-    if device not in router.buffers.masks:
-        router.buffers.masks[device] = causal_mask(device)
+    router.buffers.masks[device] = causal_mask(device)

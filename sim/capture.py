@@ -46,6 +46,7 @@ from ascendgraph.errors import (
 from sim import kernels
 from sim import pool_checks
 from sim.pool_memory import GraphMemory
+from sim.npu_device.device_type import HOST_WORK
 from sim.static_addresses import tensors_in as _tensors_in
 from sim.mode_stack import withdraw
 from sim.recorder import (
@@ -279,6 +280,11 @@ class Capture:
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
         info = self.device.op_info(func)
         kind = info.kind
+        route = self.device.device_type.route(func, args, kwargs) if self.device.device_type is not None else None
+        if route is not None:  # host work runs now; a copy the host waits for cannot be captured
+            if route == HOST_WORK:
+                return func(*args, **kwargs)
+            raise self.host_sync_error(route)
         if self.open_group is not None:
             return self._dispatch_in_group(info, args, kwargs)
         if kind == OP:
@@ -321,6 +327,8 @@ class Capture:
         raise reject(kind, info.func, self.graph.name)
 
     def _allocate(self, meta: Tensor) -> Tensor:
+        if self.device.device_type is not None:  # its allocator takes a raw block of this pool (allocate_raw)
+            return self.device.device_type.allocate_like(meta)
         nbytes = meta.untyped_storage().nbytes() if meta.numel() else 0
         self.device.captures.malloc(self, nbytes)
         if self.on_arena and nbytes:
@@ -362,7 +370,12 @@ class Capture:
         if type(value) is Tensor:
             storage = value.untyped_storage()
             allocation = self.live.get(storage.data_ptr())
-            if allocation is None or allocation.user_storage is None or allocation.user_storage() is not storage:
+            if allocation is None:
+                return value
+            if allocation.user_storage is None:  # a raw block: the device type's tensor (sim.npu_device)
+                device_type = self.device.device_type
+                return value if device_type is None else device_type.program_alias(value)
+            if allocation.user_storage() is not storage:
                 return value
             return allocation.program_alias(value)
         if isinstance(value, tuple):
@@ -451,6 +464,11 @@ class Update:
 
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
         info = self.device.op_info(func)
+        route = self.device.device_type.route(func, args, kwargs) if self.device.device_type is not None else None
+        if route is not None:  # host work runs now; a copy the host waits for is no task
+            if route == HOST_WORK:
+                return func(*args, **kwargs)
+            raise CaptureConstraintError(HOST_SYNC_DURING_CAPTURE.format(what=route, graph=self.group.graph.name))
         if info.kind == ALIAS or info.kind == HOST:
             return func(*args, **kwargs)
         if info.kind == ALLOC:  # scratch memory of the update: not a re-issued task

@@ -235,6 +235,7 @@ class Captures:
         capture.stop()
         self.device.ledger.release(capture.charge)
         capture.memory.release()
+        self.device.pools.abandon(capture.pool)  # raw blocks a caller kept stay held until freed
         graph.capture = None
         graph.state = IDLE
         graph.generation += 1

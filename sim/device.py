@@ -124,10 +124,9 @@ class SimDevice:
         self.poison_capture_outputs = bool(options.get("poison_capture_outputs", True))
         self.allow_float32_attention = bool(options.get("allow_float32_attention", False))
         self.require_task_updates = bool(options.get("require_task_updates", True))
-        # Which tensors live in host memory: None means every tensor stands for device memory
-        # (the simulator's convention). The torch_npu facade answers with its pinned host copies
-        # (sim.facade.pinned): reading those during a capture is host work, not a device sync.
+        # Host tensors (None: all stand for device memory); the device type backed (sim.npu_device).
         self.host_memory: Optional[Callable[[torch.Tensor], bool]] = None
+        self.device_type: Optional[Any] = None
         self.contracts = kernels.ContractPolicy.from_options(
             allow_float32_attention=self.allow_float32_attention,
             lazy_kernel_init=bool(options.get("lazy_kernel_init", True)),
@@ -145,7 +144,7 @@ class SimDevice:
 
         # meta_tensors (planning): same shapes, strides and byte counts, no storage, no compute.
         self.meta_tensors = bool(options.get("meta_tensors", False))
-        self._torch_device = torch.device("meta" if self.meta_tensors else "cpu")
+        self._torch_device = torch.device("meta" if self.meta_tensors else str(options.get("torch_device") or "cpu"))
         self._stream_ids = itertools.count(0)
         self._default = SimStream(self, next(self._stream_ids), "stream 0 (default)")
         self._streams: list[SimStream] = [self._default]

@@ -60,6 +60,7 @@ __all__ = [
     "contract_policy",
     "unchecked",
     "replaying",
+    "replaying_now",
     "on_capture",
     "on_update",
     "check_kernel_call",
@@ -252,6 +253,11 @@ def unchecked() -> Iterator[ContractPolicy]:
     shapes and dtypes no NPU kernel takes."""
     with contract_policy(ContractPolicy(frozenset(rule.name for rule in RULES), lazy_init=False)) as policy:
         yield policy
+
+
+def replaying_now() -> bool:
+    """Whether a graph replay is running (its kernels are the device's work under way)."""
+    return _REPLAYING.get()
 
 
 @contextlib.contextmanager

@@ -174,7 +174,8 @@ def _live_blocks(device: "SimDevice") -> list[tuple[Any, PoolAllocation]]:
         if arena is None:
             continue
         for allocation in list(arena.live.values()):
-            if allocation.user_storage() is not None:
+            # a raw block (an npu tensor's, sim.npu_device) is live until its tensor frees it
+            if allocation.user_storage is None or allocation.user_storage() is not None:
                 blocks.append((pool.handle, allocation))
     return blocks
 
@@ -182,6 +183,10 @@ def _live_blocks(device: "SimDevice") -> list[tuple[Any, PoolAllocation]]:
 def _is_weak(value: torch.Tensor) -> bool:
     if isinstance(value, PoolWeakTensor):
         return True
+    if value.device.type == "npu":  # torch_npu._C._weak_ref_tensor on the npu device: a plain tensor
+        from sim.npu_device import is_weak_alias
+
+        return is_weak_alias(value)
     try:
         from sim.facade.weak_refs import WeakRefTensor
     except ImportError:  # pragma: no cover

@@ -28,6 +28,8 @@ OPTIONS = {
     "collectives in streams (default: HCCL_OP_EXPANSION_MODE of env)",
     "meta_tensors": "tensors live on the meta device: captures still count streams, pool bytes and "
     "virtual time, but no memory is held and nothing computes (planning only; default False)",
+    "torch_device": "the torch device the device's tensors live on: 'cpu' (default: CPU tensors stand for device "
+    "memory) or 'npu' (the torch_npu facade's simulated NPU, sim.npu_device; set device_type too)",
     "lag": "when queued device work runs (sim.queues): 'device' (default, what a card does: when the host waits for "
     "it), 'immediate' (as soon as it is issued; the host still waits only when asked, so the ordering hazards are "
     "the same) or 'synchronous' (as soon as it is issued, and the host waits for every item)",

@@ -27,7 +27,31 @@ import torch
 
 from sim.pool_memory import READ, UPDATE, WRITE, GraphMemory, PoolAllocation, PoolBlockReused, PoolWeakTensor, argument_roles
 
-__all__ = ["check_op", "check_update", "finish"]
+__all__ = ["check_op", "check_update", "finish", "weak_view", "register_weak_view_resolver"]
+
+# Weak references that are plain tensors: a device type's non-owning alias (sim.npu_device's
+# torch_npu._C._weak_ref_tensor) is a weak view of a pool block as a PoolWeakTensor is. The device
+# type registers a resolver answering with the PoolWeakTensor that stands for such a tensor.
+_WEAK_VIEW_RESOLVERS: list[Any] = []
+
+
+def register_weak_view_resolver(resolver: Any) -> None:
+    """``resolver(tensor) -> Optional[PoolWeakTensor]`` for plain tensors that are weak views."""
+    if resolver not in _WEAK_VIEW_RESOLVERS:
+        _WEAK_VIEW_RESOLVERS.append(resolver)
+
+
+def weak_view(value: Any) -> Optional[PoolWeakTensor]:
+    """The weak reference into pool memory ``value`` is (itself, or what a resolver says a plain
+    tensor is), or None."""
+    if isinstance(value, PoolWeakTensor):
+        return value
+    if _WEAK_VIEW_RESOLVERS and type(value) is torch.Tensor:
+        for resolver in _WEAK_VIEW_RESOLVERS:
+            found = resolver(value)
+            if found is not None:
+                return found
+    return None
 
 REUSED_IN_CAPTURE = (
     "simulator: {op} (op {index} of the capture of {graph}) reads {what}, but its block was handed to {other} "
@@ -72,7 +96,9 @@ def _check_value(memory: GraphMemory, func: Any, value: Any, role: str, index: i
         for item in value:
             _check_value(memory, func, item, role, index, check_strong, weak_writes, strong_writes)
         return
-    if isinstance(value, PoolWeakTensor):
+    weak = weak_view(value)
+    if weak is not None:
+        value = weak
         allocation = value._allocation
         if allocation.arena is not memory.arena and memory.arena is not None:
             return  # another pool's block: only the run-time check applies
@@ -188,8 +214,9 @@ def _tensors(args: tuple, kwargs: dict) -> Iterator[torch.Tensor]:
 
 
 def _weak_tensors(value: Any) -> Iterator["PoolWeakTensor"]:
-    if isinstance(value, PoolWeakTensor):
-        yield value
+    weak = weak_view(value)
+    if weak is not None:
+        yield weak
     elif isinstance(value, (list, tuple)):
         for item in value:
             yield from _weak_tensors(item)

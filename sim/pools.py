@@ -7,7 +7,12 @@ is the bytes of the fresh storages its capture allocated (every request: an uppe
 real pool's footprint). A pool costs the largest footprint of the graphs alive in it (graphs
 sharing a pool reuse its blocks, as vLLM captures the largest size first), and the device's
 pool bytes are the sum over pools. A private pool lives while one of its graphs does; a shared
-one as long as the device.
+one as long as the device. A private pool whose last graph went (reset, freed, or a capture that
+was aborted) while blocks of it are still held (a tensor the caller kept; an npu tensor's block
+is freed by address through `sim.memory`) is kept aside until the last of them is freed, as the
+NPU caching allocator keeps a graph's private pool while a tensor uses it: its held blocks are
+no graph's bytes any more, but the allocator's allocated memory until then
+(`held_without_graphs`).
 
 The memory behind those bytes is the pool's `sim.pool_memory.PoolArena` (created on the first
 real allocation; meta-tensor devices have none): the caching allocator's blocks (`sim.memory`),
@@ -86,6 +91,8 @@ class GraphPools:
     def __init__(self, device_uid: int) -> None:
         self.device_uid = device_uid
         self._pools: dict[int, SimPool] = {}
+        # private pools without graphs whose raw blocks a caller still holds (module docstring)
+        self._orphans: dict[int, SimPool] = {}
         self._ids = count(1)
         self._tokens = count(1)
 
@@ -124,6 +131,18 @@ class GraphPools:
         pool.trim()
         if not pool.shared and not pool.footprints:
             self._pools.pop(pool.handle.pool_id, None)
+            self._keep_while_held(pool)
+
+    def abandon(self, pool: SimPool) -> None:
+        """A capture into ``pool`` was aborted: a private pool it made is never kept, but the raw
+        blocks it handed out stay the caller's until freed."""
+        if not self.is_kept(pool):
+            pool.trim()
+            self._keep_while_held(pool)
+
+    def _keep_while_held(self, pool: SimPool) -> None:
+        if pool.has_arena and pool.arena.live:
+            self._orphans[pool.handle.pool_id] = pool
 
     def get(self, handle: SimPoolHandle) -> Optional[SimPool]:
         return self._pools.get(handle.pool_id)
@@ -142,6 +161,18 @@ class GraphPools:
     def bytes(self) -> int:
         """What the pools cost: the sum over pools of their largest live footprint."""
         return sum(pool.bytes for pool in self.all())
+
+    def held_without_graphs(self) -> int:
+        """Bytes of blocks still held in private pools whose graphs all went (the caching
+        allocator's, not a graph's: `sim.memory` counts them as allocated until freed)."""
+        held = 0
+        for pool in list(self._orphans.values()):
+            pool.trim()  # blocks of tensors (not raw) go back when their tensor dies
+            if not pool.has_arena:
+                self._orphans.pop(pool.handle.pool_id, None)
+                continue
+            held += sum(allocation.size for allocation in pool.arena.live.values())
+        return held
 
     @property
     def host_bytes(self) -> int:
@@ -162,5 +193,11 @@ class GraphPools:
         """Free a raw block of a graph pool by address; False when no pool holds it."""
         for pool in self.all() + ([also] if also is not None else []):
             if pool.has_arena and pool.arena.release_raw(address):
+                return True
+        for pool in list(self._orphans.values()):
+            if pool.has_arena and pool.arena.release_raw(address):
+                pool.trim()
+                if not pool.has_arena:  # its last held block: the pool goes
+                    self._orphans.pop(pool.handle.pool_id, None)
                 return True
         return False

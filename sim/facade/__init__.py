@@ -1,10 +1,15 @@
 """A torch_npu-compatible facade over the simulator (``sim.facade``).
 
-``import torch_npu`` gets a module with torch_npu 2.13's graph API, streams, events,
-memory queries and the kernels graph code calls, backed by a `sim.device.SimDevice`;
-``torch.npu`` is ``torch_npu.npu``. Tensors stay CPU tensors: code that asks torch_npu
-which torch device type to use (hw/ does, through ``hw.api.torch_device_type``) gets
-``"cpu"``; code that spells ``device="npu"`` itself cannot run (see docs/facade.md).
+``import torch_npu`` gets a module with torch_npu 2.13's graph API, streams, events, memory
+queries and the kernels graph code calls, backed by a `sim.device.SimDevice`;
+``torch.npu`` is ``torch_npu.npu``. "npu" is a torch device (`sim.npu_device`, PyTorch's
+PrivateUse1 backend spelled as torch_npu spells it): ``torch.empty(..., device="npu")``,
+``tensor.npu()``, ``.to("npu", non_blocking=True)``, ``.cpu()``, ``.item()``, pinned host
+memory (``pin_memory=True``, ``Tensor.pin_memory()``) and ``torch.npu.manual_seed`` work, and
+the tensors' memory is the simulated NPU's (``torch.npu.memory_allocated``, graph pools,
+``empty_cache``). Ops on npu tensors run the CPU kernels on that memory, queued on the current
+stream; a host read of an npu tensor is a synchronisation (refused inside a capture). hw/
+runs on npu tensors, as on a card.
 
 Activation:
 
@@ -13,22 +18,16 @@ Activation:
 * `install()` / `uninstall()` in process (tests). `configure()` gives the facade a fresh
   simulated NPU (a profile, a fault plan, a stream limit).
 
-The ``npu`` device spelling is opt-in (``python -m sim.facade --npu-device -- CMD``, or
-``ASCENDGRAPH_FACADE_NPU_DEVICE=1`` before the facade is installed): PrivateUse1 is renamed
-"npu" so ``torch.device("npu")`` / ``"npu:0"`` construct (vLLM's ``DeviceConfig`` with
-vLLM Ascend's ``NPUPlatform`` builds one), ``Tensor.npu()`` returns the CPU tensor itself,
-and ``Tensor.pin_memory()`` copies into host memory the facade remembers as pinned
-(`sim.facade.pinned`: torch asks the accelerator's C++ hooks for a pinned allocator, which a
-Python backend cannot provide).
-Allocating a tensor *on* the npu device still fails (there is no PrivateUse1 allocator;
-vLLM Ascend's NPUModelRunner needs one). The rename cannot be undone within a process,
-so it stays off unless asked for: code that tests ``device.type == "npu"`` to mean "a real
-NPU" does not change behaviour silently.
+Installing builds the npu device's C++ extension on first use (once per machine, into the
+cache: `sim.npu_device.build`) and spells PrivateUse1 "npu" for the rest of the process (torch
+cannot undo it); `uninstall()` detaches the simulated NPU from the device.
 
 The facade says once on stderr that it is active, and names an installed torch_npu it
 shadows. Modules: ``runtime`` (the SimDevice and the task-group guard), ``npu`` (the
-``torch_npu.npu`` module), ``pinned`` (pinned host memory), ``kernels`` (the ``npu_facade`` ops), ``contracts`` (the
-kernel-contract seam), ``modules`` (the module objects), ``__main__`` (the launcher).
+``torch_npu.npu`` module; ``super_kernel_options`` its option checks), ``kernels`` (the
+``npu_facade`` ops; ``norm_quant`` the norm and quantisation kernels, ``attention_calls`` the
+fused attention's argument layout), ``contracts`` (the kernel-contract seam), ``modules``
+(the module objects), ``__main__`` (the launcher).
 """
 
 from __future__ import annotations
@@ -41,12 +40,9 @@ from typing import Any, Optional
 from sim.facade.runtime import FacadeRuntime, configure, configured, runtime
 
 __all__ = ["install", "uninstall", "is_installed", "configure", "configured", "runtime", "device", "check_memory",
-           "NOTICE_VARIABLE",
-           "notice_text", "real_torch_npu_location", "NPU_DEVICE_VARIABLE", "enable_npu_device_spelling",
-           "npu_device_spelling_enabled"]
+           "NOTICE_VARIABLE", "notice_text", "real_torch_npu_location"]
 
 NOTICE_VARIABLE = "ASCENDGRAPH_NPU_FACADE"  # set once the notice was printed (inherited by subprocesses)
-NPU_DEVICE_VARIABLE = "ASCENDGRAPH_FACADE_NPU_DEVICE"  # "1": spell PrivateUse1 "npu" (opt-in, irreversible)
 _saved: dict[str, Any] = {}
 _installed = False
 
@@ -70,7 +66,8 @@ def real_torch_npu_location() -> Optional[str]:
 
 
 def notice_text(shadowed: Optional[str]) -> str:
-    text = "sim.facade: torch_npu is the ascendgraph simulator facade (no NPU is used; tensors stay on the CPU)"
+    text = ("sim.facade: torch_npu is the ascendgraph simulator facade (no NPU is used; npu tensors live in host "
+            "memory the simulator owns)")
     if shadowed:
         text += f"; the installed torch_npu ({shadowed}) is shadowed"
     return text
@@ -89,9 +86,11 @@ def install(*, quiet: bool = False) -> None:
     global _installed
     if _installed:
         return
+    from sim import npu_device
     from sim.facade import modules
 
     shadowed = real_torch_npu_location()
+    npu_device.enable()  # NpuDeviceBuildError (one line) when the extension does not build
     for name in ("torch_npu", "torch_npu.npu", "torch_npu._C", "torch_npu._C._distributed_c10d", "torch_npu.version",
                  "torch_npu.utils", "torch_npu.distributed", "torch_npu.profiler", "torch.npu"):
         if name in sys.modules:
@@ -101,8 +100,11 @@ def install(*, quiet: bool = False) -> None:
     if hasattr(torch, "npu"):
         _saved["torch.npu attribute"] = torch.npu
     modules.put_in_place()
-    if os.environ.get(NPU_DEVICE_VARIABLE) == "1":
-        enable_npu_device_spelling()
+    npu_device.attach(lambda index: runtime().device)  # npu:<index> is the facade's simulated NPU
+    from sim.facade.kernels import HOST_TENSOR_ARGUMENTS, NAMESPACE
+
+    for name, arguments in HOST_TENSOR_ARGUMENTS.items():
+        npu_device.allow_host_tensors(f"{NAMESPACE}::{name}", arguments)
     _installed = True
     if not quiet or shadowed:
         say_active(shadowed)
@@ -115,9 +117,11 @@ def uninstall() -> None:
     if not _installed:
         return
     from ascendgraph import ops
+    from sim import npu_device
     from sim.facade import modules
     from sim.kernels import register_cpu_kernels
 
+    npu_device.attach(None)
     modules.take_away()
     import torch
 
@@ -133,31 +137,6 @@ def uninstall() -> None:
         ops.unregister_wrapper_op(ops.kernel_op(name))
     register_cpu_kernels()
     _installed = False
-
-
-def _tensor_npu(self: Any, device: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:
-    """``Tensor.npu()`` on the facade: tensors stay CPU tensors, so the tensor itself."""
-    return self
-
-
-def npu_device_spelling_enabled() -> bool:
-    import torch
-
-    return torch._C._get_privateuse1_backend_name() == "npu"
-
-
-def enable_npu_device_spelling() -> None:
-    """Spell PrivateUse1 "npu" and give tensors ``.npu()`` and the facade's ``pin_memory()`` /
-    ``is_pinned()`` (`sim.facade.pinned`) (idempotent; cannot be undone)."""
-    import torch
-
-    if not npu_device_spelling_enabled():
-        torch.utils.rename_privateuse1_backend("npu")
-    if getattr(torch.Tensor, "npu", None) is not _tensor_npu:
-        torch.Tensor.npu = _tensor_npu  # type: ignore[attr-defined]  # Tensor.npu is what the facade installs (torch_npu adds it on a node)
-    from sim.facade.pinned import install_pinned_memory
-
-    install_pinned_memory()  # torch now has an accelerator ("npu") whose pinned allocator it asks for
 
 
 def is_installed() -> bool:

@@ -9,9 +9,8 @@ when it cannot be executed, with one line on stderr). SIGTERM, SIGHUP and SIGINT
 launcher are passed on to CMD and the launcher waits for it, so CMD is never left running
 orphaned (a terminal's Ctrl-C reaches CMD directly and is not passed on a second time).
 
-``python -m sim.facade --npu-device -- CMD`` also spells PrivateUse1 "npu" in CMD
-(``torch.device("npu")`` constructs; see sim.facade's docstring): opt-in, because the
-rename cannot be undone and changes what ``device.type == "npu"`` means.
+"npu" is a torch device in CMD (`sim.npu_device`); ``--npu-device``, which once asked for
+that, is still accepted and changes nothing.
 """
 
 from __future__ import annotations
@@ -26,19 +25,17 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from sim.facade import NOTICE_VARIABLE, NPU_DEVICE_VARIABLE, notice_text, real_torch_npu_location
+from sim.facade import NOTICE_VARIABLE, notice_text, real_torch_npu_location
 
 SHIM = Path(__file__).resolve().parent / "shim"
 ROOT = Path(__file__).resolve().parents[2]
-USAGE = ("usage: python -m sim.facade [--npu-device] -- CMD [ARG ...]  (runs CMD with the simulator's torch_npu "
-         "facade; --npu-device also spells PrivateUse1 \"npu\" so torch.device(\"npu\") constructs)")
+USAGE = "usage: python -m sim.facade -- CMD [ARG ...]  (runs CMD with the simulator's torch_npu facade)"
+LEGACY_FLAGS = ("--npu-device",)  # the npu device is the facade's normal behaviour now
 
 
-def facade_environment(environ: dict[str, str], *, npu_device: bool = False) -> dict[str, str]:
+def facade_environment(environ: dict[str, str]) -> dict[str, str]:
     """The environment CMD runs in."""
     env = dict(environ)
-    if npu_device:
-        env[NPU_DEVICE_VARIABLE] = "1"
     parts = [str(SHIM), str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(parts))
     env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"  # torch must not import a real torch_npu by itself
@@ -120,15 +117,14 @@ def run(argv: list[str], env: dict[str, str]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    npu_device = bool(argv) and argv[0] == "--npu-device"
-    if npu_device:
+    while argv and argv[0] in LEGACY_FLAGS:
         argv = argv[1:]
     if argv and argv[0] == "--":
         argv = argv[1:]
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE, file=sys.stderr if not argv else sys.stdout)
         return 2 if not argv else 0
-    env = facade_environment(dict(os.environ), npu_device=npu_device)
+    env = facade_environment(dict(os.environ))
     problem = unrunnable(argv[0], env.get("PATH"))
     if problem is not None:
         return cannot_run(argv[0], problem)

@@ -36,13 +36,17 @@ __all__ = ["FACADE_MARK", "VERSION", "facade_modules", "torch_npu_module", "NotM
            "C_DISTRIBUTED_PLACEHOLDERS"]
 
 FACADE_MARK = "__ascendgraph_facade__"
-DEVICE_TYPE_ATTRIBUTE = "__ascendgraph_torch_device_type__"
 VERSION = "2.13.0"
 
 
 def _weak_ref_tensor(tensor: torch.Tensor) -> torch.Tensor:
-    """torch_npu's non-owning alias: it does not keep the storage alive, and a read after the
-    storage was freed raises (`sim.facade.weak_refs`)."""
+    """torch_npu's non-owning alias: a plain npu tensor over the same device memory that keeps
+    nothing alive (`sim.npu_device.weak_alias`: an op on it after its block was freed or written
+    by another graph raises). A CPU tensor gets `sim.facade.weak_refs`' alias."""
+    if isinstance(tensor, torch.Tensor) and tensor.device.type == "npu":
+        from sim import npu_device
+
+        return npu_device.weak_alias(tensor)
     return weak_ref_tensor(tensor, runtime().device)
 
 
@@ -98,13 +102,14 @@ class _DeviceProperties:
 
 
 def _memory_stats(device: Any = None) -> dict[str, int]:
-    allocated = int(runtime().device.memory_allocated())
+    rt = runtime()
+    allocated, reserved = rt.allocated_bytes(), rt.reserved_bytes()
     return {"allocated_bytes.all.current": allocated, "allocated_bytes.all.peak": allocated,
-            "reserved_bytes.all.current": allocated, "reserved_bytes.all.peak": allocated}
+            "reserved_bytes.all.current": reserved, "reserved_bytes.all.peak": reserved}
 
 
 def _max_memory_allocated(device: Any = None) -> int:
-    return int(runtime().device.memory_allocated())
+    return runtime().allocated_bytes()
 
 
 def _reset_peak_memory_stats(device: Any = None) -> None:
@@ -209,10 +214,9 @@ def facade_modules() -> dict[str, ModuleType]:
         top = _module(
             "torch_npu",
             "torch_npu on the ascendgraph simulator (sim.facade): graph API, streams, events, memory and the "
-            "kernels graph code calls, backed by a SimDevice; tensors are CPU tensors.",
+            "kernels graph code calls, backed by a SimDevice; npu tensors live in the simulated NPU's memory.",
             npu=npu, _C=c_module, version=version, utils=utils, distributed=distributed, profiler=profiler_module,
-            __version__=VERSION, __path__=[],
-            **{DEVICE_TYPE_ATTRIBUTE: "cpu"}, **NPU_DTYPE_CODES,
+            __version__=VERSION, __path__=[], **NPU_DTYPE_CODES,
             **{name: NotModelled(f"torch_npu.{name}") for name in PLACEHOLDERS}, **kernels.exported_ops(),
         )
         _MODULES = {"torch_npu": top, "torch_npu.npu": npu, "torch_npu._C": c_module,

@@ -20,6 +20,7 @@ from sim.capture import TaskGroup
 from sim.device import SimPoolHandle
 from sim.facade.error_codes import ErrCode, pta_error
 from sim.facade.runtime import runtime
+from sim.facade.super_kernel_options import check_super_kernel_options
 from sim.streams import SimEvent, SimExternalEvent, SimStream
 
 __all__ = [
@@ -28,7 +29,9 @@ __all__ = [
     "Stream", "Event", "ExternalEvent", "current_stream", "default_stream", "stream", "set_stream",
     "StreamContext", "NPUGraph", "graph", "graph_pool_handle", "is_current_stream_capturing",
     "graph_task_group_begin", "graph_task_group_end", "graph_task_update_begin", "graph_task_update_end",
-    "super_kernel_scope_begin", "super_kernel_scope_end", "make_graphed_callables", "device",
+    "super_kernel_scope_begin", "super_kernel_scope_end", "make_graphed_callables", "device", "manual_seed",
+    "manual_seed_all", "seed", "seed_all", "initial_seed", "get_rng_state", "set_rng_state",
+    "is_initialized",
 ]
 
 CAPTURE_ERROR_MODES = ("global", "thread_local", "relaxed")
@@ -36,27 +39,6 @@ _UPDATE_NEEDS_AUTO_DISPATCH = (
     "The current graph configuration does not support update,Try to capture by setting "
     "auto_dispatch_capture=True during capture"
 )
-# torch_npu 2.13 NPUGraph.super_kernel_optimize's options (torch_npu/npu/graphs.py:740-842): each key
-# with the type its value must have, the type of a list's elements, the keys of a nested dict.
-OptionSpec = tuple[type, Optional[type], Optional[dict[str, type]]]  # value type, list element type, nested keys
-SUPER_KERNEL_OPTIONS: dict[str, dict[str, OptionSpec]] = {
-    "optimize_options": {
-        "preload_code": (int, None, None), "split_mode": (int, None, None), "stream_fusion": (int, None, None),
-        "constant_codegen": (int, None, None), "auto_op_parallel": (int, None, None), "opt_extend": (str, None, None),
-        "dcci_before_kernel_start": (list, str, None), "dcci_after_kernel_end": (list, str, None),
-        "dcci_disable_on_kernel": (list, str, None), "ubuf_lock_ignore_kernel": (list, str, None),
-        "aggressive_opt_strategies": (dict, None, {"event_breaker_bypass": int, "value_breaker_bypass": int,
-                                                   "task_breaker_bypass": int}),
-        "early_start": (int, None, None),
-    },
-    "debug_options": {
-        "debug_sync_all": (int, None, None), "debug_op_exec_trace": (int, None, None),
-        "debug_cross_core_sync_check": (int, None, None), "debug_extend": (str, None, None),
-        "debug_per_op_max_core_num": (int, None, None),
-    },
-}
-SUPER_KERNEL_OPTIMIZE_KEYS = frozenset(SUPER_KERNEL_OPTIONS["optimize_options"])
-SUPER_KERNEL_DEBUG_KEYS = frozenset(SUPER_KERNEL_OPTIONS["debug_options"])
 
 def _device():
     return runtime().device
@@ -86,7 +68,21 @@ def device_count() -> int:
 
 
 def set_device(device: Any) -> None:
-    runtime().current_index = _check_device(device)
+    from sim import npu_device
+
+    index = _check_device(device)
+    runtime().current_index = index
+    npu_device.extension().set_device(index)  # the device guard's current device (npu tensors' default index)
+
+
+def is_initialized() -> bool:
+    return True
+
+
+def _is_in_bad_fork() -> bool:
+    """torch.manual_seed seeds the npu device's generators through ``manual_seed_all`` when this
+    exists (torch/random.py ``_seed_custom_device``), as with torch_npu."""
+    return False
 
 
 def current_device() -> int:
@@ -124,37 +120,88 @@ def synchronize(device: Any = None) -> None:
 
 
 # --------------------------------------------------------------------------- memory
+# The simulated NPU's caching allocator (`sim.memory.DeviceMemory`): npu tensors and graph pools.
 def mem_get_info(device: Any = None) -> tuple[int, int]:
+    """(free, total): what the allocator does not hold, and the device's memory (aclrtGetMemInfo)."""
     _check_device(device)
     dev = _device()
     total = int(dev.profile.memory_bytes)
-    return total - int(dev.memory_allocated()), total
+    return total - runtime().reserved_bytes(), total
 
 
 def memory_allocated(device: Any = None) -> int:
     _check_device(device)
-    return runtime().note_memory()
+    return runtime().allocated_bytes()
 
 
 def memory_reserved(device: Any = None) -> int:
-    """A caching allocator's reserve (torch_npu/npu/memory.py:491 "memory managed by the
-    caching allocator"): at least what is allocated, and what was once allocated stays
-    reserved until empty_cache (the facade folds the allocation in at every memory query,
-    capture end and graph reset)."""
+    """Memory the caching allocator holds (torch_npu/npu/memory.py:491): at least what is
+    allocated; freed blocks stay reserved until empty_cache."""
     _check_device(device)
-    rt = runtime()
-    rt.note_memory()
-    return rt.reserved_bytes
+    return runtime().reserved_bytes()
 
 
 def empty_cache() -> None:
-    rt = runtime()
-    rt.device.empty_cache()
-    rt.release_cache()
+    _device().empty_cache()
 
 
 def host_empty_cache() -> None:
-    """Host (pinned) memory is not modelled: nothing to free."""
+    """Pinned host memory is returned when its tensor dies (the npu device's pinned allocator
+    caches nothing): nothing to free."""
+
+
+# --------------------------------------------------------------------------- random numbers
+# torch_npu/npu/random.py: the npu device's default generators (`sim.npu_device.default_generator`).
+def _generator(device: Any = None) -> Any:
+    from sim import npu_device
+
+    return npu_device.default_generator(_check_device(device if device != "npu" else None))
+
+
+def manual_seed(seed: int) -> None:
+    _generator().manual_seed(int(seed))
+
+
+def manual_seed_all(seed: int) -> None:
+    for index in range(device_count()):
+        _generator(index).manual_seed(int(seed))
+
+
+def seed() -> None:
+    _generator().seed()
+
+
+def seed_all() -> None:
+    for index in range(device_count()):
+        _generator(index).seed()
+
+
+def initial_seed() -> int:
+    return int(_generator().initial_seed())
+
+
+def get_rng_state(device: Any = "npu") -> torch.Tensor:
+    return _generator(device).get_state()
+
+
+def set_rng_state(new_state: torch.Tensor, device: Any = "npu") -> None:
+    _generator(device).set_state(new_state)
+
+
+class _DefaultGenerators:
+    """``torch.npu.default_generators``: one generator per device (a tuple in torch_npu)."""
+
+    def __getitem__(self, index: int) -> Any:
+        return _generator(index)
+
+    def __len__(self) -> int:
+        return device_count()
+
+    def __iter__(self) -> Any:
+        return iter([_generator(index) for index in range(device_count())])
+
+
+default_generators = _DefaultGenerators()
 
 
 # --------------------------------------------------------------------------- streams and events
@@ -177,6 +224,9 @@ class Stream:
         if _sim is None and stream_id is not None:
             _sim = _existing_stream(int(stream_id), device_type)
         self._sim = _sim if _sim is not None else _device().new_stream()
+        from sim import npu_device
+
+        npu_device.driver().note_stream(self._sim)  # torch.Stream(stream_id=...) on the npu device finds it
         self.priority = priority
 
     @property
@@ -404,36 +454,6 @@ def super_kernel_scope_end(scope_name: Optional[str] = None) -> None:
         scopes.pop()
 
 
-def _check_options(value: Any, option_name: str) -> None:
-    """NPUGraph.super_kernel_optimize's validation (torch_npu/npu/graphs.py:740-842): a dict of
-    known keys whose values, list elements and nested keys have the types of
-    `SUPER_KERNEL_OPTIONS`, in torch_npu's words."""
-    if value is None:
-        return
-    if not isinstance(value, dict):
-        raise RuntimeError(f"{option_name} param must be dict or None.", pta_error(ErrCode.PARAM))
-    specs = SUPER_KERNEL_OPTIONS[option_name]
-    for key, option in value.items():
-        if key not in specs:
-            raise RuntimeError(f"Invalid {option_name} param key: '{key}'.", pta_error(ErrCode.PARAM))
-        expected, element, sub_options = specs[key]
-        if not isinstance(option, expected):
-            raise RuntimeError(f"{option_name} param['{key}'] must be {expected.__name__}, "
-                               f"got {type(option).__name__}", pta_error(ErrCode.PARAM))
-        if sub_options is not None and isinstance(option, dict):
-            for sub_key, sub_value in option.items():
-                if sub_key not in sub_options:
-                    raise RuntimeError(f"Invalid sub_key '{sub_key}' in {option_name}['{key}'].", pta_error(ErrCode.PARAM))
-                if not isinstance(sub_value, sub_options[sub_key]):
-                    raise RuntimeError(f"{option_name}['{key}']['{sub_key}'] must be {sub_options[sub_key].__name__}, "
-                                       f"got {type(sub_value).__name__}", pta_error(ErrCode.PARAM))
-        if element is not None and isinstance(option, (list, tuple)):
-            for index, item in enumerate(option):
-                if not isinstance(item, element):
-                    raise RuntimeError(f"{option_name}['{key}'][{index}] must be {element.__name__}, "
-                                       f"got {type(item).__name__}", pta_error(ErrCode.PARAM))
-
-
 class NPUGraph:
     """torch_npu's NPUGraph over a simulator graph (capture_begin/end, replay, reset, pool).
 
@@ -462,16 +482,12 @@ class NPUGraph:
         if rt.device.current_stream() is not self._capture_stream:
             raise CaptureConstraintError(CAPTURE_END_OTHER_STREAM)
         rt.pop_guard("group")  # a task group left open: the simulator refuses and discards the capture
-        try:
-            self._sim.capture_end()
-        finally:
-            rt.note_memory()
+        self._sim.capture_end()
 
     def replay(self) -> None:
         self._sim.replay()
 
     def reset(self) -> None:
-        runtime().note_memory()  # what the graph's pool held stays reserved until empty_cache
         self._sim.reset()
 
     def pool(self) -> SimPoolHandle:
@@ -487,8 +503,8 @@ class NPUGraph:
             raise RuntimeError("Called NPUGraph::debug_dump without a preceding successful capture.")
 
     def super_kernel_optimize(self, optimize_options: Optional[dict] = None, debug_options: Optional[dict] = None) -> None:
-        _check_options(optimize_options, "optimize_options")
-        _check_options(debug_options, "debug_options")
+        check_super_kernel_options(optimize_options, "optimize_options")
+        check_super_kernel_options(debug_options, "debug_options")
         if not self._sim.is_captured:
             raise RuntimeError("Called NPUGraph::super_kernel_optimize without a preceding successful capture.")
         runtime().check_super_kernel("NPUGraph.super_kernel_optimize")  # aclskOptimize fails off A3

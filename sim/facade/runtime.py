@@ -19,8 +19,9 @@ What the facade adds on top of the simulator:
 * **super kernel scopes** (``super_kernel_scope_begin/end``) are tracked so a scope left
   open is visible (``open_super_kernel_scopes``); super kernel itself is refused off Atlas
   A3 (`supports_super_kernel`), as CANN's aclsk API is.
-* **reserved vs allocated**: ``memory_reserved`` is a caching allocator's figure, the
-  highest ``memory_allocated`` seen since the last ``empty_cache`` (`note_memory`).
+* **the npu device**: the SimDevice backs torch's "npu" device (`sim.npu_device`): its
+  captures allocate npu tensors from their graph pools and ask where an op's tensors live
+  (`sim.npu_device.device_type.NpuDeviceType`).
 
 What the facade takes away from the simulator (torch_npu does not do it): RNG inside a
 capture is recorded (torch_npu 2.13 captures RNG through its generator's graph-safe
@@ -52,11 +53,10 @@ DEFAULT_PROFILE = "A2"
 # What get_device_name() reports per simulator profile generation (CANN SoC names).
 DEVICE_NAMES = {"A2": "Ascend910B3", "A3": "Ascend910_9392", "310P": "Ascend310P3", "A5": "Ascend950PR"}
 SUPER_KERNEL_SOC_PREFIX = "Ascend910_93"  # Atlas A3: the only product line of CANN's aclsk API
-# SimDevice options the facade sets unless a caller overrides them: what torch_npu does. The
-# facade's tensors are CPU tensors whose reads the simulated device cannot see (no host_read), so
-# its device runs each item as it is issued; the host still waits only when asked, so the ordering
-# hazards of a device running behind the host are checked all the same (docs/simulator.md).
-FACADE_DEVICE_DEFAULTS = {"allow_rng_in_capture": True, "lazy_kernel_init": False, "lag": "immediate"}
+# SimDevice options the facade sets unless a caller overrides them: what torch_npu does. Its
+# tensors are npu tensors whose host reads the simulated device sees (sim.npu_device), so the
+# device runs behind the host as a card does (lag "device", SimDevice's default).
+FACADE_DEVICE_DEFAULTS = {"allow_rng_in_capture": True, "lazy_kernel_init": False, "torch_device": "npu"}
 SUPER_KERNEL_UNSUPPORTED = (
     "{what}: super kernel is not supported on {device} (an Atlas {generation} device): CANN's super kernel "
     "API (aclskScopeBegin / aclskOptimize, which torch_npu 2.13 calls) is for Atlas A3 products only; "
@@ -111,17 +111,21 @@ class FacadeRuntime:
     """The simulated NPU behind the facade, plus torch_npu's process-wide state."""
 
     def __init__(self, **device_options: Any) -> None:
+        from sim import npu_device
+        from sim.npu_device.device_type import NpuDeviceType
+
         options = {**FACADE_DEVICE_DEFAULTS, **device_options}
         options.setdefault("profile", DEFAULT_PROFILE)
+        # The facade's simulated NPU backs the npu torch device: tensors say where they live
+        # (npu: device memory; cpu: host memory, pinned or not).
+        device_type = NpuDeviceType(npu_device.enable().extension)
         self.device = SimDevice(**options)
-        from sim.facade.pinned import is_host_memory
-
-        self.device.host_memory = is_host_memory  # tensor.pin_memory() copies are host memory
+        self.device.device_type = device_type
+        self.device.host_memory = device_type.host_memory
         profile = self.device.profile
         generation = next((g for g in DEVICE_NAMES if profile.name == g or profile.name.startswith(g + "-")), None)
         self.device_name = DEVICE_NAMES[generation] if generation else str(profile.soc)
         self.generation = generation or str(profile.name)
-        self.reserved_bytes = 0  # the caching allocator's reserve (memory_reserved), see note_memory
         self.device_count = 1
         self.current_index = 0
         self.default_capture_stream: Optional[SimStream] = None  # torch.npu.graph's class-wide stream
@@ -129,21 +133,16 @@ class FacadeRuntime:
         self.open_super_kernel_scopes: list[Optional[str]] = []
         self.lock = threading.RLock()
 
-    # -- memory: a caching allocator keeps what it once held until empty_cache
-    def note_memory(self) -> int:
-        """Fold the current allocation into the reserve and return the allocation."""
-        allocated = self.allocated_bytes()
-        self.reserved_bytes = max(self.reserved_bytes, allocated)
-        return allocated
-
+    # -- memory: the device's caching allocator (sim.memory), plus the growth of shared pools
     def allocated_bytes(self) -> int:
-        """The graph pools' bytes, plus what shared pools hold beyond their largest graph
-        because blocks stay held after capture (sim.memory_ledger.beyond_pool_bytes)."""
-        return int(self.device.memory_allocated()) + beyond_pool_bytes(self.device)
+        """What the allocator hands out (the device pool's blocks and the graph pools), plus what
+        shared pools hold beyond their largest graph because blocks stay held after capture
+        (sim.memory_ledger.beyond_pool_bytes: the graph pools are charged their largest graph)."""
+        return int(self.device.memory.allocated_bytes()) + beyond_pool_bytes(self.device)
 
-    def release_cache(self) -> None:
-        """empty_cache: the reserve shrinks to what is allocated (graph pools stay)."""
-        self.reserved_bytes = self.allocated_bytes()
+    def reserved_bytes(self) -> int:
+        """What the allocator holds (freed blocks stay until empty_cache), plus the same growth."""
+        return int(self.device.memory.reserved_bytes()) + beyond_pool_bytes(self.device)
 
     # -- super kernel: CANN's aclsk API exists on Atlas A3 only
     @property

@@ -19,8 +19,8 @@ import pytest
 import torch
 
 torch_npu = pytest.importorskip("torch_npu")
-DEVICE = getattr(torch_npu, "__ascendgraph_torch_device_type__", "npu")  # "cpu" on the facade
-ON_FACADE = DEVICE == "cpu"
+DEVICE = "npu"  # torch_npu's device, and the facade's (its simulated NPU)
+ON_FACADE = bool(getattr(torch_npu, "__ascendgraph_facade__", False))  # fault injection exists there only
 HEADS, KV_HEADS, HEAD_DIM, BLOCKS, BLOCK_SIZE = 8, 2, 128, 16, 128
 REPO = Path(__file__).resolve().parents[2]
 

@@ -8,7 +8,8 @@ lengths into the captured kernels (vllm_ascend/attention/attention_v1.py@182b75e
 nothing, op docs :8117) is replayed for mixed batches where it does: causal prefill chunks,
 sliding windows (sparse_mode 4, ``pre_tokens`` = window, ``next_tokens`` = 0) and non-causal
 layers (sparse_mode 0). Each step's graph output is compared with the eager kernel (bit for
-bit) and with the row-by-row reference of the op docs (tests/sim/attention_reference.py).
+bit) and with the row-by-row reference of the op docs (tests/sim/attention_reference.py,
+computed on host copies). The tensors are npu tensors, as vLLM Ascend's are.
 """
 
 from __future__ import annotations
@@ -24,11 +25,20 @@ from tests.sim.attention_reference import fused_attention
 
 HEAD_DIM, BLOCK_SIZE, BLOCKS = 128, 128, 40
 INT_MAX = 2147483647
-MASK = torch.triu(torch.ones(2048, 2048, dtype=torch.bool), diagonal=1)
+MASK = torch.triu(torch.ones(2048, 2048, dtype=torch.bool), diagonal=1)  # host copy: .npu() per use
 
 
 def randn(*shape: int, seed: int) -> torch.Tensor:
-    return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) / 2).to(torch.bfloat16)
+    return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) / 2).to(torch.bfloat16).npu()
+
+
+def int32(rows: Any) -> torch.Tensor:
+    return torch.tensor(rows, dtype=torch.int32, device="npu")
+
+
+def on_host(call: dict[str, Any]) -> dict[str, Any]:
+    """The call's arguments with npu tensors copied to the host (for the reference)."""
+    return {name: value.cpu() if isinstance(value, torch.Tensor) else value for name, value in call.items()}
 
 
 class Attention:
@@ -41,10 +51,11 @@ class Attention:
         self.value = randn(BLOCKS, BLOCK_SIZE, kv_heads * HEAD_DIM, seed=seed + 1)
         self.mode = 4 if window is not None else mode
         self.window = window
-        self.sink = torch.linspace(-1, 1, heads).to(torch.bfloat16) if sinks else None
+        self.sink = torch.linspace(-1, 1, heads).to(torch.bfloat16).npu() if sinks else None
+        self.mask = MASK.npu()
 
     def kwargs(self, table: torch.Tensor, ends: list[int], lens: list[int]) -> dict[str, Any]:
-        mask = None if self.mode == 0 else MASK
+        mask = None if self.mode == 0 else self.mask
         pre = self.window if self.window is not None else INT_MAX
         nxt = 0 if self.window is not None else INT_MAX
         common = dict(atten_mask=mask, block_table=table, input_layout="TND", num_key_value_heads=self.kv_heads,
@@ -74,9 +85,9 @@ class Captured:
                  workspace: Optional[torch.Tensor] = None, one_workspace: bool = True) -> None:
         self.torch_npu, self.layers, self.size = torch_npu, layers, size
         self.query = randn(size, max(layer.heads for layer in layers), HEAD_DIM, seed=100 + size)
-        self.tables = torch.zeros(size, 2, dtype=torch.int32)  # the runner's persistent block table
-        self.outputs = [torch.zeros(size, layer.heads, HEAD_DIM, dtype=torch.bfloat16) for layer in layers]
-        self.lse = torch.empty(1, dtype=torch.bfloat16)
+        self.tables = torch.zeros(size, 2, dtype=torch.int32, device="npu")  # the runner's persistent block table
+        self.outputs = [torch.zeros(size, layer.heads, HEAD_DIM, dtype=torch.bfloat16, device="npu") for layer in layers]
+        self.lse = torch.empty(1, dtype=torch.bfloat16, device="npu")
         self.handles: list[Any] = []
         self.events: list[Any] = []
         self.workspaces: list[torch.Tensor] = []
@@ -108,7 +119,7 @@ class Captured:
              workspace: Optional[torch.Tensor] = None) -> None:
         requests = len(ends)
         self.tables.zero_()
-        self.tables[:requests] = torch.tensor(rows, dtype=torch.int32)
+        self.tables[:requests] = int32(rows)
         table = self.tables[:requests]  # the step's rows of the runner's table (what the v1 update passes)
         self.graph.replay()
         with torch.npu.stream(update_stream):
@@ -126,9 +137,9 @@ class Captured:
 
     def expected(self, index: int, ends: list[int], lens: list[int], rows: list[list[int]]) -> torch.Tensor:
         layer = self.layers[index]
-        table = torch.tensor(rows, dtype=torch.int32)
+        table = int32(rows)
         call = dict(query=self._query(layer), key=layer.key, value=layer.value, **layer.kwargs(table, ends, lens))
-        reference, _ = fused_attention(call, v2=layer.v2)
+        reference, _ = fused_attention(on_host(call), v2=layer.v2)
         eager, _ = layer.op(self.torch_npu)(self._query(layer), layer.key, layer.value, **layer.kwargs(table, ends, lens))
         assert torch.equal(self.outputs[index], eager)  # the graph's kernel is the eager one, bit for bit
         return reference
@@ -157,13 +168,13 @@ def test_a_decode_capture_replayed_for_mixed_and_decode_batches_computes_each_st
         graph.step(ends, lens, rows, update_stream)
         for index in range(len(layers)):
             expected = graph.expected(index, ends, lens, rows)
-            torch.testing.assert_close(graph.outputs[index].float(), expected, atol=2e-2, rtol=2e-2)
+            torch.testing.assert_close(graph.outputs[index].float().cpu(), expected, atol=2e-2, rtol=2e-2)
 
 
 def test_the_sparse_mode_changes_a_mixed_batchs_result_but_not_a_decode_batchs(torch_npu: Any) -> None:
     # What the test above guards against: a kernel that computes one mode whatever it is given
     # would agree with every mode at Q_S == 1 and disagree with them at Q_S > 1.
-    table = torch.tensor(MIXED[2], dtype=torch.int32)
+    table = int32(MIXED[2])
     query = randn(4, 4, HEAD_DIM, seed=3)
     results = {}
     for name, options in (("causal", dict(mode=3)), ("window", dict(window=3)), ("non-causal", dict(mode=0))):
@@ -172,7 +183,7 @@ def test_the_sparse_mode_changes_a_mixed_batchs_result_but_not_a_decode_batchs(t
             query, layer.key, layer.value, **layer.kwargs(table, MIXED[0], MIXED[1]))[0]
     assert not torch.equal(results["causal"], results["window"])
     assert not torch.equal(results["causal"], results["non-causal"])
-    decode_table = torch.tensor(DECODE[2], dtype=torch.int32)
+    decode_table = int32(DECODE[2])
     decode = [torch_npu.npu_fused_infer_attention_score(
         query, Attention(seed=10, **options).key, Attention(seed=10, **options).value,
         **Attention(seed=10, **options).kwargs(decode_table, DECODE[0], DECODE[1]))[0]
@@ -185,13 +196,14 @@ def test_a_non_causal_layer_given_the_causal_mask_with_sparse_mode_0_masks_the_u
     # layers because FIA applies a mask given with sparse_mode 0 as defaultMask
     # (attention_mask.py@182b75ea:58-66): the 2048 mask then hides j > i of every request.
     layer = Attention(seed=10, mode=0)
-    table = torch.tensor(MIXED[2], dtype=torch.int32)
+    table = int32(MIXED[2])
     query = randn(4, 4, HEAD_DIM, seed=4)
     kwargs = layer.kwargs(table, MIXED[0], MIXED[1])
     without = torch_npu.npu_fused_infer_attention_score(query, layer.key, layer.value, **kwargs)[0]
-    masked = torch_npu.npu_fused_infer_attention_score(query, layer.key, layer.value, **{**kwargs, "atten_mask": MASK})[0]
-    reference, _ = fused_attention(dict(query=query, key=layer.key, value=layer.value, **{**kwargs, "atten_mask": MASK}))
-    torch.testing.assert_close(masked.float(), reference, atol=2e-2, rtol=2e-2)
+    masked_kwargs = {**kwargs, "atten_mask": layer.mask}
+    masked = torch_npu.npu_fused_infer_attention_score(query, layer.key, layer.value, **masked_kwargs)[0]
+    reference, _ = fused_attention(on_host(dict(query=query, key=layer.key, value=layer.value, **masked_kwargs)))
+    torch.testing.assert_close(masked.float().cpu(), reference, atol=2e-2, rtol=2e-2)
     assert not torch.equal(masked, without)
 
 
@@ -229,7 +241,7 @@ def test_one_workspace_per_size_queried_by_a_smaller_layer_is_refused_for_a_larg
 
 def test_the_workspace_query_grows_with_the_calls_shapes_and_not_with_its_lengths(torch_npu: Any) -> None:
     layer = Attention(seed=10)
-    table = torch.zeros(4, 2, dtype=torch.int32)
+    table = torch.zeros(4, 2, dtype=torch.int32, device="npu")
 
     def size(tokens: int, lens: list[int], table: torch.Tensor = table, heads: int = 4) -> int:
         query = randn(tokens, heads, HEAD_DIM, seed=1)
@@ -238,7 +250,7 @@ def test_the_workspace_query_grows_with_the_calls_shapes_and_not_with_its_length
 
     assert size(4, [1, 1, 1, 1]) == size(4, [200, 7, 250, 3])  # the lengths: a "max" workspace
     assert size(8, [2, 2, 2, 2]) > size(4, [1, 1, 1, 1])  # more query tokens
-    wider = torch.zeros(4, 40, dtype=torch.int32)  # a block table reaching past one KV split
+    wider = torch.zeros(4, 40, dtype=torch.int32, device="npu")  # a block table reaching past one KV split
     assert size(4, [1, 1, 1, 1], wider) > size(4, [1, 1, 1, 1])
 
 

@@ -14,19 +14,19 @@ import torch
 from sim.memory_ledger import CAPTURED_OUTPUT, PARAMETER_RECORD, POOL_BLOCK, WORKSPACE
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, BLOCKS = 8, 2, 128, 128, 16
-MASK = torch.triu(torch.ones(2048, 2048, dtype=torch.bool), diagonal=1)
 
 
 class Model:
-    """The static tensors of one attention layer (caches, block table), outside any pool."""
+    """The static tensors of one attention layer (mask, caches, block table), outside any pool."""
 
     def __init__(self) -> None:
-        self.key = torch.zeros(BLOCKS, BLOCK_SIZE, KV_HEADS * HEAD_DIM, dtype=torch.bfloat16)
+        self.mask = torch.triu(torch.ones(2048, 2048, dtype=torch.bool, device="npu"), diagonal=1)
+        self.key = torch.zeros(BLOCKS, BLOCK_SIZE, KV_HEADS * HEAD_DIM, dtype=torch.bfloat16, device="npu")
         self.value = torch.zeros_like(self.key)
-        self.table = torch.zeros(16, 2, dtype=torch.int32)
+        self.table = torch.zeros(16, 2, dtype=torch.int32, device="npu")
 
     def kwargs(self, size: int) -> dict[str, Any]:
-        return dict(atten_mask=MASK, actual_seq_lengths=list(range(1, size + 1)), actual_seq_lengths_kv=[1] * size,
+        return dict(atten_mask=self.mask, actual_seq_lengths=list(range(1, size + 1)), actual_seq_lengths_kv=[1] * size,
                     block_table=self.table[:size], num_heads=HEADS, scale=1 / math.sqrt(HEAD_DIM), input_layout="TND",
                     num_key_value_heads=KV_HEADS, sparse_mode=3, block_size=BLOCK_SIZE)
 
@@ -35,13 +35,13 @@ def capture(torch_npu: Any, model: Model, size: int, pool: Any, *, weak: bool) -
     """A graph of ``size`` tokens; returns (graph, its parameter record, its workspace) with the
     record's tensors and the workspace weak (as vLLM Ascend keeps them) or strong."""
     weak_ref = torch_npu._C._weak_ref_tensor if weak else (lambda tensor: tensor)
-    query = torch.zeros(size, HEADS, HEAD_DIM, dtype=torch.bfloat16)
+    query = torch.zeros(size, HEADS, HEAD_DIM, dtype=torch.bfloat16, device="npu")
     out = torch.zeros_like(query)
     graph = torch.npu.NPUGraph()
     with torch.npu.graph(graph, pool=pool):
         workspace = torch_npu._npu_fused_infer_attention_score_get_max_workspace(
             query, model.key, model.value, **model.kwargs(size))
-        softmax_lse = torch.empty(1, dtype=query.dtype)
+        softmax_lse = torch.empty(1, dtype=query.dtype, device="npu")
         stream = torch_npu.npu.current_stream()
         torch.npu.graph_task_group_begin(stream)
         torch_npu.npu_fused_infer_attention_score.out(query, model.key, model.value, **model.kwargs(size),
@@ -77,7 +77,7 @@ def test_the_ledger_names_what_each_graph_keeps_alive_and_why(torch_npu: Any) ->
 
     model = Model()
     graph, record, workspace = capture(torch_npu, model, 8, None, weak=True)
-    query = torch.zeros(2, 2)
+    query = torch.zeros(2, 2, device="npu")
     kept = []
     other = torch.npu.NPUGraph()
     with torch.npu.graph(other):
@@ -100,8 +100,10 @@ def test_blocks_held_after_capture_grow_a_shared_pool_with_each_size_and_memory_
         facade.configure()
         model = Model()
         pool = torch.npu.graph_pool_handle()
-        kept = [capture(torch_npu, model, size, pool, weak=weak) for size in (16, 8, 4)]  # largest first
-        return torch.npu.memory_allocated(), facade.check_memory(workspaces={g: w for g, _, w in kept}), kept
+        # largest first; the records go (their query and output would count outside the pools)
+        kept = [(graph, workspace) for graph, _, workspace in
+                (capture(torch_npu, model, size, pool, weak=weak) for size in (16, 8, 4))]
+        return torch.npu.memory_allocated(), facade.check_memory(workspaces=dict(kept)), kept
 
     weak_bytes, weak_check, _kept_weak = run(weak=True)
     strong_bytes, strong_check, _kept_strong = run(weak=False)

@@ -111,12 +111,12 @@ def test_a_four_dimensional_paged_cache_computes_as_the_three_dimensional_one(to
     from ascendgraph.errors import KernelContractError
 
     gen = torch.Generator().manual_seed(0)
-    query = torch.randn(3, 4, 16, generator=gen).bfloat16()
-    by_token = torch.randn(4, 128, 2, 16, generator=gen).bfloat16()  # [blocks, block_size, KV_N, D]
+    query = torch.randn(3, 4, 16, generator=gen).bfloat16().npu()
+    by_token = torch.randn(4, 128, 2, 16, generator=gen).bfloat16().npu()  # [blocks, block_size, KV_N, D]
     kwargs = dict(actual_seq_lengths=[1, 3], actual_seq_lengths_kv=[5, 130], num_heads=4, num_key_value_heads=2,
                   input_layout="TND", scale=0.25, sparse_mode=3, block_size=128,
-                  atten_mask=torch.ones(2048, 2048, dtype=torch.bool).triu(1),
-                  block_table=torch.tensor([[0, 1], [2, 3]], dtype=torch.int32))
+                  atten_mask=torch.ones(2048, 2048, dtype=torch.bool, device="npu").triu(1),
+                  block_table=torch.tensor([[0, 1], [2, 3]], dtype=torch.int32, device="npu"))
     flat = by_token.reshape(4, 128, 32)
     by_head = by_token.permute(0, 2, 1, 3).contiguous()
     three, _ = torch_npu.npu_fused_infer_attention_score(query, flat, flat, **kwargs)

@@ -32,7 +32,7 @@ def npu() -> Iterator[Any]:
 
 
 def randn(*shape: int, seed: int = 0, dtype: torch.dtype = BF16) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype).to("npu")
 
 
 def attention_args(dtype: torch.dtype = BF16) -> dict[str, Any]:
@@ -42,7 +42,7 @@ def attention_args(dtype: torch.dtype = BF16) -> dict[str, Any]:
         query=randn(3, heads, head_dim, seed=1, dtype=dtype),
         key_cache=randn(blocks, block_size, kv_heads, head_dim, seed=2, dtype=dtype),
         value_cache=randn(blocks, block_size, kv_heads, head_dim, seed=3, dtype=dtype),
-        block_table=torch.tensor([[0, 1], [2, 3], [4, 5]], dtype=torch.int32),
+        block_table=torch.tensor([[0, 1], [2, 3], [4, 5]], dtype=torch.int32, device="npu"),
         ends=ends, lens=lens, scale=1 / math.sqrt(head_dim),
     )
 
@@ -111,7 +111,7 @@ def test_a_kernel_failing_inside_a_task_group_closes_the_group_and_keeps_its_own
             call_attention(a, torch.zeros_like(a["query"]))
     assert npu.current_stream() == default
     assert not npu.is_current_stream_capturing()
-    x = torch.ones(4)
+    x = torch.ones(4, device="npu")
     with npu.graph(graph):  # the same graph captures again
         x.mul_(2)
 
@@ -124,14 +124,14 @@ def test_a_failed_capture_end_restores_the_previous_stream(npu: Any) -> None:
     graph = npu.new_graph()
     with pytest.raises(RuntimeError):
         with npu.graph(graph):
-            torch.ones(2).add_(1)
+            torch.ones(2, device="npu").add_(1)
     assert npu.current_stream() == default
 
 
 def test_a_contract_violation_is_a_hard_error_before_the_kernel_not_a_fallback(npu: Any) -> None:
     # Four block-table rows for three requests: the card refuses it (one row per request).
     a = attention_args()
-    a["block_table"] = torch.tensor([[0, 1], [2, 3], [4, 5], [6, 7]], dtype=torch.int32)
+    a["block_table"] = torch.tensor([[0, 1], [2, 3], [4, 5], [6, 7]], dtype=torch.int32, device="npu")
     npu.router.fallbacks.clear()
     graph = npu.new_graph()
     with pytest.raises(Exception, match="block_table|block table"):
@@ -174,7 +174,7 @@ def test_add_rms_norm_dynamic_quant_asks_for_the_first_output_only(npu: Any) -> 
 @pytest.mark.parametrize("op", ["quantize", "add_rms_norm_quant"])
 def test_per_tensor_scales_reach_the_kernel_contiguous(npu: Any, op: str) -> None:
     x, r, w = randn(4, 64), randn(4, 64, seed=1), randn(64, seed=2)
-    scale, offset = torch.tensor([0.02]), torch.tensor([1], dtype=torch.int32)
+    scale, offset = torch.tensor([0.02], device="npu"), torch.tensor([1], dtype=torch.int32, device="npu")
     if op == "quantize":
         calls = facade_calls(lambda: ops.quantize(x, scale, offset))
         tensors = calls[0][1][1:3]
@@ -197,12 +197,13 @@ def test_a_slot_mapping_converted_inside_the_graph_is_read_at_replay_not_frozen_
     # The KV write reads the slots at replay, not their capture-time values (found on the facade:
     # the simulator used to run hw's int64 -> int32 conversion, the 310P path, at capture).
     k, v = randn(2, 2, 16), randn(2, 2, 16, seed=1)
-    key_cache, value_cache = torch.zeros(4, 128, 2, 16, dtype=BF16), torch.zeros(4, 128, 2, 16, dtype=BF16)
-    slots = torch.tensor([-1, -1])
+    key_cache = torch.zeros(4, 128, 2, 16, dtype=BF16, device="npu")
+    value_cache = torch.zeros(4, 128, 2, 16, dtype=BF16, device="npu")
+    slots = torch.tensor([-1, -1], device="npu")
     graph = npu.new_graph()
     with npu.graph(graph):
         ops.reshape_and_cache(k, v, key_cache, value_cache, slots)
-    slots.copy_(torch.tensor([5, 130]))
+    slots.copy_(torch.tensor([5, 130], device="npu"))
     graph.replay()
     npu.synchronize()
     torch.testing.assert_close(key_cache.view(-1, 2, 16)[[5, 130]], k)
@@ -220,7 +221,7 @@ def test_a_full_capture_runs_inside_the_super_kernel_scope(npu: Any) -> None:
     npu = NpuDevice()
     assert npu.profile.name == "A3" and npu.profile.supports_super_kernel
     graph = npu.new_graph()
-    x = torch.ones(4, dtype=BF16)
+    x = torch.ones(4, dtype=BF16, device="npu")
     with npu.graph(graph), npu.super_kernel_scope(SUPER_KERNEL_SCOPE):
         x.mul_(2)
     assert graph.graph.sim_graph.super_kernel_scopes == (SUPER_KERNEL_SCOPE,)
@@ -239,7 +240,7 @@ def test_super_kernel_is_refused_on_a2_by_hw_before_torch_npu_and_by_the_facade(
         torch_npu.npu.super_kernel_scope_begin("full_model")
     graph = npu.new_graph()
     with npu.graph(graph):
-        torch.ones(2, dtype=BF16).mul_(2)
+        torch.ones(2, dtype=BF16, device="npu").mul_(2)
     with pytest.raises(RuntimeError, match="Atlas A3 products only"):
         npu.super_kernel_optimize(graph, {"dcci_after_kernel_end": [".*"]})
     with pytest.raises(RuntimeError, match="aclskOptimize"):
@@ -295,8 +296,7 @@ def test_full_graphs_share_one_workspace_per_capture_size_held_weakly_after_capt
     # the graph's pool keeps the memory. Before: one strongly held workspace per layer per size.
     from ascendgraph.config import GraphConfig
     from ascendgraph.runtime.engine import Engine, EngineOptions
-    from sim.facade.weak_refs import WeakRefTensor
-    from sim.pool_memory import PoolWeakTensor
+    from sim import npu_device
 
     config = GraphConfig.from_vllm_args(
         compilation_config={"cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": [1, 2, 4]},
@@ -316,12 +316,10 @@ def test_full_graphs_share_one_workspace_per_capture_size_held_weakly_after_capt
         assert all(len(pointers) == 1 for pointers in per_size.values()), per_size  # before: 3 per size
         assert len(set().union(*per_size.values())) == len(sizes)
         for descriptor in params.descriptors:
-            for record in params.records(descriptor):  # the graph's pool holds the memory
-                workspace = record.call.workspace  # the facade's weak reference; on pool memory, the pool's
-                if isinstance(workspace, PoolWeakTensor):
-                    assert workspace.graph_alive  # another graph of the size may have written it: scratch
-                else:
-                    assert isinstance(workspace, WeakRefTensor) and workspace.alive
+            for record in params.records(descriptor):  # held weakly: torch_npu._C._weak_ref_tensor's alias
+                workspace = record.call.workspace
+                assert type(workspace) is torch.Tensor and workspace.device.type == "npu"
+                assert npu_device.extension().weak_token(workspace) >= 0
         engine.serve()  # every update re-issues attention with the weakly held workspace
         report = engine.report()
         assert report.error is None and report.requests_failed == 0
@@ -342,8 +340,9 @@ def test_the_kv_write_is_npu_scatter_pa_kv_cache_on_a2_and_a3_and_the_atb_kernel
 
     device = NpuDevice(soc=soc)
     k, v = randn(3, 2, 16), randn(3, 2, 16, seed=1)
-    key_cache, value_cache = torch.zeros(4, 128, 2, 16, dtype=BF16), torch.zeros(4, 128, 2, 16, dtype=BF16)
-    slots = torch.tensor([5, 130, 7])
+    key_cache = torch.zeros(4, 128, 2, 16, dtype=BF16, device="npu")
+    value_cache = torch.zeros(4, 128, 2, 16, dtype=BF16, device="npu")
+    slots = torch.tensor([5, 130, 7], device="npu")
     calls = facade_calls(lambda: ops.reshape_and_cache(k, v, key_cache, value_cache, slots))
     assert [str(c[0]).split(".")[1] for c in calls] == [kernel]
     if kernel == "npu_scatter_pa_kv_cache":
@@ -359,10 +358,10 @@ def test_a_non_int32_block_table_reaches_the_replay_through_the_task_update(npu:
     # ExternalEvent first) and copied the capture-time table over the update's, so the attention
     # silently read the capture's block table (docs/hw.md "Suspected card failures").
     a = attention_args()
-    a["block_table"] = torch.tensor([[0, 1], [2, 3], [4, 5]], dtype=torch.int64)
+    a["block_table"] = torch.tensor([[0, 1], [2, 3], [4, 5]], dtype=torch.int64, device="npu")
     out = torch.zeros_like(a["query"])
     graph, handle, event = capture_attention(npu, a, out)
-    step_table = torch.tensor([[6, 7], [2, 3], [4, 5]], dtype=torch.int64)  # the step's, not the captured tensor
+    step_table = torch.tensor([[6, 7], [2, 3], [4, 5]], dtype=torch.int64, device="npu")  # the step's, not the captured tensor
     eager = torch.zeros_like(a["query"])
     call_attention({**a, "block_table": step_table}, eager)
     graph.replay()

@@ -253,32 +253,32 @@ def test_the_out_overloads_take_the_registered_out_list_and_the_yaml_keywords() 
     try:
         import torch_npu
 
-        query = torch.randn(2, 2, 16).bfloat16()
-        cache = torch.randn(2, 128, 32).bfloat16()
+        query = torch.randn(2, 2, 16).bfloat16().npu()
+        cache = torch.randn(2, 128, 32).bfloat16().npu()
 
         def call(**outs: object) -> tuple:
             return torch_npu.npu_fused_infer_attention_score.out(
                 query, cache, cache, actual_seq_lengths=[1, 2], actual_seq_lengths_kv=[3, 5],
-                block_table=torch.tensor([[0], [1]], dtype=torch.int32), num_heads=2, num_key_value_heads=2,
-                input_layout="TND", block_size=128, scale=0.25, **outs)
+                block_table=torch.tensor([[0], [1]], dtype=torch.int32, device="npu"), num_heads=2,
+                num_key_value_heads=2, input_layout="TND", block_size=128, scale=0.25, **outs)
 
-        attention_out, lse = torch.empty(2, 2, 16).bfloat16(), torch.empty(1)
+        attention_out, lse = torch.empty(2, 2, 16, dtype=torch.bfloat16, device="npu"), torch.empty(1, device="npu")
         listed = call(out=[attention_out, lse])
         assert listed[0] is attention_out and listed[1] is lse  # returns the out tensors, as registered
         again = torch.empty_like(attention_out)
-        named = call(attention_out=again, softmax_lse=torch.empty(1))
+        named = call(attention_out=again, softmax_lse=torch.empty(1, device="npu"))
         assert named[0] is again and torch.equal(again, attention_out)
     finally:
         facade.uninstall()
 
 
 def test_every_facade_module_level_name_exists_in_the_wheel(wheel: TorchNpuWheel) -> None:
-    from sim.facade.modules import DEVICE_TYPE_ATTRIBUTE, FACADE_MARK, NPU_DTYPE_CODES, facade_modules
+    from sim.facade.modules import FACADE_MARK, NPU_DTYPE_CODES, facade_modules
 
     top = facade_modules()["torch_npu"]
     missing = []
     for name in vars(top):
-        if name.startswith("__") or name in (FACADE_MARK, DEVICE_TYPE_ATTRIBUTE):
+        if name.startswith("__") or name == FACADE_MARK:
             continue
         if name in facade_kernels.SCHEMAS or name in ATB_KERNELS:
             continue  # checked above

@@ -24,6 +24,7 @@ from tests.sim.attention_reference import fused_attention
 
 facade_kernels.register()
 F = torch.ops.npu_facade
+pytestmark = pytest.mark.usefixtures("kernels_run_as_on_the_device")  # tests/sim/conftest.py
 INT_MAX = 2147483647
 MASK_2048 = torch.triu(torch.ones(2048, 2048, dtype=torch.bool), diagonal=1)
 FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -1,6 +1,6 @@
-"""The facade as real code imports it: module specs, import-time names, and the opt-in
-``npu`` device spelling of ``python -m sim.facade --npu-device --`` (each in a subprocess:
-the rename of PrivateUse1 cannot be undone in a process)."""
+"""The facade as real code imports it: module specs, import-time names, and the ``npu``
+device it brings (each in a subprocess, as real code starts: the rename of PrivateUse1
+cannot be undone in a process)."""
 
 from __future__ import annotations
 
@@ -13,32 +13,26 @@ import pytest
 PROBE = """
 import importlib.util, torch, torch_npu
 print(importlib.util.find_spec("torch_npu").name, torch_npu.__spec__.name, torch_npu.hifloat8)
-try:
-    device = torch.device("npu:0")
-    print("device", device.type, device.index, torch.zeros(2).npu().device.type)
-except RuntimeError as exc:
-    print("no npu device:", str(exc).splitlines()[0])
+device = torch.device("npu:0")
+print("device", device.type, device.index, torch.zeros(2).npu().device.type, torch.zeros(2, device="npu").is_npu)
 """
 
 
 def _run(*launcher: str) -> list[str]:
-    env = {k: v for k, v in os.environ.items() if k != "ASCENDGRAPH_FACADE_NPU_DEVICE"}
     done = subprocess.run([sys.executable, "-m", "sim.facade", *launcher, "--", sys.executable, "-c", PROBE],
-                          capture_output=True, text=True, env=env, timeout=300)
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     return done.stdout.splitlines()
 
 
-def test_find_spec_and_dtype_codes_work_under_the_facade_and_npu_stays_unspelled_by_default() -> None:
+def test_find_spec_and_dtype_codes_work_under_the_facade_and_npu_is_a_torch_device() -> None:
     spec_line, device_line = _run()
     assert spec_line == "torch_npu torch_npu 290"
-    assert device_line.startswith("no npu device:")
+    assert device_line == "device npu 0 npu True"
 
 
-def test_npu_device_flag_spells_privateuse1_npu_and_tensor_npu_keeps_the_cpu_tensor() -> None:
-    spec_line, device_line = _run("--npu-device")
-    assert spec_line == "torch_npu torch_npu 290"
-    assert device_line == "device npu 0 cpu"
+def test_the_former_npu_device_flag_is_accepted_and_changes_nothing() -> None:
+    assert _run("--npu-device") == _run()
 
 
 @pytest.mark.parametrize("name", ["memory_stats", "max_memory_allocated", "reset_peak_memory_stats",
@@ -70,9 +64,8 @@ except NotImplementedError as exc:
 
 def test_importing_torch_npu_adds_is_hccl_available_to_torch_distributed_as_torch_npu_does() -> None:
     # vLLM Ascend's netloader imports both at module level (vLLM's model inspection reaches it).
-    env = {k: v for k, v in os.environ.items() if k != "ASCENDGRAPH_FACADE_NPU_DEVICE"}
     done = subprocess.run([sys.executable, "-m", "sim.facade", "--", sys.executable, "-c", DISTRIBUTED_PROBE],
-                          capture_output=True, text=True, env=env, timeout=300)
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     available, same = done.stdout.splitlines()[0].split()
     assert (available, same) == ("False", "True")  # no HCCL backend is registered on the simulator
@@ -95,32 +88,21 @@ def test_uninstall_takes_is_hccl_available_away_again() -> None:
 
 
 PINNED_PROBE = """
-import torch, torch_npu
+import gc, torch, torch_npu
 x = torch.arange(6, dtype=torch.int32).reshape(2, 3)
 print(x.is_pinned())
 p = x.pin_memory()
-print(p.is_pinned(), p[1:].is_pinned(), p.pin_memory() is p, torch.equal(p, x), p.stride() == x.stride(),
-      p.data_ptr() != x.data_ptr(), x.is_pinned())
-q = p.to("cpu", non_blocking=True)
-print(torch.equal(q, x))
-del p
-print(torch.zeros(2).pin_memory().is_pinned())
+print(p.is_pinned(), p[1:].is_pinned(), p.pin_memory() is p or p.pin_memory().data_ptr() == p.data_ptr(),
+      torch.equal(p, x), p.stride() == x.stride(), p.data_ptr() != x.data_ptr(), x.is_pinned())
+q = p.to("npu", non_blocking=True)
+print(q.device.type, torch.equal(q.cpu(), x))
+e = torch.empty(4, pin_memory=True)
+print(e.is_pinned(), e.device.type)
 """
 
 
-def test_pin_memory_under_the_npu_device_spelling_copies_into_memory_is_pinned_reports() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "ASCENDGRAPH_FACADE_NPU_DEVICE"}
-    command = [sys.executable, "-m", "sim.facade", "--npu-device", "--", sys.executable, "-c", PINNED_PROBE]
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+def test_pinned_host_memory_is_a_pinned_cpu_allocation_of_the_npu_device() -> None:
+    command = [sys.executable, "-m", "sim.facade", "--", sys.executable, "-c", PINNED_PROBE]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["False", "True True True True True True False", "True", "True"]
-
-
-def test_without_the_npu_device_spelling_pin_memory_is_torchs_own() -> None:
-    probe = ("import torch, torch_npu\ntry:\n    torch.zeros(2).pin_memory()\n"
-             "except RuntimeError as e:\n    print('refused')\n")
-    env = {k: v for k, v in os.environ.items() if k != "ASCENDGRAPH_FACADE_NPU_DEVICE"}
-    done = subprocess.run([sys.executable, "-m", "sim.facade", "--", sys.executable, "-c", probe],
-                          capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["refused"]
+    assert done.stdout.splitlines() == ["False", "True True True True True True False", "npu True", "True cpu"]

@@ -24,6 +24,7 @@ from tests.sim.attention_reference import paged_attention_decode
 
 facade_kernels.register()
 F = torch.ops.npu_facade
+pytestmark = pytest.mark.usefixtures("kernels_run_as_on_the_device")  # tests/sim/conftest.py
 FAST = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SLOW = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -210,9 +210,9 @@ def test_a_signature_tells_apart_what_a_kernel_can_see():
 
 
 def test_a_value_read_of_host_memory_is_allowed_in_capture_and_of_device_memory_refused(sim_device):
-    # SimDevice.host_memory says which tensors live in host memory (the torch_npu facade: its
-    # pinned host copies). Reading those during a capture is host work; any other tensor stands
-    # for device memory, and reading it would wait for the device: refused as before.
+    # SimDevice.host_memory says which tensors live in host memory (the torch_npu facade: every
+    # CPU tensor, its device tensors being npu tensors). Reading those during a capture is host
+    # work; any other tensor stands for device memory, and reading it would wait for the device.
     from ascendgraph.errors import CaptureConstraintError
 
     host, device_tensor = torch.tensor([3, 5], dtype=torch.int32), torch.tensor([3, 5], dtype=torch.int32)

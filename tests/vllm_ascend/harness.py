@@ -36,7 +36,6 @@ def _unavailable() -> Optional[str]:
         return f"vllm_ascend cannot be found ({exc}); {HOW}"
     if spec is None:
         return f"vllm_ascend is not on sys.path; {HOW}"
-    from sim import facade
     from sim.facade.modules import is_facade
 
     import sys
@@ -45,9 +44,7 @@ def _unavailable() -> Optional[str]:
     if module is None:
         import torch_npu as module  # noqa: F811  (the shim of python -m sim.facade installs the facade)
     if not is_facade(module):
-        return f"torch_npu is not the simulator facade: run the session under `python -m sim.facade --npu-device --`; {HOW}"
-    if not facade.npu_device_spelling_enabled():
-        return f"the npu device spelling is off: run under `python -m sim.facade --npu-device --`; {HOW}"
+        return f"torch_npu is not the simulator facade: run the session under `python -m sim.facade --`; {HOW}"
     return None
 
 
@@ -157,18 +154,20 @@ def builder_config(mode: str = "FULL", **additional: Any) -> Any:
     return config
 
 
+DEVICE = "npu"  # the model runner's device: the facade's simulated NPU (sim.npu_device)
+
+
 def metadata_builder(config: Any) -> Any:
     """vLLM Ascend's AscendAttentionMetadataBuilder for the layers' KV-cache group (one full-
-    attention group: 2 KV heads of 128, bf16, blocks of 128). Its device is the CPU: the
-    facade's tensors are CPU tensors standing for device ones (there is no PrivateUse1
-    allocator), and its host-to-device copy of query_start_loc pins host memory first
-    (attention_v1.py:347; sim.facade.pinned)."""
+    attention group: 2 KV heads of 128, bf16, blocks of 128), on the npu device as the model
+    runner makes it; its host-to-device copy of query_start_loc pins host memory first
+    (attention_v1.py:347)."""
     import torch
     from vllm.v1.kv_cache_interface import FullAttentionSpec
     from vllm_ascend.attention.attention_v1 import AscendAttentionMetadataBuilder
 
     spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=KV_HEADS, head_size=HEAD_DIM, dtype=torch.bfloat16)
-    return AscendAttentionMetadataBuilder(spec, list(LAYER_NAMES), config, torch.device("cpu"))
+    return AscendAttentionMetadataBuilder(spec, list(LAYER_NAMES), config, torch.device(DEVICE))
 
 
 def update_config(config: Any) -> Any:
@@ -214,7 +213,8 @@ class Layer:
                                                    sliding_window, "auto", None, "decoder", None, sinks=sinks)
         self.module = SimpleNamespace(layer_name=name, _k_scale_float=1.0, _v_scale_float=1.0)
         generator = torch.Generator().manual_seed(seed)
-        self.kv_cache = (torch.randn(2, BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_DIM, generator=generator) / 4).to(torch.bfloat16)
+        cache = (torch.randn(2, BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_DIM, generator=generator) / 4).to(torch.bfloat16)
+        self.kv_cache = cache.to(DEVICE)  # the runner allocates KV caches on the device
         self.name = name
 
     def clone_cache(self) -> Any:
@@ -345,26 +345,32 @@ class Step:
 
         ends, lens = self.padded_requests()
         requests = len(ends)
-        # The runner's block table is a persistent buffer sliced per step (captured graphs
-        # keep pointing at it: the paged-attention update re-uses the captured table).
+        # The runner's block table and slot mapping are persistent device buffers sliced per
+        # step (captured graphs keep pointing at them: the paged-attention update re-uses the
+        # captured table), filled from host values (model_runner_v1.py:2899-2905).
         if table_buffer is None:
-            table_buffer = torch.zeros(requests, 2, dtype=torch.int32)
+            table_buffer = torch.zeros(requests, 2, dtype=torch.int32, device=DEVICE)
+        rows = torch.zeros(requests, 2, dtype=torch.int32)
+        for request in range(len(self.q_lens)):
+            rows[request] = torch.tensor([2 * request, 2 * request + 1], dtype=torch.int32)
         table_buffer.zero_()
         table = table_buffer[:requests]
-        for request in range(len(self.q_lens)):
-            table[request] = torch.tensor([2 * request, 2 * request + 1], dtype=torch.int32)
-        slot_buffer.fill_(PAD_SLOT_ID)
-        slot_buffer[: self.num_actual_tokens] = torch.tensor(self.slots(), dtype=slot_buffer.dtype)
-        query_start_loc = torch.tensor([0, *ends], dtype=torch.int32)
-        seq_lens = torch.tensor(lens, dtype=torch.int32)
-        # The runner's host copy of seq_lens is a pinned buffer (vLLM's GPUModelRunner
-        # optimistic_seq_lens_cpu, pin_memory=PIN_MEMORY, True on NPUPlatform: platform.py:
-        # 121-123), handed to the builder as _seq_lens_cpu / seq_lens_cpu (model_runner_v1.py:2927-2941).
-        seq_lens_cpu = seq_lens.pin_memory()
+        table.copy_(rows)
+        slots = torch.full((slot_buffer.shape[0],), PAD_SLOT_ID, dtype=slot_buffer.dtype)
+        slots[: self.num_actual_tokens] = torch.tensor(self.slots(), dtype=slot_buffer.dtype)
+        slot_buffer.copy_(slots)
+        # query_start_loc and seq_lens on the device, their host twins in pinned memory (vLLM's
+        # CpuGpuBuffer and GPUModelRunner.optimistic_seq_lens_cpu, pin_memory=PIN_MEMORY, True on
+        # NPUPlatform: platform.py:121-123), handed to the builder as query_start_loc_cpu and
+        # _seq_lens_cpu / seq_lens_cpu (model_runner_v1.py:2927-2941).
+        query_start_loc_cpu = torch.tensor([0, *ends], dtype=torch.int32).pin_memory()
+        seq_lens_cpu = torch.tensor(lens, dtype=torch.int32).pin_memory()
+        query_start_loc = query_start_loc_cpu.to(DEVICE, non_blocking=True)
+        seq_lens = seq_lens_cpu.to(DEVICE, non_blocking=True)
         q_lens = [b - a for a, b in zip([0, *ends], ends)]
         computed = torch.tensor([max(kv - q, 0) for kv, q in zip(lens, q_lens)], dtype=torch.int32)
         return AscendCommonAttentionMetadata(
-            query_start_loc=query_start_loc, query_start_loc_cpu=query_start_loc.clone(), seq_lens=seq_lens,
+            query_start_loc=query_start_loc, query_start_loc_cpu=query_start_loc_cpu, seq_lens=seq_lens,
             _seq_lens_cpu=seq_lens_cpu, seq_lens_cpu_upper_bound=seq_lens_cpu, seq_lens_cpu=seq_lens_cpu,
             num_computed_tokens_cpu=computed, num_reqs=requests, num_actual_tokens=self.num_actual_tokens,
             max_query_len=max(self.q_lens), max_seq_len=max(lens), block_table_tensor=table,
@@ -384,7 +390,7 @@ def split_fuse_mask() -> Any:
     import torch
     from vllm_ascend.attention.attention_mask import AttentionMaskBuilder
 
-    return AttentionMaskBuilder(torch.device("cpu")).get_splitfuse_attn_mask()
+    return AttentionMaskBuilder(torch.device(DEVICE)).get_splitfuse_attn_mask()
 
 
 class TwoLayers:
@@ -400,12 +406,12 @@ class TwoLayers:
         self.layers = [Layer(name, config, seed + 10 * i, **layer_options) for i, name in enumerate(LAYER_NAMES)]
         self.size = size
         self.with_kv = with_kv
-        self.query = torch.zeros(size, HEADS, HEAD_DIM, dtype=torch.bfloat16)
-        self.key = torch.zeros(size, KV_HEADS, HEAD_DIM, dtype=torch.bfloat16)
-        self.value = torch.zeros(size, KV_HEADS, HEAD_DIM, dtype=torch.bfloat16)
-        self.outputs = [torch.zeros(size, HEADS, HEAD_DIM, dtype=torch.bfloat16) for _ in self.layers]
-        self.slot_buffer = torch.full((size,), PAD_SLOT_ID, dtype=torch.int32)
-        self.table_buffer = torch.zeros(size + 1, 2, dtype=torch.int32)
+        self.query = torch.zeros(size, HEADS, HEAD_DIM, dtype=torch.bfloat16, device=DEVICE)
+        self.key = torch.zeros(size, KV_HEADS, HEAD_DIM, dtype=torch.bfloat16, device=DEVICE)
+        self.value = torch.zeros(size, KV_HEADS, HEAD_DIM, dtype=torch.bfloat16, device=DEVICE)
+        self.outputs = [torch.zeros(size, HEADS, HEAD_DIM, dtype=torch.bfloat16, device=DEVICE) for _ in self.layers]
+        self.slot_buffer = torch.full((size,), PAD_SLOT_ID, dtype=torch.int32, device=DEVICE)
+        self.table_buffer = torch.zeros(size + 1, 2, dtype=torch.int32, device=DEVICE)
         self.tokens = size  # what the forward passes: the graph size, or an eager batch's real tokens
 
     def __call__(self) -> list[Any]:
@@ -423,11 +429,11 @@ class TwoLayers:
         import torch
 
         generator = torch.Generator().manual_seed(seed)
-        self.query.zero_(), self.key.zero_(), self.value.zero_()
         n = step.num_actual_tokens
-        self.query[:n] = torch.randn(n, HEADS, HEAD_DIM, generator=generator).to(torch.bfloat16)
-        self.key[:n] = torch.randn(n, KV_HEADS, HEAD_DIM, generator=generator).to(torch.bfloat16)
-        self.value[:n] = torch.randn(n, KV_HEADS, HEAD_DIM, generator=generator).to(torch.bfloat16)
+        for buffer, heads in ((self.query, HEADS), (self.key, KV_HEADS), (self.value, KV_HEADS)):
+            host = torch.zeros(buffer.shape, dtype=torch.bfloat16)
+            host[:n] = torch.randn(n, heads, HEAD_DIM, generator=generator).to(torch.bfloat16)
+            buffer.copy_(host)  # the step's inputs, copied to the device
 
     def metadata(self, step: Step, builder: Any) -> dict[str, Any]:
         shared = step.metadata(builder, self.slot_buffer, self.table_buffer)  # one KV-cache group: one metadata

@@ -20,6 +20,7 @@ from sim import facade  # noqa: E402
 from vllm_ascend.compilation.acl_graph import ACLGraphWrapper  # noqa: E402
 
 TOKENS, WIDTH = 8, 32
+DEVICE = harness.DEVICE
 
 
 @pytest.fixture(autouse=True)
@@ -33,7 +34,7 @@ class Piece(torch.nn.Module):
     def __init__(self, seed: int) -> None:
         super().__init__()
         torch.manual_seed(seed)
-        self.linear = torch.nn.Linear(WIDTH, WIDTH, dtype=torch.bfloat16)
+        self.linear = torch.nn.Linear(WIDTH, WIDTH, dtype=torch.bfloat16, device=DEVICE)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.silu(self.linear(x)) + x
@@ -59,7 +60,7 @@ def test_full_wrapper_replays_new_inputs_equal_to_eager(gc_disable: bool, weak_r
     model = torch.nn.Sequential(Piece(1), Piece(2))
     wrapper = ACLGraphWrapper(model, config, CUDAGraphMode.FULL,
                               CUDAGraphOptions(gc_disable=gc_disable, weak_ref_output=weak_ref_output))
-    static = torch.zeros(TOKENS, WIDTH, dtype=torch.bfloat16)
+    static = torch.zeros(TOKENS, WIDTH, dtype=torch.bfloat16, device=DEVICE)
     empty_cache_calls = _count_empty_cache()
     with harness.forward_context(config, None, "FULL", TOKENS):
         static.copy_(torch.randn(TOKENS, WIDTH))
@@ -83,7 +84,7 @@ def test_piecewise_wrappers_capture_each_piece_and_chain_replays_equal_to_eager(
     wrappers = [ACLGraphWrapper(piece, config, CUDAGraphMode.PIECEWISE,
                                 CUDAGraphOptions(gc_disable=index > 0, weak_ref_output=index == len(pieces) - 1))
                 for index, piece in enumerate(pieces)]
-    static = torch.zeros(TOKENS, WIDTH, dtype=torch.bfloat16)
+    static = torch.zeros(TOKENS, WIDTH, dtype=torch.bfloat16, device=DEVICE)
 
     def run() -> torch.Tensor:
         hidden = static
@@ -111,7 +112,7 @@ def test_a_runtime_mode_other_than_the_wrappers_runs_the_module_eagerly() -> Non
     config = harness.vllm_config("FULL")
     model = Piece(4)
     wrapper = ACLGraphWrapper(model, config, CUDAGraphMode.FULL, CUDAGraphOptions())
-    x = torch.randn(TOKENS, WIDTH).to(torch.bfloat16)
+    x = torch.randn(TOKENS, WIDTH).to(torch.bfloat16).to(DEVICE)
     with harness.forward_context(config, None, "PIECEWISE", TOKENS):
         assert torch.equal(wrapper(x), model(x))
     assert wrapper.concrete_aclgraph_entries == {}

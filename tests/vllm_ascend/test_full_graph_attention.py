@@ -51,7 +51,7 @@ class FullGraphRun:
         self.sinks = sinks
         options = {}
         if sinks:  # one learnable sink logit per query head (bf16, (Q_N,): the v2 op doc's shape)
-            options["sinks"] = (torch.linspace(-1, 1, harness.HEADS)).to(torch.bfloat16)
+            options["sinks"] = (torch.linspace(-1, 1, harness.HEADS)).to(torch.bfloat16).to(harness.DEVICE)
         self.model = harness.TwoLayers(self.config, SIZE, **options)
         self.eager = harness.TwoLayers(self.config, SIZE, **options)
         for graph_layer, eager_layer in zip(self.model.layers, self.eager.layers):
@@ -197,7 +197,7 @@ def test_the_sinks_path_captured_through_fia_v2_replays_bitwise_eager() -> None:
     # 609-705). At capture full_graph_fia_v2 passes attn_metadata.seq_lens as actual_seq_kvlen
     # (attention_v1.py:1091, 1139-1155); torch reads its values to bind the SymInt[] argument.
     # That tensor is the runner's pinned host buffer (harness.Step.common_metadata), so the
-    # read is host work, not a device sync: the facade lets it through (sim.facade.pinned).
+    # read is host work, not a device sync: the facade lets it through (a CPU tensor).
     run = FullGraphRun(sinks=True)
     log = harness.KernelLog()
     with log.recording():
@@ -265,7 +265,7 @@ def test_a_device_tensors_value_read_during_capture_is_still_refused() -> None:
 
     def unpinned(self: harness.Step, *args: object, **kwargs: object) -> object:
         common = original(self, *args, **kwargs)
-        device_lens = common.seq_lens.clone()  # a fresh, unpinned tensor: device memory on the facade
+        device_lens = common.seq_lens.clone()  # an npu tensor: device memory
         common._seq_lens_cpu = common.seq_lens_cpu = common.seq_lens_cpu_upper_bound = device_lens
         return common
 
@@ -279,14 +279,14 @@ def test_a_device_tensors_value_read_during_capture_is_still_refused() -> None:
 
 def test_the_layers_metadata_is_vllm_ascends_builders() -> None:
     # AscendAttentionMetadataBuilder.build itself (attention_v1.py:308-412) on the runner's
-    # common metadata: it pins query_start_loc_cpu before the host-to-device copy (347; on the
-    # facade a pinned host copy, sim.facade.pinned), takes the split-fuse mask from its
-    # AttentionMaskBuilder, and the query ends / KV lengths the kernels then receive.
+    # common metadata: it pins query_start_loc_cpu and copies it to the device (347), takes the
+    # split-fuse mask from its AttentionMaskBuilder, and the query ends / KV lengths the kernels
+    # then receive.
     builder = harness.metadata_builder(harness.builder_config("FULL"))
     model = harness.TwoLayers(harness.vllm_config("FULL"), SIZE)
     step = harness.Step(*STEPS[0], padded_to=SIZE)
     metadata = model.metadata(step, builder)[harness.LAYER_NAMES[0]]
-    assert metadata.query_start_loc.is_pinned() and metadata.query_start_loc.tolist() == [0, 1, 2, 5, 8]
+    assert metadata.query_start_loc.device.type == "npu" and metadata.query_start_loc.tolist() == [0, 1, 2, 5, 8]
     assert metadata.actual_seq_lengths_q == [1, 2, 5, 8]  # the dummy request ends at the graph size
     assert metadata.seq_lens_list == [40, 130, 3, 0]  # the runner's zero fill for the dummy
     assert torch.equal(metadata.attn_mask, harness.split_fuse_mask())

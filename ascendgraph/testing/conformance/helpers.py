@@ -13,6 +13,7 @@ from ascendgraph.device import Device
 
 __all__ = [
     "is_sim",
+    "on_simulator",
     "tensor",
     "capture",
     "raises_text",
@@ -25,6 +26,14 @@ __all__ = [
 
 def is_sim(device: Device) -> bool:
     return device.name == "sim"
+
+
+def on_simulator(device: Any) -> bool:
+    """The simulator directly, or hw/ on the simulator's torch_npu facade (whose modules carry
+    the ``__ascendgraph_facade__`` mark): what only the simulator reports is observable."""
+    import sys
+
+    return is_sim(device) or bool(getattr(sys.modules.get("torch_npu"), "__ascendgraph_facade__", False))
 
 
 def tensor(device: Any, *shape: int, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
