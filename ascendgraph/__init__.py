@@ -10,10 +10,14 @@ import types as _types
 # torch_npu registers itself for torch's device-backend autoload; with torch_npu installed
 # but the CANN libraries missing, a plain `import torch` then fails. ascendgraph never
 # relies on autoload (hw/ imports torch_npu explicitly, behind a guard), so it is switched
-# off unless the user chose a value. The user's own value is kept here for `doctor`.
+# off for torch's first import only, unless the user chose a value; the caller's os.environ
+# is as it was once torch is imported (ascendgraph.torch_autoload). The user's own value is
+# kept here for `doctor`.
 ORIGINAL_TORCH_DEVICE_BACKEND_AUTOLOAD = _os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD")
 if "torch" not in _sys.modules:
-    _os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
+    from ascendgraph import torch_autoload as _torch_autoload
+
+    _torch_autoload.install()
 
 __version__ = "0.1.0"
 

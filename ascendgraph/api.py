@@ -192,8 +192,8 @@ def run(
     The caller's process is left as found: environment variables the run (or torch) set are
     removed again and tqdm's monitor thread is stopped; torch's default device must be the CPU
     and its default dtype float32 (else ConfigError). ``ascendgraph/caller_state.py`` lists
-    exactly what is kept and the one import-time setting (``TORCH_DEVICE_BACKEND_AUTOLOAD``).
-    """
+    exactly what is kept; ``TORCH_DEVICE_BACKEND_AUTOLOAD`` is set only while torch's first
+    import runs (``ascendgraph/torch_autoload.py``)."""
     from dataclasses import fields
 
     from ascendgraph.runtime import engine

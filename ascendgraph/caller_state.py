@@ -14,10 +14,11 @@ the engine builds its weights and inputs on the CPU in float32 unless told other
 default device other than the CPU (``torch.set_default_device("meta")``) or a default dtype
 other than float32 is a ConfigError naming the setting and the fix.
 
-One change is made at import time and kept, on purpose: ``import ascendgraph`` sets
-``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` when the variable is unset and torch is not imported yet
-(so that `import torch` works with torch_npu installed but CANN missing); the caller's own value
-is never overwritten, and `ascendgraph.ORIGINAL_TORCH_DEVICE_BACKEND_AUTOLOAD` keeps it.
+Import time changes nothing that stays: ``import ascendgraph`` (torch not imported yet, the
+variable unset) makes torch's first import run with ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` (so that
+`import torch` works with torch_npu installed but CANN missing) and removes the variable again as
+that import ends (`ascendgraph.torch_autoload`); the caller's own value is never overwritten, and
+`ascendgraph.ORIGINAL_TORCH_DEVICE_BACKEND_AUTOLOAD` keeps it.
 """
 
 from __future__ import annotations

@@ -19,11 +19,14 @@ BaseException (a signal, like KeyboardInterrupt: no ``except Exception`` may swa
                      (broken invariants of the runtime: a bug, not bad input)
                   -> RedispatchFailed (a DP rank's re-dispatch), RayTaskFailed (a lost Ray task)
     AssertionError -> XliteBudgetExceeded (a batch the router should have kept native)
+    OSError       -> StdoutWriteError (the command's results could not be written to stdout)
     Exception     -> CliUsageError (bad flags, exit 2), ScenarioFailed (a scenario missed)
     BaseException -> Terminated (SIGTERM while a command runs)
 
 ``rank`` (every class) is the rank of a many-rank run the failure happened on, None in one
 process; ``peer_abort`` (CaptureError) marks a capture abandoned because another rank failed.
+Both are given when the error is built; nothing sets fields on an exception afterwards (a
+many-rank run names the rank whose failure is its error itself: `sim.fabric.FabricStats`).
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ __all__ = [
     "ScenarioError",
     "UnreadableLog",
     "CliUsageError",
+    "StdoutWriteError",
     "ScenarioFailed",
     "Terminated",
     "CaptureContext",
@@ -286,6 +290,13 @@ class UnreadableLog(ConfigError):
 
 class CliUsageError(AscendGraphError):
     """Bad flags: reported on one line with exit code 2."""
+
+
+class StdoutWriteError(AscendGraphError, OSError):
+    """Writing the command's results to stdout failed (a full disk, a closed descriptor, a
+    reader that left without reading): the console script reports it on one line, exit 1.
+    Built from the OSError the write raised (its ``errno`` and ``strerror``), which is its
+    ``__cause__``."""
 
 
 class _Explained(Protocol):

@@ -7,7 +7,9 @@ kernel with its arguments keyed by torch_npu's keyword names, exactly as hw/kern
 adapters build them. Eagerly hw gives attention only the real query tokens
 (``query[:actual_seq_lengths[-1]]``, nothing at all for a batch without query tokens); in a
 graph (capture or task update) it gives the whole captured query. `check_op` checks every
-call against `ascendgraph.kernel_contracts` and raises KernelContractError.
+call against `ascendgraph.kernel_contracts` and raises KernelContractError. `refusal` asks
+the table about one kernel: hw/'s kernel-or-fallback decision, per binding (hw/kernels.py),
+is that query with the rule names the binding relies on.
 
 The mapping issues no tensor op: where hw's adapter casts, copies or reshapes an argument,
 the call carries a `TensorSpec` (shape, dtype, contiguity) of what hw would pass, since on
@@ -31,6 +33,7 @@ from ascendgraph.kernel_contracts import (
     DYNAMIC_QUANT,
     FIA,
     FIA_MASK_SIZE,
+    FIA_MAX_WORKSPACE,
     FIA_SPARSE_MODE,
     PAGED_ATTENTION_OP,
     QUANTIZE,
@@ -38,14 +41,16 @@ from ascendgraph.kernel_contracts import (
     RMS_NORM,
     ROTARY_EMBEDDING,
     SCATTER_PA_KV_CACHE,
+    SLOT_DTYPES,
     KernelRule,
     message,
     violations,
 )
 
-__all__ = ["KernelCall", "TensorSpec", "kernel_calls", "op_violations", "check_op", "CHECKED_OPS"]
+__all__ = ["KernelCall", "TensorSpec", "kernel_calls", "op_violations", "check_op", "refusal", "CHECKED_OPS"]
 
-# The ops whose calls map onto torch_npu kernels with contracts.
+# The ops whose calls map onto torch_npu kernels with contracts (the simulator's kernels check
+# these; `kernel_calls` also maps hw's workspace query, ``attention_workspace``).
 CHECKED_OPS = (
     "rms_norm",
     "add_rms_norm",
@@ -113,11 +118,24 @@ def _paged_attention_calls(args: Sequence[Any], in_graph: bool) -> list[KernelCa
             return calls
         if query.dim() >= 1 and last < int(query.shape[0]):  # hw's query[:last] (a view)
             query = _spec(query, shape=(last, *query.shape[1:]))
-    if key_cache.dim() != 4 or query.dim() != 3:
+    fia = _fia_arguments(query, key_cache, value_cache, block_table, ends, seq_lens, scale)
+    if fia is None:
         return calls  # the layout rule above already refuses it; no FIA view exists
+    if workspace is not None and int(workspace.numel()) > 0:  # hw runs .out in it (an empty one: hw queries its own)
+        fia["workspace"] = workspace
+    calls.append(KernelCall(FIA, fia))
+    return calls
+
+
+def _fia_arguments(query: Any, key_cache: Any, value_cache: Any, block_table: Any, ends: Sequence[Any],
+                   seq_lens: Sequence[Any], scale: float) -> Optional[dict[str, Any]]:
+    """The fused attention's keyword arguments as hw builds them (TND, paged, sparse_mode 3,
+    the caches viewed as (blocknum, blocksize, H)); None when no such view exists."""
+    if key_cache.dim() != 4 or query.dim() != 3:
+        return None
     num_blocks, block_size, kv_heads, head_dim = (int(s) for s in key_cache.shape)
     kv_shape = (num_blocks, block_size, kv_heads * head_dim)
-    fia = dict(
+    return dict(
         query=query,
         key=_spec(key_cache, shape=kv_shape) if key_cache.is_contiguous() else key_cache,
         value=_spec(value_cache, shape=kv_shape) if value_cache.is_contiguous() else value_cache,
@@ -132,10 +150,12 @@ def _paged_attention_calls(args: Sequence[Any], in_graph: bool) -> list[KernelCa
         sparse_mode=FIA_SPARSE_MODE,
         block_size=block_size,
     )
-    if workspace is not None and int(workspace.numel()) > 0:  # hw runs .out in it (an empty one: hw queries its own)
-        fia["workspace"] = workspace
-    calls.append(KernelCall(FIA, fia))
-    return calls
+
+
+def _workspace_calls(args: Sequence[Any]) -> list[KernelCall]:
+    """hw's workspace query (hw/workspace.py): FIA's arguments, the whole query, before the task group."""
+    fia = _fia_arguments(*args[:7])
+    return [] if fia is None else [KernelCall(FIA_MAX_WORKSPACE, fia)]
 
 
 class _MaskSpec:
@@ -212,33 +232,43 @@ def _rotated(t: Any, tokens: int, head_size: int, rot: int) -> Any:
 ATB_KV_WRITE_SOCS = ("310P",)
 
 
-def _reshape_and_cache_calls(args: Sequence[Any], soc: Optional[str]) -> list[KernelCall]:
+def kv_write_kernel(soc: Optional[str]) -> str:
+    """The torch_npu kernel of the KV write on ``soc`` (None: not known), as vLLM Ascend picks it."""
+    return RESHAPE_AND_CACHE if soc in ATB_KV_WRITE_SOCS else SCATTER_PA_KV_CACHE
+
+
+def _reshape_and_cache_calls(args: Sequence[Any], kernel: str) -> list[KernelCall]:
     key, value, key_cache, value_cache, slot_mapping = args
     tokens = int(slot_mapping.numel())
-    if soc in ATB_KV_WRITE_SOCS:
+    if kernel == RESHAPE_AND_CACHE:
         slots = _spec(slot_mapping, shape=(tokens,), dtype=torch.int32, contiguous=True)  # hw: reshape(-1), int32
         return [KernelCall(RESHAPE_AND_CACHE, dict(
             key=_reshaped(key, (tokens, *key_cache.shape[2:])), value=_reshaped(value, (tokens, *value_cache.shape[2:])),
             key_cache=key_cache, value_cache=value_cache, slot_indices=slots))]
     # hw: reshape(-1), int32/int64 kept (others cast to int32), .contiguous() on key, value, slots
-    slot_dtype = slot_mapping.dtype if slot_mapping.dtype in (torch.int32, torch.int64) else torch.int32
+    slot_dtype = slot_mapping.dtype if slot_mapping.dtype in SLOT_DTYPES else torch.int32
     slots = _spec(slot_mapping, shape=(tokens,), dtype=slot_dtype, contiguous=True)
     return [KernelCall(SCATTER_PA_KV_CACHE, dict(
         key=_reshaped(key, (tokens, *key_cache.shape[2:])), value=_reshaped(value, (tokens, *value_cache.shape[2:])),
         key_cache=key_cache, value_cache=value_cache, slot_mapping=slots, cache_mode="Norm"))]
 
 
-def kernel_calls(op: str, args: Sequence[Any], *, in_graph: bool, soc: Optional[str] = None) -> list[KernelCall]:
+def kernel_calls(
+    op: str, args: Sequence[Any], *, in_graph: bool, soc: Optional[str] = None, kernel: Optional[str] = None
+) -> list[KernelCall]:
     """The torch_npu calls (and our op's implied-rule level) of one ascendgraph op call.
 
     Mirrors hw/kernels.py's adapters; ops hw composes from others (split_qkv_rmsnorm_rope)
     or runs by formula (muls_add) have none of their own. ``soc`` (A2, A3, 310P, A5; None:
-    not known) picks the KV write's kernel as vLLM Ascend does.
+    not known) picks the KV write's kernel as vLLM Ascend does; ``kernel`` names it instead
+    (a backend asking about one of several kernels).
     """
     if op == "paged_attention":
         return _paged_attention_calls(args, in_graph)
+    if op == "attention_workspace":
+        return _workspace_calls(args)
     if op == "reshape_and_cache":
-        return _reshape_and_cache_calls(args, soc)
+        return _reshape_and_cache_calls(args, kernel or kv_write_kernel(soc))
     if op == "rotary_embedding":
         return _rope_calls(args)
     return _norm_calls(op, args)
@@ -268,3 +298,20 @@ def check_op(
             kernel=found[0][0].kernel,
             rules=tuple(rule.name for _, rule in found),
         )
+
+
+def refusal(op: str, args: Sequence[Any], *, kernel: str, rules: Sequence[str], in_graph: bool) -> Optional[str]:
+    """Why the table refuses an op call issued on ``kernel`` (None: it takes the call).
+
+    The first broken rule among the op's own level (``ascendgraph::<op>``: what hw's mapping
+    needs) and the rules of ``kernel`` named in ``rules`` (the ones the asking backend relies
+    on), as `kernel_contracts.message` words it: the rule's name, the values and the source.
+    """
+    for call in kernel_calls(op, args, in_graph=in_graph, kernel=kernel):
+        own_level = call.kernel.startswith("ascendgraph::")
+        if not own_level and call.kernel != kernel:
+            continue
+        for rule in violations(call.kernel, call.arguments):
+            if own_level or rule.name in rules:
+                return message(call.kernel, rule, call.arguments)
+    return None

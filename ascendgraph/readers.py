@@ -368,7 +368,9 @@ def write_output(path: Union[str, os.PathLike[str]], content: Union[bytes, str, 
     text = os.fspath(path)
     check_output_path(text, where, key=key)
     folder = os.path.dirname(os.path.abspath(text))
-    handle, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(text)}.", suffix=suffix, dir=folder)
+    from ascendgraph.cache_temporaries import temporary_prefix  # names a later run can judge stale
+
+    handle, temporary = tempfile.mkstemp(prefix=temporary_prefix(os.path.basename(text)), suffix=suffix, dir=folder)
     with _temporary(temporary):
         with os.fdopen(handle, "wb") as stream:
             if isinstance(content, str):
@@ -391,7 +393,9 @@ def output_directory(path: Union[str, os.PathLike[str]], where: str, *, key: Opt
     if root is not None:
         raise _fail(where, f"is under {root}; write to a regular folder", key)
     os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(text)}.", dir=parent)
+    from ascendgraph.cache_temporaries import temporary_prefix
+
+    staging = tempfile.mkdtemp(prefix=temporary_prefix(os.path.basename(text)), dir=parent)
     with _temporary(staging):
         yield staging
         os.replace(staging, text)

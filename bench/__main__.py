@@ -25,7 +25,8 @@ Sections (``--only NAME ...`` runs a subset; names in brackets):
     steps (`bench_ranks_vllm`), in the vLLM Ascend environment (``.venv-vllm-ascend``, `make
     vllm-ascend-env`; ``ASCENDGRAPH_VLLM_ASCEND_PYTHON`` names another) under the facade
     launcher; "not measured" where that environment is missing;
-11. [suite] the default test suite (``make test``'s pytest command) — only with ``--suite``;
+11. [suite] the default test suite (``make test``'s pytest command) in a fresh clone of the
+    working tree (no bytecode caches) — only with ``--suite``;
 12. [ci] ``.ci/run``, all its steps — only with ``--ci``.
 
 The suite and ``.ci/run`` (minutes each) are opt-in: ``--suite`` / ``--ci`` measure them fresh
@@ -48,6 +49,7 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -411,12 +413,31 @@ def summary_line(stdout_tail: str, stderr_tail: str) -> str:
     return ""
 
 
+def fresh_clone(root: str, into: str) -> str:
+    """Copy the working tree's files as a fresh clone has them (tracked and new, unignored files;
+    no ``__pycache__`` bytecode, no pytest cache) into ``into``; returns ``into``."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        source = os.path.join(root, name)
+        if os.path.isfile(source):  # a file deleted from the tree but not yet from the index is skipped
+            target = os.path.join(into, name)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            shutil.copy2(source, target)
+    return into
+
+
 def measure_recordable(name: str) -> dict[str, Any]:
     """Run the suite (``make test``'s pytest command) or ``.ci/run`` once, timed (wall, CPU of
-    every process it started, load average at the end)."""
+    every process it started, load average at the end). The suite runs in a fresh clone of the
+    working tree (`fresh_clone`: no bytecode caches), the condition of its goal; ``.ci/run``
+    in the working tree itself (CI runs it in its own checkout)."""
     command = RECORD_COMMANDS[name]
-    figures = run_measured(command, env=_env(**{NESTED_ENV: "1"}), timeout_s=6 * 3600.0)
+    with tempfile.TemporaryDirectory(prefix="ascendgraph-bench-clone-") as clone:
+        root = fresh_clone(ROOT, clone) if name == "suite" else ROOT
+        figures = run_measured(command, env=_env(root, **{NESTED_ENV: "1"}), cwd=root, timeout_s=6 * 3600.0)
     return {"command": " ".join(os.path.basename(c) if i == 0 else c for i, c in enumerate(command)),
+            "fresh_clone": name == "suite",
             "seconds": figures.wall_s, "cpu_seconds": figures.cpu_s, "exit_code": figures.exit_code,
             "summary": summary_line(figures.stdout_tail, figures.stderr_tail), "load_average": _load(),
             "cpus": os.cpu_count(),

@@ -1,4 +1,5 @@
-"""Bench's goals table: issue 26's figures beside their goals, met or NOT met."""
+"""Bench's goals table: the contributor's loop's figures beside their goals, met or NOT met
+(issue 26's table; issue 37 tightened the run, suite and facade rows)."""
 
 from __future__ import annotations
 
@@ -12,16 +13,28 @@ def _fmt(value: Optional[float], digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+# The limits, each once: the goals table's text and its met / NOT met verdicts read them.
+RUN_WALL_S = 6.0  # the first `ascendgraph run`, idle, 2 cores
+RUN_RSS_BYTES = 600e6
+SECOND_RUN_WALL_S = 3.0
+CAPTURE_WARM_S = 1.5
+PLAN_WALL_S = 2.0
+FACADE_WALL_S = 3.5
+SUITE_S = 150.0  # make test's pytest from a fresh clone (no bytecode caches)
+CI_S = 12 * 60.0
+API_OVER_CLI = 1.10
+RANKS_WALL_S = 15.0
+
 GOALS = {
-    "run": ("ascendgraph run default, wall / peak RSS", "<= 5 s / <= 600 MB"),
-    "second": ("second ascendgraph run (warm caches), wall", "<= 3 s"),
-    "capture": ("capture of the 210 graphs incl. compile (warm cache)", "<= 1.5 s"),
-    "plan": ("ascendgraph plan README example", "<= 2 s"),
-    "facade": ("first facade test (pytest -m npu --npu-facade, one capture)", "<= 4 s"),
-    "suite": ("default suite, make test", "<= 150 s"),
-    "ci": (".ci/run, all steps", "<= 12 min"),
-    "api": ("API vs CLI run, loaded / idle (API/CLI wall)", "<= 1.10 both"),
-    "ranks": ("64 ranks x 100 steps of vLLM's coordinate_batch_across_dp, wall", "<= 15 s"),
+    "run": ("ascendgraph run default, wall / peak RSS", f"<= {RUN_WALL_S:g} s / <= {RUN_RSS_BYTES / 1e6:.0f} MB"),
+    "second": ("second ascendgraph run (warm caches), wall", f"<= {SECOND_RUN_WALL_S:g} s"),
+    "capture": ("capture of the 210 graphs incl. compile (warm cache)", f"<= {CAPTURE_WARM_S:g} s"),
+    "plan": ("ascendgraph plan README example", f"<= {PLAN_WALL_S:g} s"),
+    "facade": ("first facade test (pytest -m npu --npu-facade, one capture)", f"<= {FACADE_WALL_S:g} s"),
+    "suite": ("default suite, make test", f"<= {SUITE_S:g} s"),
+    "ci": (".ci/run, all steps", f"<= {CI_S / 60:g} min"),
+    "api": ("API vs CLI run, loaded / idle (API/CLI wall)", f"<= {API_OVER_CLI:.2f} both"),
+    "ranks": ("64 ranks x 100 steps of vLLM's coordinate_batch_across_dp, wall", f"<= {RANKS_WALL_S:g} s"),
 }
 
 
@@ -43,10 +56,10 @@ def goals(sections: dict[str, Any], recorded: Optional[dict[str, Any]] = None) -
     if first:
         rss = first["peak_rss_bytes"]
         add("run", f"{first['wall_s']:.1f} s / {rss / MIB:.0f} MiB (CPU {first['cpu_s']:.1f} s)",
-            first["wall_s"] <= 5 and rss <= 600e6)
+            first["wall_s"] <= RUN_WALL_S and rss <= RUN_RSS_BYTES)
     else:
         add("run", None, None)
-    add("second", proc(second), second["wall_s"] <= 3 if second else None)
+    add("second", proc(second), second["wall_s"] <= SECOND_RUN_WALL_S if second else None)
     capture = sections.get("capture")
     if capture and "capture_seconds" in capture.get("warm", {}):
         def total(row: dict[str, Any]) -> float:
@@ -59,7 +72,7 @@ def goals(sections: dict[str, Any], recorded: Optional[dict[str, Any]] = None) -
         per = total(warm) / max(warm["graphs"], 1) * 1e3
         cold_text = f"{total(cold):.2f} s cold" if "capture_seconds" in cold else "cold failed"
         add("capture", f"{total(warm):.2f} s ({per:.1f} ms/graph, CPU {cpu(warm):.2f} s); {cold_text}",
-            total(warm) <= 1.5)
+            total(warm) <= CAPTURE_WARM_S)
     else:
         add("capture", None, None)
     plan = sections.get("plan")
@@ -67,13 +80,13 @@ def goals(sections: dict[str, Any], recorded: Optional[dict[str, Any]] = None) -
     if plan_text and plan.get("first"):
         plan_text += f"; first with empty caches {proc(plan['first'])}"
     # A user's first plan finds no plan cache: the goal is met only when that one is too.
-    add("plan", plan_text, (plan["wall_s"] <= 2 and plan.get("first", plan)["wall_s"] <= 2) if plan else None)
+    add("plan", plan_text, (plan["wall_s"] <= PLAN_WALL_S and plan.get("first", plan)["wall_s"] <= PLAN_WALL_S) if plan else None)
     facade = sections.get("facade")
     if facade and facade.get("exit_code") == 0:
-        add("facade", proc(facade), facade["wall_s"] <= 4)
+        add("facade", proc(facade), facade["wall_s"] <= FACADE_WALL_S)
     else:
         add("facade", "failed" if facade else None, False if facade else None)
-    for key, limit in (("suite", 150.0), ("ci", 12 * 60.0)):
+    for key, limit in (("suite", SUITE_S), ("ci", CI_S)):
         measured = sections.get(key)
         if measured and not measured.get("skipped"):
             row, source = measured, "this run"
@@ -90,14 +103,14 @@ def goals(sections: dict[str, Any], recorded: Optional[dict[str, Any]] = None) -
     if api:
         loaded, idle = api["loaded"]["api_over_cli"], api["idle"]["api_over_cli"]
         add("api", f"{_fmt(loaded)} / {_fmt(idle)}",
-            loaded is not None and idle is not None and loaded <= 1.1 and idle <= 1.1)
+            loaded is not None and idle is not None and loaded <= API_OVER_CLI and idle <= API_OVER_CLI)
     else:
         add("api", None, None)
     ranks = sections.get("ranks")
     if ranks and "wall_s" in ranks:
         full = (ranks.get("dp"), ranks.get("steps")) == (64, 100)
         size = "" if full else f" ({ranks.get('dp')} ranks x {ranks.get('steps')} steps)"
-        add("ranks", f"{ranks['wall_s']:.1f} s{size}", ranks["wall_s"] <= 15 if full else None)
+        add("ranks", f"{ranks['wall_s']:.1f} s{size}", ranks["wall_s"] <= RANKS_WALL_S if full else None)
     else:
         add("ranks", "failed" if ranks and not ranks.get("skipped") else None,
             False if ranks and not ranks.get("skipped") else None)

@@ -36,7 +36,6 @@ backend autoload error) into a one-line reason that says what to do.
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 from dataclasses import dataclass
 from functools import lru_cache
@@ -258,10 +257,12 @@ def disable_backend_autoload() -> None:
 
     With torch_npu installed but CANN missing, torch's autoload turns a plain ``import
     torch`` into RuntimeError. Only effective before torch's first import; an explicit
-    user setting is respected.
+    user setting is respected, and the variable is set only while torch's import runs
+    (`ascendgraph.torch_autoload`), so the caller's environment is left as it was.
     """
-    if "torch" not in sys.modules:
-        os.environ.setdefault(AUTOLOAD_VARIABLE, "0")
+    from ascendgraph import torch_autoload
+
+    torch_autoload.install()
 
 
 def _one_line(exc: BaseException) -> str:

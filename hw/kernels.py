@@ -2,10 +2,18 @@
 
 Theory of operation. `KERNEL_ROUTES` holds, per ascendgraph op, the torch_npu kernels that
 can implement it (`KernelBinding`: the declared `hw.api.NpuApi`, an adapter from our op
-contract to the kernel's, and an ``accepts`` check of the arguments) and a fallback:
+contract to the kernel's, and the kernel's name and rules in the contract table) and a
+fallback:
 
-    first binding whose attribute exists and which accepts the arguments -> that kernel
-    otherwise                                                          -> the fallback
+    first binding whose attribute exists and the table takes the call -> that kernel
+    otherwise                                                         -> the fallback
+
+What a kernel takes is the contract table's (`ascendgraph.kernel_contracts`), never a
+predicate of hw's own: a binding names the table's rules of its kernel that decide
+kernel-or-fallback, and `ascendgraph.kernel_calls.refusal` answers for the op call as hw
+maps it (with the op's own level, ``ascendgraph::<op>``, always). After the pre-check below
+this matters where the pre-check did not map the call onto the binding's kernel: the KV
+write's second kernel on a SoC not known.
 
 A fallback is either the reference formula (``hw/reference.py``) or a *composition* of
 other ascendgraph ops (``add_rms_norm_quant`` = ``add_rms_norm`` + ``quantize``), which
@@ -24,7 +32,9 @@ host lengths its kernels follow), and so is FIA in a FULL graph without the max-
 query (`NO_WORKSPACE_IN_FULL_GRAPH`). Only a missing kernel selects a fallback (not
 present, or its library fails to load: `_MISSING_KERNEL_ERRORS`); every fallback taken is
 in ``router.fallbacks`` and the run report's ``kernel_fallbacks``. Ops without a torch_npu
-kernel at all (``muls_add``, ``split_qkv_rmsnorm_rope``) run their formula, not a fallback. The FULL-graph parameter update re-issues ``paged_attention`` between
+kernel at all (``muls_add``, ``split_qkv_rmsnorm_rope``) run their formula, not a fallback.
+
+The FULL-graph parameter update re-issues ``paged_attention`` between
 ``task_update_begin/end``: torch_npu then patches the captured tasks with the arguments of
 the re-issued ones, addresses included. So no tensor the attention kernel touches may be
 allocated afresh per call. Its output, ``softmax_lse``, workspace and int32 block table
@@ -41,14 +51,16 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor
 
-from ascendgraph import kernel_contracts, ops
+from ascendgraph import kernel_contracts as kc
+from ascendgraph import ops
 from ascendgraph.dynamo_gate import defer_kernel_dynamo_guard
 from ascendgraph.errors import CaptureConstraintError
+from ascendgraph.kernel_calls import ATB_KV_WRITE_SOCS, check_op, refusal
 from hw import api, reference, workspace
 from hw.api import NpuApi, TorchNpu
 
@@ -66,10 +78,6 @@ __all__ = [
 
 log = logging.getLogger("ascendgraph.hw.kernels")  # under the CLI's "ascendgraph" logger (its handler, its -v levels)
 
-# The kernels' dtype lists are the contract table's (one list per meaning): half precision, and
-# what the norm kernels also take (float32).
-HALF_DTYPES = kernel_contracts.HALF
-NORM_DTYPES = kernel_contracts.NORM
 FIA_MASK_SIZE = 2048  # sparse_mode 3 takes a compressed 2048 x 2048 causal mask
 FIA_SPARSE_MODE = 3  # "rightDownCausal": query token i of a request sees kv 0 .. kv_len - q_len + i
 # What "the kernel is missing" looks like when it is found only at its first call: torch_npu's
@@ -92,7 +100,6 @@ NO_WORKSPACE_IN_FULL_GRAPH = (
 )
 
 Adapter = Callable[..., Any]  # adapter(router, *op_args) -> the op's result
-Accepts = Callable[..., Optional[str]]  # accepts(*op_args) -> None, or why this kernel cannot take them
 
 
 @dataclass(frozen=True)
@@ -101,7 +108,9 @@ class KernelBinding:
 
     api: NpuApi
     adapter: Adapter
-    accepts: Accepts
+    kernel: str  # the contract table's name of the kernel the adapter issues
+    # The table's rules of ``kernel`` that decide kernel-or-fallback (`kernel_calls.refusal`).
+    rules: tuple[str, ...]
     note: str = ""
     # The SoC generations (hw.soc: A2, A3, 310P, A5) this kernel serves the op on, as vLLM
     # Ascend chooses per device; empty: all. On another generation the binding is skipped.
@@ -121,43 +130,7 @@ class KernelRoute:
     fallback_in_graphs: bool = True
 
 
-# --------------------------------------------------------------------------- accepts checks
-
-
-def _dtype_in(tensor: Tensor, dtypes: Sequence[torch.dtype], kernel: str) -> Optional[str]:
-    if tensor.dtype in dtypes:
-        return None
-    return f"{kernel} takes {', '.join(str(d).replace('torch.', '') for d in dtypes)}, got {str(tensor.dtype).replace('torch.', '')}"
-
-
-def _same_dtype(kernel: str, *tensors: Tensor) -> Optional[str]:
-    dtypes = {t.dtype for t in tensors}
-    if len(dtypes) == 1:
-        return None
-    return f"{kernel} needs equal dtypes, got {sorted(str(d).replace('torch.', '') for d in dtypes)}"
-
-
-def _first(*reasons: Optional[str]) -> Optional[str]:
-    return next((reason for reason in reasons if reason), None)
-
-
-def _per_channel(scale: Tensor, hidden: int, kernel: str) -> Optional[str]:
-    if scale.numel() in (1, hidden) and scale.dim() <= 1:
-        return None
-    return f"{kernel} takes a per-tensor or per-channel scale of {hidden}, got shape {tuple(scale.shape)}"
-
-
-_QUANT_OFFSET_DTYPES = (torch.int8, torch.uint8, torch.int32, torch.bfloat16)
-_QUANT_SCALE_DTYPES = (torch.float32, torch.bfloat16)
-
-
-def _quant_args(x: Tensor, scale: Tensor, offset: Optional[Tensor], kernel: str) -> Optional[str]:
-    return _first(
-        _per_channel(scale, x.shape[-1], kernel),
-        _dtype_in(scale, _QUANT_SCALE_DTYPES, f"{kernel} scales"),
-        None if offset is None else _per_channel(offset, x.shape[-1], kernel),
-        None if offset is None else _dtype_in(offset, _QUANT_OFFSET_DTYPES, f"{kernel} zero points"),
-    )
+# --------------------------------------------------------------------------- adapters' helpers
 
 
 def _channel_vector(values: Optional[Tensor], hidden: int) -> Optional[Tensor]:
@@ -181,26 +154,17 @@ def _rms_norm(router: "KernelRouter", x: Tensor, weight: Tensor, eps: float) -> 
     return y
 
 
-def _rms_norm_accepts(x: Tensor, weight: Tensor, eps: float) -> Optional[str]:
-    return _dtype_in(x, NORM_DTYPES, "npu_rms_norm")
-
 
 def _add_rms_norm(router: "KernelRouter", x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     y, _, x_sum = router.npu.call(api.NPU_ADD_RMS_NORM, x, residual, weight.to(x.dtype), epsilon=eps)
     return y, x_sum
 
 
-def _add_rms_norm_accepts(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> Optional[str]:
-    return _first(_dtype_in(x, NORM_DTYPES, "npu_add_rms_norm"), _same_dtype("npu_add_rms_norm", x, residual))
-
 
 def _dynamic_quant(router: "KernelRouter", x: Tensor) -> tuple[Tensor, Tensor]:
     y, scale = router.npu.call(api.NPU_DYNAMIC_QUANT, x)
     return _as_int8(y), scale
 
-
-def _dynamic_quant_accepts(x: Tensor) -> Optional[str]:
-    return _first(_dtype_in(x, HALF_DTYPES, "npu_dynamic_quant"), None if x.dim() > 1 else "npu_dynamic_quant needs 2+ dims")
 
 
 def _quantize(router: "KernelRouter", x: Tensor, scale: Tensor, offset: Optional[Tensor]) -> Tensor:
@@ -211,9 +175,6 @@ def _quantize(router: "KernelRouter", x: Tensor, scale: Tensor, offset: Optional
     )
     return _as_int8(y)
 
-
-def _quantize_accepts(x: Tensor, scale: Tensor, offset: Optional[Tensor]) -> Optional[str]:
-    return _first(_dtype_in(x, NORM_DTYPES, "npu_quantize"), _quant_args(x, scale, offset, "npu_quantize"))
 
 
 def _add_rms_norm_dynamic_quant(
@@ -228,10 +189,6 @@ def _add_rms_norm_dynamic_quant(
     return _as_int8(y1), x_sum, scale1
 
 
-def _add_rms_norm_dynamic_quant_accepts(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> Optional[str]:
-    kernel = "npu_add_rms_norm_dynamic_quant"
-    return _first(_dtype_in(x, HALF_DTYPES, kernel), _same_dtype(kernel, x, residual))
-
 
 def _add_rms_norm_quant(
     router: "KernelRouter", x: Tensor, residual: Tensor, weight: Tensor, scale: Tensor, offset: Optional[Tensor], eps: float
@@ -243,17 +200,6 @@ def _add_rms_norm_quant(
     )
     return _as_int8(y1), x_sum
 
-
-def _add_rms_norm_quant_accepts(
-    x: Tensor, residual: Tensor, weight: Tensor, scale: Tensor, offset: Optional[Tensor], eps: float
-) -> Optional[str]:
-    kernel = "npu_add_rms_norm_quant"
-    return _first(
-        _dtype_in(x, HALF_DTYPES, kernel),
-        _same_dtype(kernel, x, residual),
-        _quant_args(x, scale, offset, kernel),
-        None if offset is None or offset.dtype in (torch.int32, torch.bfloat16) else f"{kernel} zero points take int32 or bfloat16",
-    )
 
 
 # --------------------------------------------------------------------------- rope
@@ -279,11 +225,6 @@ def _rotary_embedding(
     return q_out.view(q.shape), k_out.view(k.shape)
 
 
-def _rotary_embedding_accepts(
-    positions: Tensor, q: Tensor, k: Tensor, cos_sin_cache: Tensor, head_size: int, is_neox: bool
-) -> Optional[str]:
-    return _dtype_in(q, HALF_DTYPES, "_npu_rotary_embedding")
-
 
 # --------------------------------------------------------------------------- KV cache
 
@@ -304,23 +245,13 @@ def _reshape_and_cache(
     )
 
 
-def _reshape_and_cache_accepts(
-    key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor
-) -> Optional[str]:
-    return _first(
-        _dtype_in(key_cache, HALF_DTYPES, "_npu_reshape_and_cache"),
-        _same_dtype("_npu_reshape_and_cache", key, key_cache),
-        None if key_cache.is_contiguous() and value_cache.is_contiguous() else "_npu_reshape_and_cache needs contiguous caches",
-    )
-
 
 # The KV write's kernel per SoC generation, as vLLM Ascend picks it
 # (vllm_ascend/device/device_op.py@182b75ea: BaseDeviceAdaptor.reshape_and_cache calls
 # npu_scatter_pa_kv_cache with cache_mode="Norm"; only Ascend310PDeviceAdaptor overrides it
 # with the ATB _npu_reshape_and_cache; A5DeviceAdaptor inherits the base).
-SCATTER_SOCS = ("A2", "A3", "A5")
-RESHAPE_AND_CACHE_SOCS = ("310P",)
-SLOT_DTYPES = (torch.int32, torch.int64)  # npu_scatter_pa_kv_cache's slot_mapping (op docs :7019)
+RESHAPE_AND_CACHE_SOCS = ATB_KV_WRITE_SOCS
+SCATTER_SOCS = tuple(soc for soc in ("A2", "A3", "A5") if soc not in RESHAPE_AND_CACHE_SOCS)
 
 
 def _scatter_pa_kv_cache(
@@ -330,7 +261,7 @@ def _scatter_pa_kv_cache(
     # they already are) and the ND cache layout (cache_mode "Norm"; the schema's default is PA_NZ).
     tokens = slot_mapping.numel()
     slots = slot_mapping.reshape(-1)
-    slots = slots if slots.dtype in SLOT_DTYPES else slots.to(torch.int32)
+    slots = slots if slots.dtype in kc.SLOT_DTYPES else slots.to(torch.int32)
     router.npu.call(
         api.NPU_SCATTER_PA_KV_CACHE,
         key.reshape(tokens, *key_cache.shape[2:]).contiguous(),
@@ -341,11 +272,6 @@ def _scatter_pa_kv_cache(
         cache_mode="Norm",
     )
 
-
-def _scatter_pa_kv_cache_accepts(
-    key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor, slot_mapping: Tensor
-) -> Optional[str]:
-    return _same_dtype("npu_scatter_pa_kv_cache", key, value, key_cache, value_cache)
 
 
 # --------------------------------------------------------------------------- attention
@@ -485,27 +411,6 @@ def _paged_attention(
     router.npu.call(api.NPU_FIA_OUT, query, keys, values, **options, workspace=workspace, out=[out, lse])
 
 
-def _paged_attention_accepts(
-    query: Tensor,
-    key_cache: Tensor,
-    value_cache: Tensor,
-    block_table: Tensor,
-    actual_seq_lengths: list[int],
-    seq_lens: list[int],
-    scale: float,
-    out: Tensor,
-    workspace: Optional[Tensor] = None,
-    softmax_lse: Optional[Tensor] = None,
-) -> Optional[str]:
-    kernel = "npu_fused_infer_attention_score"
-    return _first(
-        _dtype_in(query, HALF_DTYPES, kernel),
-        _same_dtype(kernel, query, key_cache, value_cache, out),
-        None if query.shape[1] // max(key_cache.shape[2], 1) <= 64 else f"{kernel} allows at most 64 query heads per kv head",
-        None if key_cache.is_contiguous() and value_cache.is_contiguous() else f"{kernel} needs contiguous caches",
-        None if query.is_contiguous() and out.is_contiguous() else f"{kernel} needs contiguous query and out",
-    )
-
 
 # --------------------------------------------------------------------------- fallbacks
 
@@ -559,43 +464,54 @@ def _split_qkv_rmsnorm_rope_composed(
 
 # --------------------------------------------------------------------------- the table
 
+# Each binding names the table's rules of its kernel that decide kernel-or-fallback: those the
+# kernel's arguments as hw builds them can break (hw casts, reshapes and copies the rest into
+# shape). The op's own level (``ascendgraph::<op>``) is always asked too.
 KERNEL_ROUTES: dict[str, KernelRoute] = {
     route.op: route
     for route in (
-        KernelRoute("rms_norm", (KernelBinding(api.NPU_RMS_NORM, _rms_norm, _rms_norm_accepts),),
+        KernelRoute("rms_norm", (KernelBinding(api.NPU_RMS_NORM, _rms_norm, kc.RMS_NORM, ("input_dtype",)),),
                     _reference(reference.rms_norm), "reference"),
-        KernelRoute("add_rms_norm", (KernelBinding(api.NPU_ADD_RMS_NORM, _add_rms_norm, _add_rms_norm_accepts),),
+        KernelRoute("add_rms_norm", (KernelBinding(api.NPU_ADD_RMS_NORM, _add_rms_norm, kc.ADD_RMS_NORM, ("x_dtype",)),),
                     _add_rms_norm_composed, "composition"),
-        KernelRoute("dynamic_quant", (KernelBinding(api.NPU_DYNAMIC_QUANT, _dynamic_quant, _dynamic_quant_accepts),),
+        KernelRoute("dynamic_quant",
+                    (KernelBinding(api.NPU_DYNAMIC_QUANT, _dynamic_quant, kc.DYNAMIC_QUANT,
+                                   ("input_dtype_half", "input_rank")),),
                     _reference(reference.dynamic_quant), "reference"),
-        KernelRoute("quantize", (KernelBinding(api.NPU_QUANTIZE, _quantize, _quantize_accepts),),
+        KernelRoute("quantize",
+                    (KernelBinding(api.NPU_QUANTIZE, _quantize, kc.QUANTIZE,
+                                   ("input_dtype", "scales", "zero_points", "scales_per_channel")),),
                     _reference(reference.quantize), "reference"),
         KernelRoute("add_rms_norm_dynamic_quant",
                     (KernelBinding(api.NPU_ADD_RMS_NORM_DYNAMIC_QUANT, _add_rms_norm_dynamic_quant,
-                                   _add_rms_norm_dynamic_quant_accepts),),
+                                   kc.ADD_RMS_NORM_DYNAMIC_QUANT, ("x_dtype_half",)),),
                     _add_rms_norm_dynamic_quant_composed, "composition"),
         KernelRoute("add_rms_norm_quant",
-                    (KernelBinding(api.NPU_ADD_RMS_NORM_QUANT, _add_rms_norm_quant, _add_rms_norm_quant_accepts),),
+                    (KernelBinding(api.NPU_ADD_RMS_NORM_QUANT, _add_rms_norm_quant, kc.ADD_RMS_NORM_QUANT,
+                                   ("x_dtype_half", "scales_like_gamma", "zero_points_like_gamma")),),
                     _add_rms_norm_quant_composed, "composition"),
         KernelRoute("rotary_embedding",
-                    (KernelBinding(api.NPU_ROTARY_EMBEDDING, _rotary_embedding, _rotary_embedding_accepts,
+                    (KernelBinding(api.NPU_ROTARY_EMBEDDING, _rotary_embedding, kc.ROTARY_EMBEDDING, ("rope_dtype",),
                                    "ATB kernel: needs the NNAL package"),),
                     _reference(reference.rotary_embedding), "reference"),
         KernelRoute("split_qkv_rmsnorm_rope", (), _split_qkv_rmsnorm_rope_composed, "composition"),
         KernelRoute("muls_add", (), _reference(reference.muls_add), "reference"),
         KernelRoute("reshape_and_cache",
-                    (KernelBinding(api.NPU_SCATTER_PA_KV_CACHE, _scatter_pa_kv_cache, _scatter_pa_kv_cache_accepts,
-                                   "A2/A3/A5: ND cache (cache_mode Norm)", socs=SCATTER_SOCS),
-                     KernelBinding(api.NPU_RESHAPE_AND_CACHE, _reshape_and_cache, _reshape_and_cache_accepts,
-                                   "310P; ATB kernel: needs the NNAL package", socs=RESHAPE_AND_CACHE_SOCS)),
+                    (KernelBinding(api.NPU_SCATTER_PA_KV_CACHE, _scatter_pa_kv_cache, kc.SCATTER_PA_KV_CACHE,
+                                   ("scatter_dtypes_equal",), "A2/A3/A5: ND cache (cache_mode Norm)",
+                                   socs=SCATTER_SOCS),
+                     KernelBinding(api.NPU_RESHAPE_AND_CACHE, _reshape_and_cache, kc.RESHAPE_AND_CACHE,
+                                   ("cache_dtype", "caches_contiguous"), "310P; ATB kernel: needs the NNAL package",
+                                   socs=RESHAPE_AND_CACHE_SOCS)),
                     _reference(reference.reshape_and_cache), "reference"),
         KernelRoute("paged_attention",
-                    (KernelBinding(api.NPU_FIA_OUT, _paged_attention, _paged_attention_accepts,
+                    (KernelBinding(api.NPU_FIA_OUT, _paged_attention, kc.FIA,
+                                   ("query_dtype", "query_contiguous", "kv_contiguous", "gqa_ratio"),
                                    "TND layout, paged KV, sparse_mode 3, host actual_seq_lengths"),),
                     _reference(reference.paged_attention), "reference", fallback_in_graphs=False),
         KernelRoute("attention_workspace",
-                    (KernelBinding(api.NPU_FIA_MAX_WORKSPACE, workspace.attention_workspace,
-                                   workspace.accepts, "FIA's max-workspace query, before the task group"),),
+                    (KernelBinding(api.NPU_FIA_MAX_WORKSPACE, workspace.attention_workspace, kc.FIA_MAX_WORKSPACE,
+                                   ("query_dtype",), "FIA's max-workspace query, before the task group"),),
                     workspace.no_workspace, "reference"),
     )
 }
@@ -638,12 +554,10 @@ class KernelRouter:
         if enter is not None:
             enter()
 
-    def pre_check(self, op: str, args: tuple[Any, ...]) -> None:
+    def pre_check(self, op: str, args: tuple[Any, ...], *, in_graph: bool) -> None:
         """The kernel-contract table, before any kernel: a violation is a hard error
         (KernelContractError), never a fallback (docs/decisions.md "Kernel contracts")."""
-        check_op = _contract_check()
-        if check_op is not None:
-            check_op(op, args, in_graph=self.in_task_group or self.capturing(), soc=self.soc)
+        _contract_check()(op, args, in_graph=in_graph, soc=self.soc)
 
     def graph_captured(self) -> None:
         self.live_graphs += 1
@@ -659,26 +573,27 @@ class KernelRouter:
             return bool(self._capturing())
         return self.npu.has(api.IS_CURRENT_STREAM_CAPTURING) and bool(self.npu.call(api.IS_CURRENT_STREAM_CAPTURING))
 
-    def _unusable(self, binding: KernelBinding, args: tuple[Any, ...]) -> Optional[str]:
+    def _unusable(self, binding: KernelBinding, op: str, args: tuple[Any, ...], in_graph: bool) -> Optional[str]:
         if binding.socs and self.soc is not None and self.soc not in binding.socs:
             return f"{binding.api.path} is not the kernel for this op on {self.soc} (vLLM Ascend uses it on {'/'.join(binding.socs)})"
         if binding.api in self._broken:
             return self._broken[binding.api]
         if not self.npu.has(binding.api):
             return f"{binding.api.path} is not in this torch_npu"
-        return binding.accepts(*args)
+        return refusal(op, args, kernel=binding.kernel, rules=binding.rules, in_graph=in_graph)
 
     def call(self, op: str, *args: Any) -> Any:
         route = KERNEL_ROUTES[op]
         # The contract table first: what a card's kernel refuses is refused here, whichever
         # kernel or fallback would run (docs/decisions.md "Kernel contracts": never a silent fallback).
-        self.pre_check(op, args)
+        in_graph = self.in_task_group or self.capturing()
+        self.pre_check(op, args, in_graph=in_graph)
         if not route.bindings:  # torch_npu has no kernel for it: the formula is the implementation
             self.enter_task()
             return route.fallback(self, *args)
         reasons = []
         for binding in route.bindings:
-            reason = self._unusable(binding, args)
+            reason = self._unusable(binding, op, args, in_graph)
             if reason is None:
                 try:
                     if op != "paged_attention":  # attention prepares its buffers first, then enters
@@ -715,34 +630,10 @@ class KernelRouter:
         return run
 
 
-def _contract_check() -> Optional[Callable[..., None]]:
-    """`ascendgraph.kernel_calls.check_op` (the kernel-contract table applied to an op call
-    as hw/ maps it), or None while the table is not part of this checkout."""
-    try:
-        from ascendgraph.kernel_calls import check_op
-        from ascendgraph.kernel_contracts import SIMULATOR_MODEL_RULES
-    except ImportError:
-        return _interim_check_op
-    # On a card CANN sizes the workspace: the simulator's size model is not hw's to enforce.
-    return functools.partial(check_op, lenient=SIMULATOR_MODEL_RULES)
-
-
-def _interim_check_op(op: str, args: tuple[Any, ...], *, in_graph: bool, soc: Optional[str] = None) -> None:
-    # The two FIA rules hw/'s graph path depends on, until the contract table lands.
-    if op != "paged_attention":
-        return
-    query, _, _, block_table, ends = args[:5]
-    ends = [int(v) for v in ends]
-    if block_table.shape[0] != len(ends):
-        raise CaptureConstraintError(
-            f"npu_fused_infer_attention_score: block_table needs one row per request ({len(ends)}), got "
-            f"{block_table.shape[0]} (torch-npu 2.13.0 _op_plugin_docs.py:8223)"
-        )
-    if in_graph and ends and query.shape[0] != ends[-1]:
-        raise CaptureConstraintError(
-            f"npu_fused_infer_attention_score: TND needs query.shape[0] == actual_seq_lengths[-1], got "
-            f"{query.shape[0]} tokens and actual_seq_lengths {ends} (vLLM Ascend _pad_query_start_loc_for_fia)"
-        )
+def _contract_check() -> Callable[..., None]:
+    """`ascendgraph.kernel_calls.check_op` as hw's pre-check applies it: on a card CANN sizes the
+    workspace, so the simulator's size model (``SIMULATOR_MODEL_RULES``) is not hw's to enforce."""
+    return functools.partial(check_op, lenient=kc.SIMULATOR_MODEL_RULES)
 
 
 _ROUTER: Optional[KernelRouter] = None

@@ -111,7 +111,7 @@ def _older_than(version: str, floor: tuple[int, ...]) -> bool:
     """True only for a parseable version below ``floor`` (HDK 25.5.1 fixes `Alloc sq cq fail`)."""
     parts = []
     for piece in version.replace("-", ".").split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit())
+        digits = "".join(ch for ch in piece if "0" <= ch <= "9")  # ASCII: isdigit also takes "²"
         if not digits:
             break
         parts.append(int(digits))

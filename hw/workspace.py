@@ -2,12 +2,14 @@
 
 The core queries the workspace before ``graph_task_group_begin`` (torch_npu's graph handlers
 do it in ``prepare_capture``; vLLM Ascend's attention does the same) and hands it to every
-launch of the call, captured and re-issued. The route lives in `hw.kernels.KERNEL_ROUTES`.
+launch of the call, captured and re-issued. The route lives in `hw.kernels.KERNEL_ROUTES`;
+what the query takes is the contract table's (FIA's rules: `ascendgraph.kernel_calls` maps
+the call as `attention_workspace` builds it).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -17,7 +19,7 @@ from hw import api
 if TYPE_CHECKING:  # pragma: no cover
     from hw.kernels import KernelRouter
 
-__all__ = ["attention_workspace", "accepts", "no_workspace"]
+__all__ = ["attention_workspace", "no_workspace"]
 
 
 def attention_workspace(
@@ -47,12 +49,6 @@ def attention_workspace(
         num_heads=heads, scale=float(scale), input_layout="TND", num_key_value_heads=kv_heads,
         sparse_mode=FIA_SPARSE_MODE, block_size=block_size,
     )
-
-
-def accepts(query: Tensor, *args: Any) -> Optional[str]:
-    if query.dtype in (torch.float16, torch.bfloat16):
-        return None
-    return f"_npu_fused_infer_attention_score_get_max_workspace takes float16/bfloat16, not {query.dtype}"
 
 
 def no_workspace(router: "KernelRouter", query: Tensor, *args: Any) -> Tensor:

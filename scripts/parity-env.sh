@@ -14,13 +14,19 @@
 # `test` extra); that step is skipped when the same checkout with the same pyproject.toml
 # is already installed.
 #
-# Usage: scripts/parity-env.sh    -> last line of stdout: the environment's python.
+# Usage: scripts/parity-env.sh [--inputs-only]    -> last line of stdout: the environment's python.
 # Logs go to stderr.  PYTHON=/path/to/python3.11 selects the interpreter (default python3).
+# --inputs-only: check the inputs, print the environment folder that would be used and stop
+# before anything is installed. Bad input (ASCENDGRAPH_CACHE_DIR with a control character, or
+# not a folder; scripts/env-inputs.sh) is one line on stderr and exit 2.
 set -euo pipefail
 
-log() { printf '[parity-env] %s\n' "$*" >&2; }
-
-repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+log_prefix=parity-env
+script_dir="$(dirname -- "$(realpath -e -- "${BASH_SOURCE[0]}")")"
+# shellcheck source=scripts/env-inputs.sh
+source "$script_dir/env-inputs.sh"
+read_arguments "$@"
+repo_root="$(dirname -- "$script_dir")"
 python_bin="${PYTHON:-python3}"
 
 # --- the recipe (everything that goes into the hash) --------------------------------
@@ -63,9 +69,12 @@ recipe_hash="$(printf 'v%s\npython %s\n--- deps\n%s\n--- no-deps\n%s\n' \
     "$RECIPE_VERSION" "$py_version" "$RECIPE_BASE" "$RECIPE_NODEPS" \
     | sha256sum | cut -c1-16)"
 
-cache_dir="${ASCENDGRAPH_CACHE_DIR:-$HOME/.cache/ascendgraph}"
+cache_dir="$(cache_folder)"
 env_dir="$cache_dir/parity-env-$recipe_hash"
-mkdir -p "$cache_dir"
+if (( inputs_only )); then
+    printf '%s\n' "$env_dir"
+    exit 0
+fi
 
 # --- build the third-party part once per recipe --------------------------------------
 if [[ -x "$env_dir/bin/python" && -f "$env_dir/.parity-env-complete" ]]; then
@@ -87,7 +96,8 @@ import vllm.config, vllm.config.compilation, vllm.v1.cudagraph_dispatcher
 import vllm.forward_context, vllm.v1.attention.backend
 ' >&2
     # The venv was made under a temporary name: point its scripts at the final one.
-    { grep -rlI --null -F "$tmp_dir" "$tmp_dir/bin" || true; } | xargs -0 -r sed -i "s|$tmp_dir|$env_dir|g"
+    { grep -rlI --null -F "$tmp_dir" "$tmp_dir/bin" || true; } \
+        | xargs -0 -r sed -i "s|$(sed_literal "$tmp_dir")|$(sed_literal "$env_dir")|g"
     touch "$tmp_dir/.parity-env-complete"
     if mv -T "$tmp_dir" "$env_dir" 2>/dev/null; then
         log "built in $((SECONDS - start)) s, $(du -sh "$env_dir" | cut -f1)"

@@ -16,10 +16,10 @@
 # Logs go to stderr.  PYTHON=/path/to/python3.11 selects the interpreter (default python3).
 set -euo pipefail
 
-log() { printf '[ray-env] %s\n' "$*" >&2; }
-bad_input() { printf '[ray-env] error: %s\n' "$*" >&2; exit 2; }
-
+log_prefix=ray-env
 script_dir="$(dirname -- "$(realpath -e -- "${BASH_SOURCE[0]}")")"
+# shellcheck source=scripts/env-inputs.sh
+source "$script_dir/env-inputs.sh"  # log, bad_input, cache_folder, sed_literal
 repo_root="$(dirname -- "$script_dir")"
 python_bin="${PYTHON:-python3}"
 
@@ -34,10 +34,7 @@ RECIPE_VERSION=1   # bump to force a rebuild when the build steps below change
 py_version="$("$python_bin" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
 recipe_hash="$(printf 'v%s\npython %s\n%s\n' "$RECIPE_VERSION" "$py_version" "$RECIPE" | sha256sum | cut -c1-16)"
 
-cache_dir="${ASCENDGRAPH_CACHE_DIR:-$HOME/.cache/ascendgraph}"
-[[ "$cache_dir" != *[[:cntrl:]]* ]] || bad_input "ASCENDGRAPH_CACHE_DIR contains a control character; set it to a plain path"
-mkdir -p -- "$cache_dir" 2>/dev/null || bad_input "ASCENDGRAPH_CACHE_DIR=$cache_dir cannot be created as a folder"
-cache_dir="$(realpath -e -- "$cache_dir")"
+cache_dir="$(cache_folder)"
 env_dir="$cache_dir/ray-env-$recipe_hash"
 
 # --- the third-party part, once per recipe --------------------------------------------
@@ -53,7 +50,8 @@ else
     "$tmp_dir/bin/python" -m pip install --quiet "${pkgs[@]}" >&2
     "$tmp_dir/bin/python" -c 'import ray, torch' >&2
     # The venv was made under a temporary name: point its scripts at the final one.
-    { grep -rlI --null -F "$tmp_dir" "$tmp_dir/bin" || true; } | xargs -0 -r sed -i "s|$tmp_dir|$env_dir|g"
+    { grep -rlI --null -F "$tmp_dir" "$tmp_dir/bin" || true; } \
+        | xargs -0 -r sed -i "s|$(sed_literal "$tmp_dir")|$(sed_literal "$env_dir")|g"
     touch "$tmp_dir/.ray-env-complete"
     if ! mv -T "$tmp_dir" "$env_dir" 2>/dev/null; then
         if [[ -f "$env_dir/.ray-env-complete" ]]; then

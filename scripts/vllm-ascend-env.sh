@@ -36,50 +36,68 @@
 # vllm_version_is("X") in the code) and said in one line; a mismatch with the environment's
 # vLLM is a warning naming both.
 #
-# Usage: scripts/vllm-ascend-env.sh   -> last line of stdout: the environment's python.
+# Usage: scripts/vllm-ascend-env.sh [--inputs-only]
+#   -> last line of stdout: the environment's python.
 # Logs go to stderr.  PYTHON selects the interpreter (default python3). VLLM_ASCEND_SRC points
 # at a vLLM Ascend checkout (the directory holding vllm_ascend/); default: the snapshot
 # VLLM_ASCEND_TARBALL (default: vllm-ascend-182b75ea.tar.gz in shared/third_party/vllm-ascend/
 # beside the checkout, where the project's CI lays it).
+# --inputs-only: check the inputs and prepare the source (unpack the snapshot), print the
+# source folder and the environment folder that would be used, one a line, and stop before
+# anything is installed (tests/unit/test_env_scripts.py runs the script this way).
+#
+# Bad input (a path that is not there, a control character in a path; scripts/env-inputs.sh)
+# is one line on stderr and exit 2; a failed step exits non-zero with its own message.
 set -euo pipefail
 
-log() { printf '[vllm-ascend-env] %s\n' "$*" >&2; }
-die() { printf '[vllm-ascend-env] error: %s\n' "$*" >&2; exit 1; }
-
-repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+log_prefix=vllm-ascend-env
+script_dir="$(dirname -- "$(realpath -e -- "${BASH_SOURCE[0]}")")"
+# shellcheck source=scripts/env-inputs.sh
+source "$script_dir/env-inputs.sh"
+read_arguments "$@"
+repo_root="$(dirname -- "$script_dir")"
 python_bin="${PYTHON:-python3}"
-cache_dir="${ASCENDGRAPH_CACHE_DIR:-$HOME/.cache/ascendgraph}"
-mkdir -p "$cache_dir"
+refuse_control_characters VLLM_ASCEND_SRC "${VLLM_ASCEND_SRC:-}"  # before anything is written
+refuse_control_characters VLLM_ASCEND_TARBALL "${VLLM_ASCEND_TARBALL:-}"
+cache_dir="$(cache_folder)"
 
 # --- the vLLM Ascend source -------------------------------------------------------------
 snapshot_rel="shared/third_party/vllm-ascend/vllm-ascend-182b75ea.tar.gz"
 default_tarball="$repo_root/../$snapshot_rel"
 if [[ ! -f "$default_tarball" ]]; then
     # A git worktree: the snapshot sits beside the main checkout.
-    main_root="$(cd "$(git -C "$repo_root" rev-parse --git-common-dir 2>/dev/null)/.." 2>/dev/null && pwd || true)"
-    [[ -n "$main_root" && -f "$main_root/../$snapshot_rel" ]] && default_tarball="$main_root/../$snapshot_rel"
+    common_dir="$(git -C "$repo_root" rev-parse --path-format=absolute --git-common-dir 2>/dev/null || true)"
+    if [[ -n "$common_dir" && -f "$(dirname -- "$common_dir")/../$snapshot_rel" ]]; then
+        default_tarball="$(dirname -- "$common_dir")/../$snapshot_rel"
+    fi
 fi
 if [[ -n "${VLLM_ASCEND_SRC:-}" ]]; then
-    src_dir="$(cd "$VLLM_ASCEND_SRC" 2>/dev/null && pwd)" \
-        || die "VLLM_ASCEND_SRC=$VLLM_ASCEND_SRC is not a directory"
+    src_dir="$(resolved_folder VLLM_ASCEND_SRC "$VLLM_ASCEND_SRC")"
     [[ -f "$src_dir/vllm_ascend/__init__.py" ]] \
-        || die "VLLM_ASCEND_SRC=$src_dir has no vllm_ascend/__init__.py (point it at the checkout's root)"
+        || bad_input "VLLM_ASCEND_SRC=$src_dir has no vllm_ascend/__init__.py (point it at the checkout's root)"
     log "vLLM Ascend source: $src_dir (VLLM_ASCEND_SRC)"
 else
-    tarball="${VLLM_ASCEND_TARBALL:-$default_tarball}"
-    [[ -f "$tarball" ]] || die "no vLLM Ascend source: set VLLM_ASCEND_SRC to a checkout, or VLLM_ASCEND_TARBALL to the snapshot (not found: $tarball)"
-    tar_hash="$(sha256sum "$tarball" | cut -c1-16)"
+    [[ -n "${VLLM_ASCEND_TARBALL:-}" || -f "$default_tarball" ]] \
+        || bad_input "no vLLM Ascend source: set VLLM_ASCEND_SRC to a checkout, or VLLM_ASCEND_TARBALL to the snapshot (not found: $default_tarball)"
+    tarball="$(resolved_file VLLM_ASCEND_TARBALL "${VLLM_ASCEND_TARBALL:-$default_tarball}")"
+    tar_hash="$(sha256sum < "$tarball" | cut -c1-16)"
     src_dir="$cache_dir/vllm-ascend-src-$tar_hash"
     if [[ ! -f "$src_dir/.unpacked" ]]; then
         tmp_src="$(mktemp -d "$cache_dir/.vllm-ascend-src-$tar_hash.tmp.XXXXXX")"
-        tar -xzf "$tarball" -C "$tmp_src"
+        trap 'rm -rf -- "$tmp_src"' EXIT  # a tarball that does not unpack leaves nothing behind
+        tar -xzf "$tarball" -C "$tmp_src" 2>/dev/null \
+            || bad_input "VLLM_ASCEND_TARBALL=$tarball is not a gzipped tar archive (the snapshot vllm-ascend-<commit>.tar.gz)"
+        [[ -f "$tmp_src/vllm_ascend/__init__.py" ]] \
+            || bad_input "VLLM_ASCEND_TARBALL=$tarball has no vllm_ascend/__init__.py at its top (not a vLLM Ascend snapshot)"
         touch "$tmp_src/.unpacked"
-        mv -T "$tmp_src" "$src_dir" 2>/dev/null || rm -rf "$tmp_src"
-        log "unpacked $(basename "$tarball") into $src_dir"
+        mv -T "$tmp_src" "$src_dir" 2>/dev/null || true  # another process may have unpacked it first
+        trap - EXIT
+        rm -rf -- "$tmp_src"
+        log "unpacked $(basename -- "$tarball") into $src_dir"
     fi
-    log "vLLM Ascend source: $src_dir (snapshot $(basename "$tarball"))"
+    log "vLLM Ascend source: $src_dir (snapshot $(basename -- "$tarball"))"
 fi
-if [[ ! -f "$src_dir/vllm_ascend/_build_info.py" ]]; then
+if (( ! inputs_only )) && [[ ! -f "$src_dir/vllm_ascend/_build_info.py" ]]; then
     printf '# Written by ascendgraph scripts/vllm-ascend-env.sh in place of setup.py gen_build_info\n__device_type__ = %s\n' \
         "'A2'" > "$src_dir/vllm_ascend/_build_info.py"
     log "wrote $src_dir/vllm_ascend/_build_info.py (__device_type__ = 'A2')"
@@ -147,6 +165,10 @@ recipe_hash="$(printf 'v%s\npython %s\n--- deps\n%s\n--- no-deps\n%s\n--- ep\n%s
     "$RECIPE_VERSION" "$py_version" "$RECIPE_BASE" "$RECIPE_NODEPS" "$ENTRY_POINTS" "$(cat "$TORCHVISION_HOOK")" \
     | sha256sum | cut -c1-16)"
 env_dir="$cache_dir/vllm-ascend-env-$recipe_hash"
+if (( inputs_only )); then
+    printf '%s\n' "$src_dir" "$env_dir"
+    exit 0
+fi
 
 if [[ -x "$env_dir/bin/python" && -f "$env_dir/.vllm-ascend-env-complete" ]]; then
     log "reusing $env_dir"
@@ -173,7 +195,8 @@ else
     # Smoke test before the source is on the path (vLLM Ascend's platform imports torch_npu,
     # which only the facade provides): vLLM's config and compilation import on CPU.
     VLLM_PLUGINS="" "$tmp_dir/bin/python" -c 'import vllm.config, vllm.compilation' >&2
-    { grep -rlI --null -F "$tmp_dir" "$tmp_dir/bin" || true; } | xargs -0 -r sed -i "s|$tmp_dir|$env_dir|g"
+    { grep -rlI --null -F "$tmp_dir" "$tmp_dir/bin" || true; } \
+        | xargs -0 -r sed -i "s|$(sed_literal "$tmp_dir")|$(sed_literal "$env_dir")|g"
     touch "$tmp_dir/.vllm-ascend-env-complete"
     if mv -T "$tmp_dir" "$env_dir" 2>/dev/null; then
         log "built in $((SECONDS - start)) s, $(du -sh "$env_dir" | cut -f1)"

@@ -45,11 +45,18 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generator, Mapping, Optional, Union
 
-from ascendgraph.errors import CollectiveDeadlock, CollectiveMismatch, CollectiveError, CollectiveTimeout, GraphHang
+from ascendgraph.errors import (
+    CaptureError,
+    CollectiveDeadlock,
+    CollectiveError,
+    CollectiveMismatch,
+    CollectiveTimeout,
+    GraphHang,
+)
 from ascendgraph.parallel.fingerprints import EAGER, Fingerprint, check_meeting
 from ascendgraph.parallel.layout import ParallelLayout
 
-__all__ = ["Collective", "Decision", "RankHung", "Fabric", "FabricStats", "FabricThreads", "Program"]
+__all__ = ["Collective", "Decision", "RankHung", "Fabric", "FabricStats", "FabricThreads", "Program", "failing_rank"]
 
 HISTORY = 8  # completed collectives kept per rank for the flight record
 
@@ -105,6 +112,10 @@ class FabricStats:
     clocks_us: dict[int, float] = field(default_factory=dict)
     max_wait_us: float = 0.0
     results: dict[int, Any] = field(default_factory=dict)
+    # The rank whose own failure is the run's error (`failing_rank`); None when the run
+    # succeeded or the fabric itself found the error (a mismatch, deadlock or timeout names
+    # its ranks). The exception is raised as the rank raised it, never annotated.
+    failed_rank: Optional[int] = None
 
 
 @dataclass
@@ -112,6 +123,13 @@ class _Arrival:
     fingerprint: Fingerprint
     collective: Collective
     at_us: float
+
+
+def failing_rank(failures: Mapping[int, BaseException]) -> int:
+    """The rank whose failure is the run's error: the lowest rank that failed on its own, not
+    one that gave up because another failed (a `CaptureError` with ``peer_abort``)."""
+    originals = [r for r, exc in sorted(failures.items()) if not (isinstance(exc, CaptureError) and exc.peer_abort)]
+    return (originals or sorted(failures))[0]
 
 
 class Fabric:
@@ -183,11 +201,8 @@ class Fabric:
         if not self.failures:
             self.check_surplus_decisions()
         if self.failures:  # nobody waits on them: the first original failure is the run's error
-            originals = [r for r in sorted(self.failures) if not getattr(self.failures[r], "peer_abort", False)]
-            rank = (originals or sorted(self.failures))[0]
-            failure = self.failures[rank]
-            setattr(failure, "rank", rank)
-            raise failure
+            self.stats.failed_rank = failing_rank(self.failures)
+            raise self.failures[self.stats.failed_rank]
         return self.stats
 
     # ------------------------------------------------------------------ meetings
@@ -430,11 +445,8 @@ class FabricThreads:
             thread.join()
         self.fabric.stats.clocks_us = dict(self.fabric.clock_us)
         if self.error is None and self.fabric.failures:
-            originals = [r for r in sorted(self.fabric.failures)
-                         if not getattr(self.fabric.failures[r], "peer_abort", False)]
-            rank = (originals or sorted(self.fabric.failures))[0]
-            self.error = self.fabric.failures[rank]
-            setattr(self.error, "rank", rank)
+            self.fabric.stats.failed_rank = failing_rank(self.fabric.failures)
+            self.error = self.fabric.failures[self.fabric.stats.failed_rank]
         if self.error is None:
             try:
                 self.fabric.check_surplus_decisions()

@@ -396,7 +396,8 @@ class DeviceMemoryOwner(MemoryOwner):
         return int(self._device.profile.memory_bytes)
 
     def graph_pool_bytes(self) -> int:
-        return self._device.captures.pool_bytes_now()
+        # the graphs' pools, plus blocks of private pools whose graphs all went (sim.pools)
+        return self._device.captures.pool_bytes_now() + self._device.pools.held_without_graphs()
 
     def capture_allocate(self, nbytes: int, stream: Optional["SimStream"]) -> Optional[int]:
         device = self._device

@@ -8,10 +8,11 @@ real pool's footprint). A pool costs the largest footprint of the graphs alive i
 sharing a pool reuse its blocks, as vLLM captures the largest size first), and the device's
 pool bytes are the sum over pools. A private pool lives while one of its graphs does; a shared
 one as long as the device. A private pool whose last graph went (reset, freed, or a capture that
-was aborted) while raw blocks of it are still held (an npu tensor the caller kept: `sim.memory`
-frees those by address) is kept aside until the last of them is freed, as the NPU caching
-allocator keeps a graph's private pool while a tensor uses it; its held blocks count in the
-device's pool bytes until then.
+was aborted) while blocks of it are still held (a tensor the caller kept; an npu tensor's block
+is freed by address through `sim.memory`) is kept aside until the last of them is freed, as the
+NPU caching allocator keeps a graph's private pool while a tensor uses it: its held blocks are
+no graph's bytes any more, but the allocator's allocated memory until then
+(`held_without_graphs`).
 
 The memory behind those bytes is the pool's `sim.pool_memory.PoolArena` (created on the first
 real allocation; meta-tensor devices have none): the caching allocator's blocks (`sim.memory`),
@@ -158,16 +159,17 @@ class GraphPools:
 
     @property
     def bytes(self) -> int:
-        """What the pools cost: the sum over pools of their largest live footprint, plus the
-        blocks still held in pools whose graphs all went."""
-        return sum(pool.bytes for pool in self.all()) + self._held_in_orphans()
+        """What the pools cost: the sum over pools of their largest live footprint."""
+        return sum(pool.bytes for pool in self.all())
 
-    def _held_in_orphans(self) -> int:
+    def held_without_graphs(self) -> int:
+        """Bytes of blocks still held in private pools whose graphs all went (the caching
+        allocator's, not a graph's: `sim.memory` counts them as allocated until freed)."""
         held = 0
         for pool in list(self._orphans.values()):
             pool.trim()  # blocks of tensors (not raw) go back when their tensor dies
             if not pool.has_arena:
-                del self._orphans[pool.handle.pool_id]
+                self._orphans.pop(pool.handle.pool_id, None)
                 continue
             held += sum(allocation.size for allocation in pool.arena.live.values())
         return held
@@ -196,6 +198,6 @@ class GraphPools:
             if pool.has_arena and pool.arena.release_raw(address):
                 pool.trim()
                 if not pool.has_arena:  # its last held block: the pool goes
-                    del self._orphans[pool.handle.pool_id]
+                    self._orphans.pop(pool.handle.pool_id, None)
                 return True
         return False

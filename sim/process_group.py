@@ -8,18 +8,31 @@ shows the mechanics), so each thread calls ``init_process_group(backend="ascendg
 and ``new_group(...)`` as its own process would. The backend is registered by name with
 ``torch.distributed.Backend.register_backend`` (`register`); its groups are
 `FabricProcessGroup`, a Python ``ProcessGroup`` subclass whose collectives (all_reduce,
-all_gather and all_gather_into_tensor, all_to_all and all_to_all_single, reduce_scatter and
-reduce_scatter_tensor, broadcast, barrier, send / recv) meet in the fabric: fingerprinted
+all_gather and all_gather_single, all_to_all and all_to_all_single, reduce_scatter and
+reduce_scatter_single, broadcast, barrier, send / recv; torch's deprecated spellings
+all_gather_into_tensor and reduce_scatter_tensor, which vLLM calls, reach the same methods)
+meet in the fabric: fingerprinted
 (the group's description, e.g. ``dp:cpu``, its members, op, shape, dtype, how it runs),
 checked against the compatibility rules, completed at the latest arrival on the ranks'
 virtual clocks, bounded by HCCL_EXEC_TIMEOUT, and written to the flight record. The data
 moves when the last member arrives (in rank order, so a run is deterministic whatever the
 threads' interleaving).
 
-A collective issued while `FabricWorld.replaying(key)` is active on its thread is a captured
-collective replayed from the graph of ``key``: its fingerprint says ``graph:<key>``, so the
-rules ``graph_never_meets_eager`` and ``same_graph_key`` apply (the simulated device's replay
-enters it; docs/ranks.md).
+Captured collectives. A rank thread that captures a graph on its own simulated device
+(``device.graph(graph)``, sim.capture) and calls a collective inside the capture does not meet
+its peers then: the collective is recorded into the graph (the op
+``ascendgraph_fabric::captured``, whose handle names it) and meets at each replay of the graph
+(when the device runs it: a replay queues behind the host, docs/simulator.md),
+its fingerprint saying ``graph:<the graph's name>``, so the rules ``graph_never_meets_eager``
+and ``same_graph_key`` apply; the replay's data moves. The captured collectives are an
+all_reduce of one tensor, broadcast, all_gather_single, reduce_scatter_single,
+all_to_all_single and `FabricProcessGroup.moe_distribute`; any other inside a capture is
+refused by name. `FabricWorld.replaying(key)` marks collectives issued outside a capture as
+replays of the graph ``key`` (for a caller that models the replay itself).
+
+The wait limit is HCCL's execution timeout as the process environment sets it
+(``HCCL_EXEC_TIMEOUT``, the AIV default under ``HCCL_OP_EXPANSION_MODE=AIV``), unless the
+world is given one.
 
 A rank's thread that raises never arrives again: its peers end with ``CollectiveTimeout``
 naming it (the straggler), never a hang. Only one `FabricWorld` runs at a time in a process.
@@ -29,23 +42,39 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
+import os
 import threading
+import weakref
 from datetime import timedelta
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[attr-defined]  # torch's Python-backend helper, not in its stubs
 from torch.distributed import distributed_c10d as c10d
 from torch.futures import Future
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-from ascendgraph.parallel.fingerprints import EAGER, graph_how
-from ascendgraph.parallel.layout import ParallelLayout
+from ascendgraph.errors import ConfigError
+from ascendgraph.parallel.fingerprints import EAGER, default_collective_timeout_s, graph_how
+from ascendgraph.parallel.layout import MAX_WORLD_SIZE, ParallelLayout
 from sim.fabric import Collective, Decision, Fabric, FabricStats, FabricThreads
+from sim.recorder import CaptureRecorder
 
-__all__ = ["BACKEND_NAME", "FabricProcessGroup", "FabricWorld", "register"]
+__all__ = ["BACKEND_NAME", "FROM_ENVIRONMENT", "FromEnvironment", "FabricProcessGroup", "FabricWorld", "register"]
 
 BACKEND_NAME = "ascendgraph"
+
+
+class FromEnvironment:
+    """The default of ``timeout_s``: HCCL's execution timeout from the process environment."""
+
+    def __repr__(self) -> str:
+        return "FROM_ENVIRONMENT"
+
+
+FROM_ENVIRONMENT = FromEnvironment()
 _RUN_LOCK = threading.Lock()  # one FabricWorld at a time: torch's bookkeeping is patched while it runs
 _current = threading.local()  # .world, .rank, .replay (per rank thread)
 
@@ -95,6 +124,66 @@ def _dtype(t: torch.Tensor) -> str:
     return str(t.dtype).replace("torch.", "")
 
 
+# combine(inputs, outputs): every member's input and output tensor, in rank order; it fills the outputs.
+_Combine = Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor]], Any]
+
+
+def _pairs(combine: _Combine) -> Callable[[Mapping[int, Any]], Mapping[int, None]]:
+    """A one-tensor combine as the fabric calls it: payloads (input, output) by rank."""
+    def run(payloads: Mapping[int, Any]) -> Mapping[int, None]:
+        order = sorted(payloads)
+        combine([payloads[r][0] for r in order], [payloads[r][1] for r in order])
+        return {r: None for r in payloads}
+    return run
+
+
+def _capturing_graph() -> Optional[str]:
+    """The name of the graph this thread's simulated device is capturing, or None (the
+    capture's recorder is a dispatch mode on this thread's mode stack: sim.capture)."""
+    for mode in reversed(_get_current_dispatch_mode_stack()):
+        if isinstance(mode, CaptureRecorder):
+            return str(mode.capture.graph.name)
+    return None
+
+
+class _CapturedCollective:
+    """One collective recorded into a graph: the op ``ascendgraph_fabric::captured`` carries its
+    handle, and each replay of the graph runs `replay`, a meeting as ``graph:<key>``."""
+
+    def __init__(self, group: "FabricProcessGroup", op: str, out_shape: tuple[int, ...], dtype: torch.dtype,
+                 combine: _Combine, how: str, params: tuple[tuple[str, int], ...]) -> None:
+        self.group, self.op, self.out_shape, self.dtype = group, op, out_shape, dtype
+        self.combine, self.how, self.params = combine, how, params
+        self.handle = next(_HANDLES)
+        _CAPTURED[self.handle] = self
+
+    def replay(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.group._world.running():
+            raise RuntimeError(f"simulator: a graph holding {self.op} of the ascendgraph backend is replayed after "
+                               "its FabricWorld.run ended; replay it inside the run (docs/ranks.md)")
+        out = torch.empty(self.out_shape, dtype=self.dtype, device=x.device)
+        self.group._meet(self.op, x, (x, out), _pairs(self.combine), how=self.how, params=self.params)
+        return out
+
+
+_HANDLES = itertools.count()
+# handle -> captured collective; a FabricWorld holds its own strongly (`FabricWorld.hold`)
+_CAPTURED: "weakref.WeakValueDictionary[int, _CapturedCollective]" = weakref.WeakValueDictionary()
+
+
+@torch.library.custom_op("ascendgraph_fabric::captured", mutates_args=(), device_types=None,
+                         schema="(Tensor x, int handle) -> Tensor")
+def _captured_op(x: torch.Tensor, handle: int) -> torch.Tensor:
+    """A collective recorded into a graph (`_CapturedCollective`): runs at replay."""
+    return _CAPTURED[handle].replay(x)
+
+
+@_captured_op.register_fake
+def _(x: torch.Tensor, handle: int) -> torch.Tensor:
+    entry = _CAPTURED[handle]
+    return x.new_empty(entry.out_shape, dtype=entry.dtype)
+
+
 class FabricProcessGroup(dist.ProcessGroup):
     """One rank's handle on a group of the fabric (see the module docstring)."""
 
@@ -117,51 +206,72 @@ class FabricProcessGroup(dist.ProcessGroup):
     # -- the meeting --------------------------------------------------------------------
     def _meet(self, op: str, tensor: Optional[torch.Tensor], payload: Any,
               combine: Optional[Callable[[Mapping[int, Any]], Mapping[int, Any]]], *,
-              members: Optional[tuple[int, ...]] = None, group: Optional[str] = None) -> Any:
+              members: Optional[tuple[int, ...]] = None, group: Optional[str] = None, how: Optional[str] = None,
+              params: tuple[tuple[str, int], ...] = ()) -> Any:
         shape = tuple(tensor.shape) if tensor is not None else ()
         call = Collective(group or self.kind, op, shape, _dtype(tensor) if tensor is not None else "none",
-                          how=self._world.how(), site=op, local_us=self._world.elapsed_us(self.global_rank),
-                          members=members or self.members, payload=payload, combine=combine)
+                          how=how or self._world.how(), site=op, params=params,
+                          local_us=self._world.elapsed_us(self.global_rank), members=members or self.members,
+                          payload=payload, combine=combine)
         return self._world.threads.collective(self.global_rank, call)
 
-    def _index(self, rank: int) -> int:
-        return self.members.index(rank)
+    def _one(self, op: str, source: torch.Tensor, target: torch.Tensor, combine: "_Combine", *,
+             params: tuple[tuple[str, int], ...] = ()) -> Any:
+        """A collective from one tensor into one (``target`` may be ``source``). Eager, it
+        meets now; inside a capture on this thread's simulated device it is recorded into the
+        graph and meets at each replay, as ``graph:<the graph's name>`` (module docstring)."""
+        key = _capturing_graph()
+        if key is None:
+            self._meet(op, source, (source, target), _pairs(combine), params=params)
+            return _work([target])
+        captured = _CapturedCollective(self, op, tuple(target.shape), target.dtype, combine, graph_how(key), params)
+        self._world.hold(captured)
+        target.copy_(torch.ops.ascendgraph_fabric.captured(source, captured.handle))
+        return _work([target])
+
+    def _not_captured(self, op: str) -> None:
+        if _capturing_graph() is not None:
+            raise RuntimeError(f"simulator: {op} inside a graph capture is not simulated by the ascendgraph backend "
+                               "(captured collectives: all_reduce of one tensor, broadcast, all_gather_single, "
+                               "reduce_scatter_single, all_to_all_single, moe_distribute; docs/ranks.md)")
 
     def allreduce(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> Any:  # type: ignore[override]  # torch's stubs list the C++ overloads; a Python backend takes the call as c10d makes it
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        if len(tensors) == 1:
+            def combine(ins: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]) -> None:
+                reduced = _reduce(op, torch.stack(list(ins)))  # once: in place, the outputs are the inputs
+                for out in outs:
+                    out.copy_(reduced)
 
-        def combine(payloads: Mapping[int, Sequence[torch.Tensor]]) -> Mapping[int, None]:
+            return self._one(f"all_reduce.{_op_name(op)}", tensors[0], tensors[0], combine)
+        self._not_captured("a coalesced all_reduce")
+
+        def combine_many(payloads: Mapping[int, Sequence[torch.Tensor]]) -> Mapping[int, None]:
             for i in range(len(tensors)):
                 reduced = _reduce(op, torch.stack([p[i] for p in payloads.values()]))
                 for p in payloads.values():
                     p[i].copy_(reduced)
             return {r: None for r in payloads}
 
-        self._meet(f"all_reduce.{_op_name(op)}", tensors[0], list(tensors), combine)
+        self._meet(f"all_reduce.{_op_name(op)}", tensors[0], list(tensors), combine_many)
         return _work(list(tensors))
 
     def allreduce_coalesced(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> Any:
         return self.allreduce(tensors, opts)
 
     def barrier(self, opts: Any = None) -> Any:
+        self._not_captured("barrier")
         self._meet("barrier", None, None, lambda payloads: {r: None for r in payloads})
         return _work(None)
 
     def broadcast(self, tensors: Sequence[torch.Tensor], opts: Any = None) -> Any:  # type: ignore[override]  # torch's stubs list the C++ overloads; a Python backend takes the call as c10d makes it
-        root = self.members[opts.rootRank if opts is not None else 0]
-
-        def combine(payloads: Mapping[int, Sequence[torch.Tensor]]) -> Mapping[int, None]:
-            for r, p in payloads.items():
-                if r != root:
-                    for i, t in enumerate(p):
-                        t.copy_(payloads[root][i])
-            return {r: None for r in payloads}
-
-        self._meet("broadcast", tensors[0], list(tensors), combine)
-        return _work(list(tensors))
+        root = opts.rootRank if opts is not None else 0  # the rank in the group: the index in rank order
+        return self._one("broadcast", tensors[0], tensors[0], lambda ins, outs: [out.copy_(ins[root]) for out in outs])
 
     def allgather(self, outputs: Sequence[Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor],  # type: ignore[override]  # torch's stubs list the C++ overloads; a Python backend takes the call as c10d makes it
                   opts: Any = None) -> Any:
+        self._not_captured("all_gather into a list")
+
         def combine(payloads: Mapping[int, Any]) -> Mapping[int, None]:
             for r, (outs, _) in payloads.items():
                 for j, (peer, (_, ins)) in enumerate(payloads.items()):
@@ -172,17 +282,12 @@ class FabricProcessGroup(dist.ProcessGroup):
         return _work(outputs)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
-        def combine(payloads: Mapping[int, Any]) -> Mapping[int, None]:
-            gathered = torch.cat([ins for _, ins in payloads.values()])
-            for out, _ in payloads.values():
-                out.copy_(gathered.reshape(out.shape))
-            return {r: None for r in payloads}
-
-        self._meet("all_gather_into_tensor", input, (output, input), combine)
-        return _work(output)
+        return self._one("all_gather_single", input, output,
+                         lambda ins, outs: [out.copy_(torch.cat(list(ins)).reshape(out.shape)) for out in outs])
 
     def reduce_scatter(self, outputs: Sequence[torch.Tensor], inputs: Sequence[Sequence[torch.Tensor]],  # type: ignore[override]  # torch's stubs list the C++ overloads; a Python backend takes the call as c10d makes it
                        opts: Any = None) -> Any:
+        self._not_captured("reduce_scatter from a list")
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
 
         def combine(payloads: Mapping[int, Any]) -> Mapping[int, None]:
@@ -196,17 +301,15 @@ class FabricProcessGroup(dist.ProcessGroup):
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
 
-        def combine(payloads: Mapping[int, Any]) -> Mapping[int, None]:
-            size = len(payloads)
-            for j, (r, (out, _)) in enumerate(payloads.items()):
-                chunks = [ins.chunk(size)[j] for _, ins in payloads.values()]
-                out.copy_(_reduce(op, torch.stack(chunks)).reshape(out.shape))
-            return {r: None for r in payloads}
+        def combine(ins: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]) -> None:
+            for j, out in enumerate(outs):
+                out.copy_(_reduce(op, torch.stack([x.chunk(len(ins))[j] for x in ins])).reshape(out.shape))
 
-        self._meet(f"reduce_scatter_tensor.{_op_name(op)}", input, (output, input), combine)
-        return _work(output)
+        return self._one(f"reduce_scatter_single.{_op_name(op)}", input, output, combine)
 
     def alltoall(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], opts: Any = None) -> Any:
+        self._not_captured("all_to_all of lists")
+
         def combine(payloads: Mapping[int, Any]) -> Mapping[int, None]:
             order = list(payloads)
             for j, r in enumerate(order):
@@ -219,23 +322,34 @@ class FabricProcessGroup(dist.ProcessGroup):
         return _work(outputs)
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_splits: Sequence[int],
-                      input_splits: Sequence[int], opts: Any = None) -> Any:
-        def combine(payloads: Mapping[int, Any]) -> Mapping[int, None]:
-            order = list(payloads)
-            size = len(order)
-            pieces = {}
-            for r in order:
-                _, ins, _, in_splits = payloads[r]
-                pieces[r] = list(ins.split(list(in_splits)) if in_splits else ins.chunk(size))
-            for j, r in enumerate(order):
-                out, _, out_splits, _ = payloads[r]
-                out.copy_(torch.cat([pieces[peer][j] for peer in order]).reshape(out.shape))
-            return {r: None for r in payloads}
+                          input_splits: Sequence[int], opts: Any = None) -> Any:
+        splits = list(input_splits)
 
-        self._meet("all_to_all_single", input, (output, input, list(output_splits), list(input_splits)), combine)
-        return _work(output)
+        def combine(ins: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]) -> None:
+            pieces = [list(x.split(splits) if splits else x.chunk(len(ins))) for x in ins]
+            for j, out in enumerate(outs):
+                out.copy_(torch.cat([peer[j] for peer in pieces]).reshape(out.shape))
+
+        return self._one("all_to_all_single", input, output, combine)
+
+    def moe_distribute(self, stage: str, x: torch.Tensor, global_bs: int) -> torch.Tensor:
+        """MC2's MoE token dispatch or combine on this (EP) group: what torch_npu's
+        ``npu_moe_distribute_dispatch`` / ``_combine`` put on the communicator, as a meeting
+        with op ``mc2_dispatch`` / ``mc2_combine`` and MC2's ``global_bs``, so the rules
+        ``mc2_token_counts`` and ``same_graph_key``'s MC2 exception apply
+        (`ascendgraph.parallel.fingerprints`). The routing of tokens to experts is not
+        modelled: the result is this rank's tokens."""
+        if stage not in ("dispatch", "combine"):
+            raise ValueError(f"moe_distribute stage must be 'dispatch' or 'combine', got {stage!r}")
+        if global_bs < 0:
+            raise ValueError(f"MC2's global_bs must be >= 0 (0: every rank padded to one count), got {global_bs}")
+        out = torch.empty_like(x)
+        self._one(f"mc2_{stage}", x, out, lambda ins, outs: [o.copy_(i) for i, o in zip(ins, outs)],
+                  params=(("global_bs", int(global_bs)),))
+        return out
 
     def _p2p(self, tensor: torch.Tensor, peer_in_group: int, sending: bool) -> Any:
+        self._not_captured("send / recv")
         me, peer = self.global_rank, self.members[peer_in_group]
         pair = tuple(sorted((me, peer)))
 
@@ -305,15 +419,35 @@ class FabricWorld:
 
     ``clock`` (optional): ``clock(rank)`` -> the rank's virtual time in microseconds (its
     simulated device's host clock); a collective carries the time spent since the rank's last
-    one, so a slow rank is the straggler on the virtual clocks."""
+    one, so a slow rank is the straggler on the virtual clocks. ``timeout_s``: how long a member
+    may wait (None: for ever); by default HCCL's execution timeout as the process environment
+    sets it (``HCCL_EXEC_TIMEOUT``, ``HCCL_OP_EXPANSION_MODE``:
+    `ascendgraph.parallel.fingerprints.default_collective_timeout_s`)."""
 
-    def __init__(self, world_size: int, *, seed: int = 0, timeout_s: Optional[float] = 1836.0,
+    def __init__(self, world_size: int, *, seed: int = 0,
+                 timeout_s: Union[float, None, FromEnvironment] = FROM_ENVIRONMENT,
                  clock: Optional[Callable[[int], float]] = None) -> None:
+        if isinstance(world_size, bool) or not isinstance(world_size, int) or not 1 <= world_size <= MAX_WORLD_SIZE:
+            raise ConfigError(f"FabricWorld world_size must be an integer from 1 to {MAX_WORLD_SIZE} (the ranks the "
+                              f"simulator steps), got {world_size!r}", key="world_size")
         self.world_size = world_size
+        if isinstance(timeout_s, FromEnvironment):
+            timeout_s = default_collective_timeout_s(os.environ,
+                                                     expansion_mode=os.environ.get("HCCL_OP_EXPANSION_MODE", ""))
+        self.timeout_s = timeout_s
         self.fabric = Fabric(ParallelLayout(dp=world_size), seed=seed, timeout_s=timeout_s)
         self.threads = FabricThreads(self.fabric)
         self._clock = clock
         self._last_us: dict[int, float] = {}
+        self._held: list[_CapturedCollective] = []
+
+    def hold(self, captured: _CapturedCollective) -> None:
+        """Keep a collective recorded into a graph for the world's life (its handle's entry)."""
+        self._held.append(captured)
+
+    def running(self) -> bool:
+        """Whether the calling thread is a rank thread of this world's run."""
+        return getattr(_current, "world", None) is self
 
     # -- per rank thread ------------------------------------------------------------------
     def how(self) -> str:

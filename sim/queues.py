@@ -201,6 +201,9 @@ class StreamQueues:
         self.order = StreamOrder()
         self._running = 0  # > 0 while queued work runs: it issues nothing of its own
         self._active: set["SimStream"] = set()  # streams running right now (further up the call stack)
+        # called after the host waited for something (a flush, an event's record): who guards
+        # host memory of queued copies steps aside once nothing is pending (sim.npu_device.host_guard)
+        self.host_wait_listeners: list[Callable[[], None]] = []
 
     # ------------------------------------------------------------------ the public interface
     def submit(self, stream: "SimStream", work: Callable[[], None], *, label: str) -> None:
@@ -225,6 +228,21 @@ class StreamQueues:
             self.order.host_waited_for_all()
         else:
             self.order.host_waited_for(stream)
+        self._tell_host_waited()
+
+    def _tell_host_waited(self) -> None:
+        for listener in list(self.host_wait_listeners):
+            listener()
+
+    @property
+    def running(self) -> bool:
+        """Whether queued work is running right now (what it does is the device's, not the host's)."""
+        return self._running > 0
+
+    def host_copies_pending(self) -> bool:
+        """Whether a queued non-blocking copy with a host side (`copy`) is not known to the host
+        to have run: the host must not touch that memory yet (`check_host_access`)."""
+        return self.checks_order and self.order.copies_pending()
 
     def run(self, stream: "SimStream") -> None:
         """Run ``stream``'s queue as far as it can go, without raising for what must wait."""
@@ -297,6 +315,7 @@ class StreamQueues:
             raise self.hang(marker.stream, reason)
         self._runner.surface_stale()
         self.order.host_waited_until(marker)
+        self._tell_host_waited()
 
     def marker_done(self, marker: Queued) -> bool:
         """Whether the device reached ``marker`` (``event.query``): it runs what it can first."""

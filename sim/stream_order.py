@@ -118,6 +118,11 @@ class StreamOrder:
         self._copies = [each for each in self._copies if not each.ordered_before(self.host)]
         self._copies.append(queued)
 
+    def copies_pending(self) -> bool:
+        """Whether a queued copy touching host memory is not known to the host to have run."""
+        self._copies = [each for each in self._copies if not each.ordered_before(self.host)]
+        return bool(self._copies)
+
     def check_host_access(self, start: int, nbytes: int, what: str, *, write: bool) -> None:
         """The host is about to read (or write) host bytes [start, start + nbytes)."""
         end = start + nbytes

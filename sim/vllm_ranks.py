@@ -26,14 +26,14 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Union
 
 import torch
 import torch.distributed as dist
 
 from ascendgraph.parallel.layout import ParallelLayout
 from sim.fabric import FabricStats
-from sim.process_group import FabricWorld
+from sim.process_group import FROM_ENVIRONMENT, FabricWorld, FromEnvironment
 
 __all__ = ["VllmRanks", "GROUP_GLOBALS"]
 
@@ -64,7 +64,8 @@ class _ThreadGroup:
 class VllmRanks:
     """A ``layout`` of ranks as threads, each with vLLM's groups on the fabric."""
 
-    def __init__(self, layout: ParallelLayout, *, seed: int = 0, timeout_s: Optional[float] = 1836.0,
+    def __init__(self, layout: ParallelLayout, *, seed: int = 0,
+                 timeout_s: Union[float, None, FromEnvironment] = FROM_ENVIRONMENT,
                  clock: Optional[Callable[[int], float]] = None) -> None:
         self.layout = layout
         self.world = FabricWorld(layout.world_size, seed=seed, timeout_s=timeout_s, clock=clock)

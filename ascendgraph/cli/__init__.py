@@ -2,14 +2,21 @@
 
 `main(argv)` is the console script `ascendgraph`. It imports the command line only when
 called, so a Ctrl-C while the modules load is exit 130 like a Ctrl-C later (no traceback).
+Called as the console script (no ``argv``), a Ctrl-C that lands once the command has
+returned, while the interpreter shuts down (flushing, atexit handlers, joining threads),
+ends the process with 130 at once instead of a KeyboardInterrupt "ignored" in that code and
+exit 0.
 """
 
 from __future__ import annotations
 
+import os
 import sys
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 __all__ = ["main"]
+
+INTERRUPTED = 130  # 128 + SIGINT (ascendgraph.cli.streams.INTERRUPTED, not imported here: see above)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -20,5 +27,43 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             sys.stderr.write("ascendgraph: interrupted\n")
         except (OSError, ValueError, AttributeError):
             pass
-        return 130
-    return app_main(argv)
+        return INTERRUPTED
+    code = app_main(argv)
+    _forget_caught_interrupts()
+    if argv is None:
+        _late_ctrl_c_exits_130()
+    return code
+
+
+def _forget_caught_interrupts() -> None:
+    """Let the exit status be the one `main` returns, also under ``python -m ascendgraph``.
+
+    CPython records a KeyboardInterrupt that ended a string ``exec`` / ``eval`` (torch and the
+    standard library run generated code that way) even when a caller catches it, and under
+    ``-m`` it ends the process by SIGINT once the interpreter has shut down (CPython 3.11
+    Python/pythonrun.c ``run_eval_code_obj`` sets ``unhandled_keyboard_interrupt``;
+    Modules/main.c ``Py_RunMain`` checks it and calls ``exit_sigint``; a script or the console
+    script exits through ``Py_Exit`` and never looks). A Ctrl-C the command answered with
+    130 then came out as a death by SIGINT, at random. The record is cleared at the start of
+    every string evaluation, so one that completes here clears it: the command has returned,
+    so no interrupt is unhandled."""
+    exec("")  # noqa: S102  (a string: evaluated through run_eval_code_obj, see above)
+
+
+def _late_ctrl_c_exits_130() -> None:
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return
+
+    def exit_now(signum: int, frame: Any) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # a closed or full stream: nothing more to say
+                pass
+        os._exit(INTERRUPTED)
+
+    signal.signal(signal.SIGINT, exit_now)

@@ -27,8 +27,9 @@ from ascendgraph.cli.vllm_flags import VLLM_FLAGS
 from ascendgraph.errors import CliUsageError, ConfigError, DeviceUnavailable, GraphModeError
 from ascendgraph.readers import shown
 from ascendgraph.cli.streams import (INTERRUPTED, PIPE_CLOSED, TERMINATED, ClosedStdout, Terminated, emit_json,
-                                     emit_result, emit_text, is_stdout_error, sigterm_unwinds, signals_never_lost,
-                                     silence_stdout, write_stdout)
+                                     emit_result, emit_text, interrupt_handled, is_default_interrupt_handler,
+                                     is_stdout_error, sigterm_unwinds, signals_never_lost, silence_stdout,
+                                     write_stdout)
 
 __all__ = ["main", "build_parser", "parse_command_line", "commands", "Command", "Parser", "CliUsageError", "check_limits", "flag_hint",
            "unrecognized_message", "format_warning", "cli_warnings", "package_version", "emit_json", "emit_result",
@@ -438,8 +439,8 @@ def _interrupts_deferred() -> Iterator[None]:
     import signal
     import threading
 
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+    handler = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not is_default_interrupt_handler(handler):
         yield
         return
     received: list[int] = []
@@ -447,7 +448,7 @@ def _interrupts_deferred() -> Iterator[None]:
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, handler)
     if received:
         raise KeyboardInterrupt
 
@@ -489,8 +490,10 @@ def _run_command(command: "Command", args: argparse.Namespace, wants_json: bool 
         first_line = str(exc).strip()
         return _bad_input(f"{PROG} {command.name}: error: {first_line}", type(exc).__name__, wants_json)
     except KeyboardInterrupt:
+        interrupt_handled()
         return _stopped(f"{PROG} {command.name}: interrupted", "KeyboardInterrupt", INTERRUPTED, wants_json)
     except Terminated:
+        interrupt_handled()
         return _stopped(f"{PROG} {command.name}: terminated (SIGTERM)", "Terminated", TERMINATED, wants_json)
 
 

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 from ascendgraph.cli.app import CliUsageError, Command, emit_json, emit_result, emit_text
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ascendgraph.tools.scenario import Scenario
     from ascendgraph.tools.scenario.items import ItemResult, ScenarioItem
 
 __all__ = ["add_scenario_arguments", "scenario_command", "format_row", "summary_counts"]
@@ -55,17 +54,6 @@ def add_scenario_arguments(parser: argparse.ArgumentParser) -> None:
     style = listing.add_mutually_exclusive_group()
     style.add_argument("--json", action="store_true", help="print the catalogue as JSON on stdout, instead of the text (nothing else on stdout)")
     style.add_argument("--markdown", action="store_true", help="print the Markdown table of docs/faults.md on stdout")
-
-
-def _load(paths: Sequence[str], select: Any = None) -> list["Scenario"]:
-    from ascendgraph.tools.scenario import discover_scenarios, load_scenario
-
-    scenarios = [load_scenario(path) for path in discover_scenarios(paths)]
-    if select:
-        scenarios = [s for s in scenarios if select in s.name]
-        if not scenarios:
-            raise CliUsageError(f"ascendgraph scenario run: error: no scenario name contains {select!r}")
-    return scenarios
 
 
 def _load_items(args: argparse.Namespace) -> list["ScenarioItem"]:
@@ -157,26 +145,37 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
+    """The catalogue: a row per single-rank file and, like ``run``, a row per side of a
+    multi-rank file (``NAME[buggy]`` / ``NAME[fixed]``, kind ``ranks``)."""
     from ascendgraph.tools.scenario import catalogue_table
+    from ascendgraph.tools.scenario.items import load_items
 
-    scenarios = _load(args.paths)
+    items = load_items(args.paths)
     if args.markdown:
-        emit_result(catalogue_table(scenarios))
+        emit_result(catalogue_table([item.scenario for item in items if item.side is None],
+                                    [item for item in items if item.side is not None]))
     elif args.json:
-        emit_json({
-            "schema_version": 1,
-            "scenarios": [
-                {"name": s.name, "path": str(s.path), "kind": s.kind, "expected": s.expect.outcome,
-                 "error_type": s.expect.error_type, "description": s.description}
-                for s in scenarios
-            ],
-        })
+        emit_json({"schema_version": 1, "scenarios": [_listed(item) for item in items]})
     else:
-        width = max(len(s.name) for s in scenarios)
-        for s in scenarios:
-            emit_result(f"{s.name.ljust(width)}  {s.kind:<6}  {s.expected_text:<34}  {s.description}")
-        emit_result(f"{len(scenarios)} scenarios")
+        width = max(len(item.name) for item in items)
+        for item in items:
+            emit_result(f"{item.name.ljust(width)}  {item.kind:<6}  {item.expected_text:<34}  "
+                        f"{item.scenario.description}")
+        emit_result(f"{len(items)} scenarios")
     return 0
+
+
+def _listed(item: "ScenarioItem") -> dict[str, Any]:
+    """One ``--json`` entry of ``list``: name, path, kind, expected, error_type, description
+    (and, for a side of a multi-rank file, its side and issue)."""
+    scenario = item.scenario
+    if item.side is None:
+        return {"name": item.name, "path": item.path, "kind": item.kind, "expected": scenario.expect.outcome,
+                "error_type": scenario.expect.error_type, "description": scenario.description}
+    expect = scenario.expect[item.side]
+    return {"name": item.name, "path": item.path, "kind": item.kind, "expected": expect["outcome"],
+            "error_type": expect.get("error_type"), "description": scenario.description, "side": item.side,
+            "issue": scenario.issue}
 
 
 def scenario_command(args: argparse.Namespace) -> int:

@@ -55,6 +55,7 @@ from typing import Any, Optional, Sequence
 import torch
 from torch import fx
 
+from ascendgraph.cache_temporaries import sweep_once
 from ascendgraph.readers import cache_miss, read_cache_entry, user_cache_root, write_output
 
 __all__ = ["CACHE_FORMAT", "CACHE_SUBDIR", "CACHEABLE_PASSES", "CachedGraph", "CompileCache", "cache_key",
@@ -137,6 +138,7 @@ class CompileCache:
 
     def load(self, key: str) -> Optional[CachedGraph]:
         path = self.directory / f"{key}.pkl"
+        sweep_once(path.parent)  # what killed runs left behind (ascendgraph.cache_temporaries)
         data = read_cache_entry(path, "compile cache entry", limit=MAX_ENTRY_BYTES)  # regular files only
         if data is None:
             return None
@@ -164,6 +166,7 @@ class CompileCache:
 def _store_entry(directory: Path, key: str, document: dict[str, Any], what: str) -> bool:
     """Pickle ``document`` to ``directory/<key>.pkl`` through the readers' one way to write an
     output (never over a special file, no temporary left behind); False when it cannot be written."""
+    sweep_once(directory)
     try:
         buffer = io.BytesIO()
         pickle.dump(document, buffer, protocol=pickle.HIGHEST_PROTOCOL)
@@ -259,6 +262,7 @@ def load_traced(cache: "CompileCache", key: str) -> Optional[TracedGraph]:
     """The traced entry for ``key``, or None. A corrupt, foreign or unreadable entry is a miss
     with one warning naming the file (the run then traces as if there were no cache)."""
     path = cache.directory / TRACED_SUBDIR / f"{key}.pkl"
+    sweep_once(path.parent)
     data = read_cache_entry(path, "traced-graph cache entry", limit=MAX_ENTRY_BYTES)  # regular files only
     if data is None:
         return None

@@ -45,6 +45,7 @@ from ascendgraph.device import Device, StaticKernels
 from ascendgraph.dynamo_gate import LazyDynamoDispatchMode
 
 from ascendgraph.ops import argument_tensors
+from ascendgraph.cache_temporaries import sweep_once, temporary_prefix
 from ascendgraph.readers import load_cache_json, user_cache_root
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -238,6 +239,7 @@ def build_static_kernels(
     module docstring). Warns when it builds; OSError when the cache cannot be written."""
     key = _build_key(signatures, flags, sizes)
     root = (cache_dir if cache_dir is not None else cache_root()) / "static_kernels"
+    sweep_once(root)  # staging folders of killed builds (ascendgraph.cache_temporaries)
     directory = root / key[:16]
     kernels = tuple(signatures)
     if _read_manifest(directory, key) is not None:
@@ -245,7 +247,7 @@ def build_static_kernels(
         return StaticKernelBuild(directory, key, tuple(sizes), kernels, reused=True)
     warnings.warn(STATIC_KERNEL_BUILD_WARNING.format(path=directory), UserWarning, stacklevel=2)
     root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{key[:16]}.", dir=root))
+    staging = Path(tempfile.mkdtemp(prefix=temporary_prefix(key[:16]), dir=root))
     try:
         manifest = {
             "format": BUILD_FORMAT,

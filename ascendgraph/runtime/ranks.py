@@ -102,6 +102,9 @@ class RanksReport:
     collectives_met: dict[str, int]
     error: Optional[BaseException] = None
     dropped_keys: int = 0
+    # The rank whose own failure is the run's error; None when the run succeeded or the fabric
+    # found the error (a mismatch, deadlock or timeout names its ranks itself).
+    failed_rank: Optional[int] = None
 
     @property
     def not_simulated(self) -> list[str]:
@@ -125,7 +128,8 @@ class RanksReport:
             error = {"type": type(self.error).__name__, "message": str(self.error),
                      "ranks": list(getattr(self.error, "ranks", ()) or ()),
                      "straggler": getattr(self.error, "straggler", None),
-                     "rules": list(getattr(self.error, "rules", ()) or ())}
+                     "rules": list(getattr(self.error, "rules", ()) or ()),
+                     "rank": self.failed_rank}
         return {
             "layout": {"dp": self.layout.dp, "pp": self.layout.pp, "tp": self.layout.tp,
                        "world_size": self.layout.world_size, "ep": self.layout.ep},
@@ -152,7 +156,8 @@ class RanksReport:
         for gap in self.not_simulated:
             lines.append(f"  NOT SIMULATED: {gap}")
         if self.error is not None:
-            lines.append(f"  FAILED: {type(self.error).__name__}: {self.error}")
+            on_rank = f" on rank {self.failed_rank}" if self.failed_rank is not None else ""
+            lines.append(f"  FAILED{on_rank}: {type(self.error).__name__}: {self.error}")
         return "\n".join(lines)
 
 
@@ -296,9 +301,8 @@ def _program(rank: _Rank) -> Generator[Any, Any, None]:
             if options.on_capture_error == "raise":
                 if failure is not None:
                     raise failure
-                abort = CaptureError(f"capture aborted on every rank together: rank(s) {failed} failed to capture")
-                setattr(abort, "peer_abort", True)
-                raise abort
+                raise CaptureError(f"capture aborted on every rank together: rank(s) {failed} failed to capture",
+                                   peer_abort=True, rank=c.rank)
             rank.release()
             rank.set_mode(GraphMode.NONE)
             rank.summary.capture_fallback = True
@@ -495,4 +499,5 @@ def run_ranks(config: GraphConfig, options: RankOptions = RankOptions()) -> Rank
         r.summary.clock_us = fabric.clock_us.get(r.coords.rank, 0.0)
         r.release()
     return RanksReport(layout, options, [r.summary for r in ranks], dict(fabric.stats.met), error,
-                       dropped_keys=max((getattr(r, "dropped", 0) for r in ranks), default=0))
+                       dropped_keys=max((getattr(r, "dropped", 0) for r in ranks), default=0),
+                       failed_rank=fabric.stats.failed_rank)

@@ -328,6 +328,9 @@ _CASES = (
           lambda d: _quantize(d, scales=_t(d, 1, dtype=torch.bfloat16)), "a per-tensor bfloat16 scale accepted"),
     _case(kc.QUANTIZE, "zero_points", lambda d: _quantize(d, zero_points=_t(d, 32, dtype=torch.float32)),
           lambda d: _quantize(d, zero_points=_t(d, 32, dtype=torch.int8))),
+    _case(kc.QUANTIZE, "scales_per_channel", lambda d: _quantize(d, scales=_t(d, 16, dtype=torch.float32)),
+          lambda d: _quantize(d, scales=_t(d, 1, dtype=torch.float32)),
+          "16 scales for a 32-wide axis refused; one per-tensor scale beside per-channel zero points accepted"),
     _case(kc.QUANTIZE, "out_dtype", lambda d: _quantize(d, dtype=torch.int8), _quantize),
     _case(kc.ADD_RMS_NORM_QUANT, "x_dtype_half", lambda d: _add_norm_quant(
         d, x1=_t(d, 3, 32, dtype=torch.float32), x2=_t(d, 3, 32, dtype=torch.float32), gamma=_t(d, 32, dtype=torch.float32)),

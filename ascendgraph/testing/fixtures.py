@@ -1,7 +1,8 @@
 """pytest fixtures for device tests: ``device``, ``sim_device``, ``fault_plan``.
 
 * ``device`` — a fresh device per test. The backend is the test's parameter when the
-  fixture is parametrised indirectly (the conformance suite does that), else ``--device``,
+  fixture is parametrised indirectly (the conformance suite does that), else
+  ``--ascendgraph-device`` (or ``--device`` where the project has no option of that name),
   else ``npu`` in an ``-m npu`` run and ``sim`` otherwise. A ``@pytest.mark.fault("...")``
   marker applies that fault plan to it (simulator only; hardware skips such tests). A test
   with the marker must use ``device`` (else it fails: the plan would be ignored); a bad
@@ -21,7 +22,7 @@ import pytest
 
 from ascendgraph.device import Device, FaultInjection, get_device
 from ascendgraph.errors import ConfigError
-from ascendgraph.testing.plugin import selects_npu_tests
+from ascendgraph.testing.plugin import device_option, selects_npu_tests
 
 __all__ = ["device", "sim_device", "fault_plan", "device_backend_name"]
 
@@ -31,9 +32,9 @@ def device_backend_name(request: pytest.FixtureRequest) -> str:
     param = getattr(request, "param", None)
     if param:
         return str(param)
-    option = request.config.getoption("--device", default=None)
+    option = device_option(request.config)
     if option:
-        return str(option)
+        return option
     markexpr = request.config.getoption("markexpr", default="") or ""
     return "npu" if selects_npu_tests(markexpr) else "sim"
 

@@ -4,7 +4,15 @@ Registered as a ``pytest11`` entry point (``ascendgraph``), so a project that in
 ascendgraph gets it without a conftest; a conftest may still load it with
 ``pytest_plugins = ["ascendgraph.testing.plugin"]``. Fixtures (``device``, ``sim_device``,
 ``fault_plan``) live in `ascendgraph.testing.fixtures`; fault scenarios are collected by
-`ascendgraph.testing.scenarios`.
+`ascendgraph.testing.scenarios`, only in the folders a project names in its
+``ascendgraph_scenarios`` ini option.
+
+Being installed everywhere, it must not break a project that has never heard of it. Its
+device flag is ``--ascendgraph-device``, and also ``--device`` where that name is free:
+pytest loads plugins before the project's initial conftests, and argparse refuses a second
+``--device`` (pytest would not start), so ``--device`` is added only once those conftests
+have added their own options, and only when none of them defines it. A project with its own
+``--device`` keeps it; ``--ascendgraph-device`` works everywhere.
 
 The ``npu`` marker is registered here (a project that installs ascendgraph and marks tests
 ``npu`` needs no ``markers`` entry of its own, also under ``--strict-markers``).
@@ -38,8 +46,8 @@ NPU_USAGE_ERROR = (
     "and torch_npu installed (pip install -e '.[npu]')."
 )
 DEVICE_NPU_USAGE_ERROR = (
-    "pytest --device npu needs a usable Ascend NPU, and this machine has none: {reason}. "
-    "Use --device sim, {facade}or run on an Ascend node with CANN and torch_npu installed."
+    "pytest {flag} npu needs a usable Ascend NPU, and this machine has none: {reason}. "
+    "Use {flag} sim, {facade}or run on an Ascend node with CANN and torch_npu installed."
 )
 NPU_ITEMS_USAGE_ERROR = (
     "the selected tests all need an Ascend NPU (marked npu), and this machine has none: {reason}. "
@@ -68,15 +76,83 @@ def _optional_plugin_modules() -> list[Any]:
     return modules
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
+SCENARIO_INI = "ascendgraph_scenarios"  # the folders a project opts in (ascendgraph.testing.scenarios)
+DEVICE_FLAG = "--ascendgraph-device"
+SHORT_DEVICE_FLAG = "--device"  # only where no conftest of the project claims it
+DEVICE_DEST = "ascendgraph_device"
+DEVICE_CHOICES = ("sim", "npu", "auto")
+_SHORT_FLAG_KEY = pytest.StashKey[bool]()  # set when --device is this plugin's in this session
+
+
+def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
     group = parser.getgroup("ascendgraph")
     group.addoption(
-        "--device",
+        DEVICE_FLAG,
         action="store",
+        dest=DEVICE_DEST,
         default=None,
-        choices=("sim", "npu", "auto"),
+        choices=DEVICE_CHOICES,
         help="device backend for the `device` fixture (default: sim; -m npu runs use npu)",
     )
+    parser.addini(
+        SCENARIO_INI,
+        type="paths",
+        default=[],
+        help="folders whose *.toml files are ascendgraph fault scenarios, each collected as a test "
+        "(e.g. tests/scenarios); none by default",
+    )
+    if _loaded_by_a_conftest(pluginmanager):
+        # `pytest_plugins = ["ascendgraph.testing.plugin"]`: the initial conftests are being
+        # loaded, so the hook below has already started; the conftest naming this plugin has
+        # added its options by now.
+        _add_short_device_flag(parser, pluginmanager)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]) -> Any:
+    """Once the project's initial conftests have added their options (pytest loads plugins
+    first), add ``--device`` unless one of them defines it: argparse refuses a second
+    ``--device`` and pytest would not start."""
+    try:
+        return (yield)
+    finally:
+        _add_short_device_flag(parser, early_config.pluginmanager)
+
+
+def _loaded_by_a_conftest(pluginmanager: pytest.PytestPluginManager) -> bool:
+    return any(str(getattr(plugin, "__file__", "")).endswith("conftest.py") for plugin in pluginmanager.get_plugins())
+
+
+def _claimed(parser: pytest.Parser, flag: str) -> bool:
+    groups = [*getattr(parser, "_groups", ()), getattr(parser, "_anonymous", None)]
+    return any(flag in option.names() for group in groups if group is not None for option in group.options)
+
+
+def _add_short_device_flag(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
+    config = pluginmanager.get_plugin("pytestconfig")
+    if _claimed(parser, SHORT_DEVICE_FLAG):
+        return
+    parser.getgroup("ascendgraph").addoption(
+        SHORT_DEVICE_FLAG,
+        action="store",
+        dest=DEVICE_DEST,
+        default=None,
+        choices=DEVICE_CHOICES,
+        help=f"the same as {DEVICE_FLAG} (a project whose conftest defines {SHORT_DEVICE_FLAG} keeps its own)",
+    )
+    if config is not None:
+        config.stash[_SHORT_FLAG_KEY] = True
+
+
+def device_flag(config: pytest.Config) -> str:
+    """How to spell the device flag in this session (messages name the one that works)."""
+    return SHORT_DEVICE_FLAG if config.stash.get(_SHORT_FLAG_KEY, False) else DEVICE_FLAG
+
+
+def device_option(config: pytest.Config) -> Optional[str]:
+    """The backend asked for with ``--ascendgraph-device`` (or this plugin's ``--device``)."""
+    value = config.getoption(DEVICE_DEST, default=None)
+    return str(value) if value else None
 
 
 def selects_npu_tests(markexpr: str) -> bool:
@@ -120,14 +196,15 @@ def pytest_configure(config: pytest.Config) -> None:
     if not _declares_npu_marker(config):
         config.addinivalue_line("markers", NPU_MARKER)
     markexpr = config.getoption("markexpr", default="") or ""
-    device = config.getoption("--device", default=None)
+    device = device_option(config)
     if device != "npu" and not selects_npu_tests(markexpr):
         return  # gated at collection, and only if npu items are collected
     reason = _npu_gate_reason(config)
     if reason is None:
         return
     if device == "npu":
-        raise pytest.UsageError(DEVICE_NPU_USAGE_ERROR.format(reason=reason, facade=_facade_hint(config)))
+        raise pytest.UsageError(DEVICE_NPU_USAGE_ERROR.format(reason=reason, facade=_facade_hint(config),
+                                                              flag=device_flag(config)))
     raise pytest.UsageError(NPU_USAGE_ERROR.format(reason=reason, facade=_facade_hint(config)))
 
 

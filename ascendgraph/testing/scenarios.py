@@ -1,52 +1,56 @@
 """pytest collection of fault scenarios (`ascendgraph.tools.scenario`): one test item per file.
 
-Every ``*.toml`` file inside a folder named ``scenarios`` (below the rootdir, e.g.
-``tests/scenarios/``) becomes one item named after the file:
-``tests/scenarios/task_queue_enable_2.toml::task_queue_enable_2``. The item runs the
-scenario on the simulator and fails with the scenario's own explanation (what was expected,
-what was observed, which invariant broke); a bad file fails its item with the file, the key
-and what was expected, without stopping the collection of the others. Items carry the
-``scenario`` marker plus the file's ``marks`` (``-m "not scenario"`` skips them all).
+Only where the project opts in: every ``*.toml`` file below a folder named in the
+``ascendgraph_scenarios`` ini option (paths relative to the ini file) becomes one item named
+after the file, e.g. with ``ascendgraph_scenarios = ["tests/scenarios"]`` in
+``[tool.pytest.ini_options]``: ``tests/scenarios/task_queue_enable_2.toml::task_queue_enable_2``.
+The plugin is installed with ascendgraph in every environment, and another project's own
+``tests/scenarios/*.toml`` are not ours to run. The item runs the scenario on the simulator
+and fails with the scenario's own explanation (what was expected, what was observed, which
+invariant broke); a bad file fails its item with the file, the key and what was expected,
+without stopping the collection of the others. Items carry the ``scenario`` marker plus the
+file's ``marks`` (``-m "not scenario"`` skips them all).
 
-`ascendgraph.testing.plugin` registers this module when it is importable. Items hold no
-shared state, so they run under pytest-xdist (``-n auto``) like any test.
+`ascendgraph.testing.plugin` registers this module when it is importable (and declares the
+ini option). Items hold no shared state, so they run under pytest-xdist (``-n auto``) like
+any test.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Optional, Sequence, Union
 
 import pytest
 
 from ascendgraph.errors import ScenarioFailed
 from ascendgraph.tools.scenario import Scenario, ScenarioError, load_scenario, run_scenario
 
-__all__ = ["ScenarioFile", "ScenarioItem", "is_scenario_file", "SCENARIO_FOLDER"]
+__all__ = ["ScenarioFile", "ScenarioItem", "is_scenario_file", "scenario_folders", "SCENARIO_INI"]
 
-SCENARIO_FOLDER = "scenarios"
-SCENARIO_MARKER = "scenario: a fault-scenario file (tests/scenarios/*.toml) run on the simulator"
+SCENARIO_INI = "ascendgraph_scenarios"
+SCENARIO_MARKER = "scenario: a fault-scenario file (a folder of the ascendgraph_scenarios ini option) run on the simulator"
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", SCENARIO_MARKER)
 
 
-def is_scenario_file(file_path: Path, rootpath: Optional[Path] = None) -> bool:
-    """A ``.toml`` file with a folder named ``scenarios`` among its parents (below the rootdir)."""
-    if file_path.suffix != ".toml":
-        return False
-    parents = file_path.parent
-    if rootpath is not None:
-        try:
-            parents = file_path.parent.relative_to(rootpath)
-        except ValueError:
-            pass
-    return SCENARIO_FOLDER in parents.parts
+def scenario_folders(config: pytest.Config) -> list[Path]:
+    """The folders the project opted in (``ascendgraph_scenarios``; none when it did not)."""
+    try:
+        return [Path(folder) for folder in config.getini(SCENARIO_INI)]
+    except ValueError:  # the option is not declared (the plugin module was not loaded)
+        return []
+
+
+def is_scenario_file(file_path: Path, folders: Sequence[Path]) -> bool:
+    """A ``.toml`` file below one of ``folders``."""
+    return file_path.suffix == ".toml" and any(file_path.is_relative_to(folder) for folder in folders)
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> Optional["ScenarioFile"]:
-    if is_scenario_file(file_path, parent.config.rootpath):
+    if file_path.suffix == ".toml" and is_scenario_file(file_path, scenario_folders(parent.config)):
         return ScenarioFile.from_parent(parent, path=file_path)
     return None
 

@@ -37,7 +37,8 @@ runs it when the host waits for the stream, behind the host. The queued work hol
 own nothing, plus the segments their bytes lie in: a tensor the host drops gives its block back
 to the caching allocator at once, as on a card, and the work still finds its bytes mapped.
 Copies between host and device follow torch's rules: a ``non_blocking`` copy from or into
-pinned host memory is queued (`simulator.copy`, whose host side the simulator guards); any
+pinned host memory is queued (`simulator.copy`, whose host side `sim.npu_device.host_guard`
+guards until the host waited for it); any
 other copy involving host memory is synchronous (the host waits for the stream; from the
 device this is a host read).
 """
@@ -51,7 +52,7 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-from sim.npu_device import simulator
+from sim.npu_device import host_guard, simulator
 from sim.npu_device.driver import Driver
 from sim.pool_memory import READ, argument_roles
 from sim.recorder import NO_META, meta_outputs
@@ -408,6 +409,7 @@ class Fallback:
                 (destination_view,), _, _ = self.ext.cpu_aliases([destination], True)  # the queue holds it
                 simulator.copy(device, stream, destination_view, source_view, destination_is_host=False,
                                source_is_host=True, label="copy (host to device, non_blocking from pinned memory)")
+                host_guard.guard_copy(device)  # the host must not write the source until it waited
             else:  # synchronous, as torch's: from pageable memory the host waits for the stream
                 simulator.flush(device, stream, reason="a synchronous copy from host memory to the device")
                 work()
@@ -416,6 +418,7 @@ class Fallback:
                 (source_view,), _, _ = self.ext.cpu_aliases([source], True)  # the queue holds it
                 simulator.copy(device, stream, destination_view, source_view, destination_is_host=True,
                                source_is_host=False, label="copy (device to host, non_blocking into pinned memory)")
+                host_guard.guard_copy(device)  # the host must not read the destination until it waited
             else:
                 simulator.host_read(device, "a copy from the device to host memory (Tensor.cpu(), .to('cpu'), "
                                             ".tolist(), print)")

@@ -9,7 +9,8 @@ depend on how the simulator is assembled inside. What it uses:
 * ``device.queues`` (`sim.queues.StreamQueues`): ``submit(stream, work, label=...)`` and
   ``flush(stream, reason=...)``: the device runs work when its stream gets to it;
 * ``device.host_read(what)``: before the host reads device memory (inside a capture it raises
-  the simulator's host-sync error);
+  the simulator's host-sync error); ``device.host_access(tensor, ...)`` and the queues' pending
+  host-side copies, running state and host-wait listeners, for `sim.npu_device.host_guard`;
 * ``device.pool_allocation(tensor)``: the graph-pool block a tensor lies on, for weak references;
 * streams: the current stream per thread, streams by id, new streams.
 """
@@ -164,6 +165,27 @@ def copy(device: "SimDevice", stream: "SimStream", destination: Any, source: Any
         return
     device.queues.copy(destination, source, stream=stream, destination_is_host=destination_is_host,
                        source_is_host=source_is_host, label=label)
+
+
+def host_copies_pending(device: "SimDevice") -> bool:
+    """Whether a queued copy with a host side is not known to the host to have run."""
+    return device.queues.host_copies_pending()
+
+
+def device_is_running_work(device: "SimDevice") -> bool:
+    """Whether the device's queued work is running right now (its ops are not the host's)."""
+    return device.queues.running
+
+
+def on_host_wait(device: "SimDevice", listener: Callable[[], None]) -> None:
+    """Call ``listener`` whenever the host waited for something on ``device``."""
+    device.queues.host_wait_listeners.append(listener)
+
+
+def host_access(device: "SimDevice", tensor: Any, what: str, *, write: bool) -> None:
+    """The host reads (writes) ``tensor``'s host memory: StreamOrderError when a queued copy
+    that nothing waited for fills (reads) it."""
+    device.host_access(tensor, what, write=write)
 
 
 def flush(device: "SimDevice", stream: Optional["SimStream"], reason: str) -> None:

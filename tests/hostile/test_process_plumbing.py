@@ -87,3 +87,114 @@ def test_ctrl_c_inside_main_is_exit_130(monkeypatch, capsys):
     monkeypatch.setattr(app, "build_parser", interrupted)
     assert app.main(["explain"]) == INTERRUPTED
     assert capsys.readouterr().err == "ascendgraph: interrupted\n"
+
+
+def test_any_failed_write_to_stdout_is_one_line_and_exit_1(monkeypatch, capsys):
+    # Not only a full device or a closed descriptor: whatever OSError the write raises (here an
+    # I/O error) is the command's stdout failing (a StdoutWriteError), reported on one line.
+    import errno
+
+    from ascendgraph.cli import app
+
+    class FailingStdout:
+        def write(self, text: str) -> int:
+            raise OSError(errno.EIO, "Input/output error")
+
+        def flush(self) -> None:
+            return None
+
+    monkeypatch.setattr(sys, "stdout", FailingStdout())
+    assert app.main(["explain", "--json"]) == 1
+    assert capsys.readouterr().err == "ascendgraph: error: cannot write to stdout: Input/output error\n"
+
+
+# Ctrl-C at other points of a real process. Each child signals where it is on stderr before
+# the test sends SIGINT, so the outcome does not depend on how busy the machine is: wherever
+# the signal lands after that line, the answer is exit 130 without a traceback.
+
+STAGED = """
+import sys, time
+import ascendgraph.cli
+from ascendgraph.cli import app, streams
+
+stage = sys.argv[1]
+sys.argv = ["ascendgraph", "run", "--num-layers", "1", "--requests", "2", "-cc",
+            '{"cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": [1, 2]}']
+
+def say(line):
+    sys.stderr.write(line + "\\n")
+    sys.stderr.flush()
+
+if stage == "torch import":
+    whole = app._import_torch_whole
+
+    def importing():
+        say("importing torch")
+        whole()
+
+    app._import_torch_whole = importing
+elif stage == "after the report":
+    write = streams.write_stdout
+
+    def reported(text):
+        write(text)
+        if "result" in text:
+            say("reported")
+            time.sleep(60)
+
+    streams.write_stdout = reported
+code = ascendgraph.cli.main()
+if stage == "after main returned":
+    say("returned")
+    time.sleep(60)
+sys.exit(code)
+"""
+
+
+@pytest.mark.parametrize("stage, ready", [("torch import", b"importing torch\n"), ("after the report", b"reported\n"),
+                                          ("after main returned", b"returned\n")],
+                         ids=["torch-import", "after-the-report", "after-main-returned"])
+def test_ctrl_c_at_each_stage_is_exit_130_without_a_traceback(stage: str, ready: bytes) -> None:
+    process = subprocess.Popen([sys.executable, "-c", STAGED, stage], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               env=_env())
+    assert process.stderr is not None
+    seen = []
+    for line in process.stderr:
+        seen.append(line)
+        if line == ready:
+            break
+    assert seen and seen[-1] == ready, b"".join(seen).decode()[-2000:]
+    process.send_signal(signal.SIGINT)
+    _, rest = process.communicate(timeout=300)
+    assert process.returncode == INTERRUPTED, (b"".join(seen) + rest).decode()[-2000:]
+    assert b"Traceback" not in rest and b"KeyboardInterrupt" not in rest and b"Exception ignored" not in rest, \
+        rest.decode()[-2000:]
+
+
+def test_ctrl_c_very_early_in_start_up_is_never_exit_0() -> None:
+    # No readiness line to wait for: the signal lands in the interpreter's start-up or in the
+    # first imports. Before Python installs its handler the process dies of SIGINT (-2, what a
+    # shell reports as 130); after, the command line turns it into 130.
+    for _ in range(3):
+        process = subprocess.Popen([*COMMAND, "explain"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                   env=_env())
+        process.send_signal(signal.SIGINT)
+        process.communicate(timeout=300)
+        assert process.returncode in (INTERRUPTED, -signal.SIGINT)
+
+
+def test_a_caught_interrupt_that_ended_a_string_exec_still_exits_with_mains_code(tmp_path: Path) -> None:
+    # CPython remembers a KeyboardInterrupt that ended a string exec (torch runs generated code
+    # that way) and, under `python -m`, dies by SIGINT at exit even though main answered 130.
+    (tmp_path / "interrupted_in_exec.py").write_text(
+        "import sys\n"
+        "import ascendgraph.cli\n"
+        "from ascendgraph.cli import app\n\n"
+        "def interrupted(argv):\n"
+        "    exec('raise KeyboardInterrupt', {})\n\n"
+        "app._main = interrupted\n"
+        "sys.exit(ascendgraph.cli.main())\n")
+    env = {**_env(), "PYTHONPATH": str(tmp_path) + os.pathsep + _env()["PYTHONPATH"]}
+    result = subprocess.run([sys.executable, "-m", "interrupted_in_exec"], capture_output=True, env=env, timeout=300)
+    assert result.returncode == INTERRUPTED, result.stderr.decode()[-2000:]
+    assert result.stderr.decode() == "ascendgraph: interrupted\n"

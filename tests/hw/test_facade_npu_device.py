@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from ascendgraph.errors import CaptureConstraintError, GraphHang
+from ascendgraph.errors import CaptureConstraintError, GraphHang, StreamOrderError
 
 
 def test_npu_tensors_live_in_the_simulated_npus_memory(torch_npu: Any) -> None:
@@ -155,6 +155,67 @@ def test_non_blocking_from_pinned_memory_is_queued_and_from_pageable_memory_is_s
             target.copy_(torch.full((4,), 2.0), non_blocking=True)  # pageable: the host waits for the stream
     event.record(npu.current_stream())
     side.synchronize()
+    assert target.tolist() == [1.0] * 4
+
+
+HOST_READS = {
+    "tolist": lambda t: t.tolist(),
+    "item": lambda t: t[0].item(),
+    "sum": lambda t: t.sum(),
+    "print": lambda t: str(t),
+    "numpy": lambda t: t.numpy(),
+    "clone": lambda t: t.clone(),
+}
+
+
+@pytest.mark.parametrize("read", HOST_READS.values(), ids=list(HOST_READS))
+def test_a_host_read_of_pinned_memory_a_queued_device_to_host_copy_fills_is_a_named_race(
+        torch_npu: Any, read: Any) -> None:
+    # torch's rule: a non_blocking copy into pinned memory returns before the device copied; on a
+    # card the host reads stale bytes until it waits for the stream (or an event after the copy).
+    npu = torch_npu.npu
+    source = torch.arange(4.0, device="npu")
+    destination = torch.zeros(4).pin_memory()
+    destination.copy_(source, non_blocking=True)
+    assert destination.shape == (4,) and destination[:2].shape == (2,)  # metadata and views are no reads
+    with pytest.raises(StreamOrderError, match=r"reads host memory that copy \(device to host.*fills"):
+        read(destination)
+    npu.current_stream().synchronize()
+    assert destination.tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_an_event_recorded_after_the_copy_and_synchronized_makes_the_read_safe(torch_npu: Any) -> None:
+    npu = torch_npu.npu
+    destination = torch.zeros(4).pin_memory()
+    destination.copy_(torch.ones(4, device="npu"), non_blocking=True)
+    done = npu.Event()
+    done.record()
+    done.synchronize()
+    assert destination.tolist() == [1.0] * 4
+    destination.copy_(torch.full((4,), 2.0, device="npu"), non_blocking=True)
+    with pytest.raises(StreamOrderError):
+        destination.sum()
+    npu.synchronize()
+    assert float(destination.sum()) == 8.0
+    from sim.mode_stack import on_stack
+    from sim.npu_device import host_guard
+
+    guard = host_guard.guard()
+    assert guard is not None and not on_stack(guard)  # off torch's stack once the host waited
+
+
+def test_a_host_write_of_pinned_memory_a_queued_host_to_device_copy_reads_is_a_named_race(torch_npu: Any) -> None:
+    npu = torch_npu.npu
+    source = torch.ones(4).pin_memory()
+    target = torch.zeros(4, device="npu")
+    target.copy_(source, non_blocking=True)
+    assert source.sum().item() == 4.0  # reading the source races with nothing
+    with pytest.raises(StreamOrderError, match=r"writes host memory that copy \(host to device.*reads"):
+        source.fill_(2.0)
+    with pytest.raises(StreamOrderError, match="writes host memory"):
+        source[0] = 3.0
+    npu.synchronize()
+    source.fill_(2.0)  # the copy has run: the buffer is the host's again
     assert target.tolist() == [1.0] * 4
 
 

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 import sim.kernels as sim_ref
+from ascendgraph import kernel_contracts as kc
 from ascendgraph import ops
 from ascendgraph.errors import CaptureConstraintError, KernelContractError
 from hw import api, reference
@@ -65,6 +66,15 @@ def test_the_kernel_table_reads_as_data() -> None:
     socs = [b.socs for b in KERNEL_ROUTES["reshape_and_cache"].bindings]
     assert socs == [("A2", "A3", "A5"), ("310P",)]  # vLLM Ascend: the ATB kernel on 310P only
     assert table["muls_add"] == ["reference"] and table["split_qkv_rmsnorm_rope"] == ["composition"]
+
+
+@pytest.mark.parametrize("op", sorted(op for op, route in KERNEL_ROUTES.items() if route.bindings))
+def test_every_binding_decides_by_rules_of_its_kernel_in_the_contract_table(op: str) -> None:
+    # hw holds no predicate of its own: a rule renamed or dropped in the table must not leave a
+    # binding asking about nothing.
+    for binding in KERNEL_ROUTES[op].bindings:
+        names = {rule.name for rule in kc.rules_for(binding.kernel)}
+        assert binding.rules and set(binding.rules) <= names, (binding.kernel, set(binding.rules) - names)
 
 
 # --------------------------------------------------------------------------- fallbacks vs the simulator
@@ -306,6 +316,47 @@ def test_float32_attention_is_refused_before_the_kernel_and_any_fallback() -> No
         r.call("paged_attention", *args)
     assert "query_dtype" in info.value.rules
     assert not fake.calls and "paged_attention" not in r.fallbacks
+    # The workspace query takes what the fused attention takes (the table's FIA rules), so it is
+    # refused too, rather than falling back to an empty workspace.
+    with pytest.raises(KernelContractError) as info:
+        r.call("attention_workspace", *args[:7])
+    assert info.value.kernel == kc.FIA_MAX_WORKSPACE and "query_dtype" in info.value.rules
+    assert not fake.calls and "attention_workspace" not in r.fallbacks
+
+
+def test_a_quantize_scale_the_kernel_takes_reaches_the_kernel() -> None:
+    # A [1, hidden] scale is per channel: hw hands npu_quantize the [hidden] vector, which the
+    # table's rules take, so the kernel runs (no predicate of hw's own sends it to the fallback).
+    fake = FakeTorchNpu()
+    r = router(fake)
+    x, scale = randn(3, 32, dtype=BF16), torch.full((1, 32), 0.02)
+    _assert_same(r.call("quantize", x, scale, None), sim_ref.quantize_ref(x, scale, None), BF16)
+    assert [c[0] for c in fake.calls] == ["npu_quantize"] and "quantize" not in r.fallbacks
+
+
+def test_a_scale_npu_quantize_cannot_take_is_refused_by_the_table_not_run_by_the_fallback() -> None:
+    fake = FakeTorchNpu()
+    r = router(fake)
+    with pytest.raises(KernelContractError, match="scales_per_channel") as info:
+        r.call("quantize", randn(3, 32, dtype=BF16), torch.full((16,), 0.02), None)
+    assert info.value.kernel == kc.QUANTIZE and "_op_plugin_docs.py:11377" in str(info.value)
+    assert not fake.calls and "quantize" not in r.fallbacks
+
+
+def test_the_kv_writes_second_kernel_falls_back_for_the_table_rule_it_breaks() -> None:
+    # SoC not known and no npu_scatter_pa_kv_cache: the pre-check mapped the call onto the scatter
+    # kernel (which takes float32); the ATB kernel's own rules then decide, as the table words them.
+    fake = FakeTorchNpu()
+    r = router(fake)
+    kc_, vc = torch.zeros(2, 4, 1, 8), torch.zeros(2, 4, 1, 8)
+    key = randn(1, 1, 8)
+    r.call("reshape_and_cache", key, key, kc_, vc, torch.tensor([3]))
+    assert torch.equal(kc_[0, 3], key[0]) and not fake.calls
+    reason = r.fallbacks["reshape_and_cache"]
+    assert "kernel contract 'cache_dtype' violated" in reason and "device_op.py" in reason, reason
+    bf16 = torch.zeros(2, 4, 1, 8, dtype=BF16)
+    r.call("reshape_and_cache", key.to(BF16), key.to(BF16), bf16, bf16.clone(), torch.tensor([3]))
+    assert [c[0] for c in fake.calls] == ["_npu_reshape_and_cache"]
 
 
 def test_a_kernel_whose_library_is_missing_is_dropped_after_the_first_failure() -> None:

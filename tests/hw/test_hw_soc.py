@@ -65,7 +65,8 @@ def test_profile_carries_what_the_stack_reports() -> None:
 
 
 @pytest.mark.parametrize("hdk, old", [("24.1.0", True), ("24.1.rc3", True), ("25.5.1", False), ("25.5.2", False),
-                                      ("26.0.0", False), ("unknown", False), ("", False)])
+                                      ("26.0.0", False), ("unknown", False), ("", False), ("24.²", True),
+                                      ("²", False), ("٢٤.1", False)])
 def test_old_hdk_is_only_a_parseable_version_below_25_5_1(hdk: str, old: bool) -> None:
     assert npu_profile("Ascend910B3", hdk_version=hdk).old_hdk is old
 

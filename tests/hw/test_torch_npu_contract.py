@@ -344,7 +344,7 @@ def test_every_api_hw_declares_resolves_on_the_facade() -> None:
     assert not missing, f"hw/api.py declares names the facade does not provide: {missing}"
 
 
-# The op-doc lines the fused attention's rules cite (ascendgraph/kernel_contracts.py) and a few words
+# The op-doc lines the fused attention's rules cite (ascendgraph/kernel_contracts/) and a few words
 # each must hold: which Q_S branch a line sits in decides whom its rule applies to.
 OP_DOCS = "torch_npu/_op_plugin_docs.py"
 FIA_CITED_LINES = {

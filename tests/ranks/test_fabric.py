@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from ascendgraph.errors import CollectiveDeadlock, CollectiveMismatch, CollectiveTimeout, GraphHang
+from ascendgraph.errors import CaptureError, CollectiveDeadlock, CollectiveMismatch, CollectiveTimeout, GraphHang
 from ascendgraph.parallel.layout import ParallelLayout
-from sim.fabric import Collective, Decision, Fabric
+from sim.fabric import Collective, Decision, Fabric, FabricThreads
 
 DP2 = ParallelLayout(dp=2)
 
@@ -127,3 +127,43 @@ def test_the_seed_orders_the_ranks_and_reproduces_the_order():
 
     assert orders(1) == orders(1)
     assert any(orders(1) != orders(s) for s in range(2, 6))
+
+
+class _Sealed(RuntimeError):
+    """A rank's own failure that refuses every attribute set on it once raised: the fabric
+    raises a rank's exception as the rank raised it and says who failed in its stats."""
+
+    def __setattr__(self, name, value):
+        raise AssertionError(f"{name} = {value!r} set on a raised exception")
+
+
+def _own_and_peer_failures():
+    own = _Sealed("rank 1 failed on its own")
+
+    def fails(rank):
+        if rank == 0:
+            raise CaptureError("gave up with its peer", peer_abort=True, rank=0)
+        raise own
+
+    return own, fails
+
+
+def test_a_ranks_own_failure_is_raised_untouched_and_the_stats_name_its_rank():
+    own, fails = _own_and_peer_failures()
+
+    def program(rank):
+        fails(rank)
+        yield _sum(rank, 1)
+
+    fabric = Fabric(DP2)
+    with pytest.raises(_Sealed) as info:
+        fabric.run({r: program(r) for r in (0, 1)})
+    assert info.value is own and fabric.stats.failed_rank == 1  # rank 0 gave up: not the run's error
+
+
+def test_a_rank_threads_own_failure_is_raised_untouched_and_the_stats_name_its_rank():
+    own, fails = _own_and_peer_failures()
+    threads = FabricThreads(Fabric(DP2))
+    with pytest.raises(_Sealed) as info:
+        threads.run({r: (lambda r=r: fails(r)) for r in (0, 1)})
+    assert info.value is own and threads.fabric.stats.failed_rank == 1

@@ -29,6 +29,22 @@ def test_a_rank_file_is_a_row_per_side_and_runs_through_scenario_run(capsys):
     assert document["summary"]["scenarios"] == 2 and document["summary"]["failed"] == 0
 
 
+def test_scenario_list_lists_rank_files_a_row_per_side_with_their_kind(capsys):
+    assert main(["scenario", "list", "--json", str(RANK_FILES), str(SINGLE_RANK_FILES / "task_queue_enable_2.toml")]) == 0
+    rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)["scenarios"]}
+    assert rows["sync_tensors_differ[buggy]"]["kind"] == "ranks"
+    assert (rows["sync_tensors_differ[buggy]"]["expected"], rows["sync_tensors_differ[buggy]"]["error_type"]) == \
+        ("error", "CollectiveMismatch")
+    assert rows["sync_tensors_differ[fixed]"]["expected"] == "ok" and "#9689" in rows["sync_tensors_differ[fixed]"]["issue"]
+    assert rows["task_queue_enable_2"]["kind"] == "engine"
+    assert len(rows) == 2 * len(list(RANK_FILES.glob("*.toml"))) + 1
+    assert main(["scenario", "list", str(RANK_FILES / "draft_steps_differ.toml")]) == 0
+    text = capsys.readouterr().out
+    assert "draft_steps_differ[buggy]  ranks   error (CollectiveDeadlock)" in text and text.endswith("2 scenarios\n")
+    assert main(["scenario", "list", "--markdown", str(RANK_FILES / "draft_steps_differ.toml")]) == 0
+    assert "| `draft_steps_differ[buggy]` | ranks |" in capsys.readouterr().out
+
+
 def test_shards_cover_every_item_exactly_once():
     items = load_items([RANK_FILES, SINGLE_RANK_FILES])
     names = [item.name for item in items]

@@ -94,6 +94,37 @@ def test_capture_lists_are_compared_before_capture(sizes, rule):
     assert [r.graphs_captured for r in agreed.ranks] == [3, 3]  # only the sizes every rank has
 
 
+def test_an_agreed_abort_names_the_failing_rank_and_its_peers_give_up_by_constructor(monkeypatch):
+    """Agreed capture outcome, on_capture_error=raise: rank 1 runs out of memory, rank 0 gives up
+    with it. The peer's abort is built with ``peer_abort`` and ``rank`` (a sealed class refuses any
+    field set later); the run's error is rank 1's own, and the report names rank 1."""
+    from ascendgraph.errors import CaptureError
+    from ascendgraph.runtime import ranks as ranks_module
+
+    aborts = []
+
+    class SealedCaptureError(CaptureError):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            aborts.append(self)
+            object.__setattr__(self, "sealed", True)
+
+        def __setattr__(self, name, value):
+            if getattr(self, "sealed", False):
+                raise AssertionError(f"{name} = {value!r} set on a built CaptureError")
+            super().__setattr__(name, value)
+
+    monkeypatch.setattr(ranks_module, "CaptureError", SealedCaptureError)
+    config = GraphConfig.from_vllm_args(model="tiny-moe", tensor_parallel_size=2,
+                                        compilation_config={"cudagraph_mode": "FULL_DECODE_ONLY",
+                                                            "cudagraph_capture_sizes": [1, 2, 4, 8]})
+    report = run_ranks(config, RankOptions(steps={0: [Step(2, True)] * 2}, on_capture_error="raise",
+                                           faults="rank=1:capture_begin=2*off->raise(oom)"))
+    assert type(report.error).__name__ == "OutOfMemoryError" and report.failed_rank == 1
+    assert [(abort.peer_abort, abort.rank) for abort in aborts] == [(True, 0)]
+    assert report.to_json()["error"]["rank"] == 1 and "FAILED on rank 1: OutOfMemoryError" in report.format_text()
+
+
 def test_captured_collectives_charge_streams_per_communicator():
     """A graph holding TP and EP collectives holds one more stream per group under AIV
     (sim/budget.py); the MoE pair on one group is charged once."""
@@ -117,7 +148,7 @@ def test_shards_cover_every_job_once():
     seeds = range(0, 5)
     every = plan_jobs(FILES, seeds)
     shards = [plan_jobs(FILES, seeds, parse_shard(f"{i}/3")) for i in range(3)]
-    assert sorted(sum(shards, []), key=repr) == sorted(every, key=repr)
+    assert sorted((job for shard in shards for job in shard), key=repr) == sorted(every, key=repr)
     assert len(every) == len(FILES) * 2 * 5
     with pytest.raises(Exception, match="i/n"):
         parse_shard("3/3")

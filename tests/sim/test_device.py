@@ -595,5 +595,6 @@ def test_a_compiled_mutating_op_runs_through_auto_functionalized_under_capture_a
     graph, result = capture(device, lambda: step(x, out))
     x.copy_(torch.arange(4.0))
     graph.replay()
+    device.synchronize()  # the device runs behind the host; the result is read through a plain CPU tensor
     torch.testing.assert_close(result, (torch.arange(4.0) + 1) * 6)
     assert "ascendgraph_simtest.scale_into.default" in graph.recorded_ops()

@@ -14,7 +14,8 @@ BF16 = torch.bfloat16
 
 
 @pytest.fixture
-def torch_npu() -> Iterator[Any]:
+def torch_npu(kernels_run_as_on_the_device: None) -> Iterator[Any]:
+    # the kernels' formulas on CPU tensors, as the npu device runs them (tests/sim/conftest.py)
     from sim import facade
 
     facade.install(quiet=True)
@@ -95,3 +96,23 @@ def test_a_kernel_traced_with_a_dynamic_token_count_keeps_it_dynamic(torch_npu: 
         x = randn(tokens, 16, seed=tokens)
         torch._dynamo.mark_dynamic(x, 0)
         assert torch.equal(compiled(x, gamma), norm(x, gamma))
+
+
+def test_the_model_kernels_refuse_host_tensors_and_run_on_npu_tensors() -> None:
+    # torch_npu registers its kernels for the npu device only (as sim.facade.kernels).
+    from sim import facade
+
+    facade.install(quiet=True)
+    facade.configure()
+    try:
+        import torch_npu
+
+        with pytest.raises(NotImplementedError, match=r"Could not run 'npu::npu_swiglu' with arguments from the "
+                                                      r"'CPU' backend"):
+            torch_npu.npu_swiglu(randn(2, 8))
+        x = randn(2, 8, seed=3)
+        out = torch_npu.npu_swiglu(x.to("npu"))
+        a, b = x.float()[:, :4], x.float()[:, 4:]
+        assert out.device.type == "npu" and torch.equal(out.cpu(), (a * torch.sigmoid(a) * b).to(BF16))
+    finally:
+        facade.uninstall()

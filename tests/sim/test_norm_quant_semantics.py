@@ -12,7 +12,7 @@ Hypothesis draws shapes and values; more examples under ``-m slow``.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import pytest
 import torch
@@ -20,20 +20,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sim.facade import kernels as facade_kernels
-from sim.npu_device.fallback import on_device
 from tests.sim.attention_reference import paged_attention_decode
 
 facade_kernels.register()
 F = torch.ops.npu_facade
-
-
-@pytest.fixture(autouse=True)
-def kernels_run_as_on_the_device() -> Iterator[None]:
-    """The facade's kernels are torch_npu's: registered for npu tensors only, they run on CPU
-    aliases of device memory (sim.npu_device.fallback). Here they run on CPU tensors as the
-    device runs them, so the formulas are tested without a simulated NPU."""
-    with on_device():
-        yield
+pytestmark = pytest.mark.usefixtures("kernels_run_as_on_the_device")  # tests/sim/conftest.py
 FAST = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SLOW = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

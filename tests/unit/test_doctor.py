@@ -197,7 +197,8 @@ def test_old_hdk_is_reported_with_the_alloc_sq_cq_consequence(tmp_path, cache):
 
 
 @pytest.mark.parametrize("text, parsed", [("25.5.1", (25, 5, 1)), ("24.1.rc2", (24, 1)), ("25.5.RC1", (25, 5)),
-                                          ("", None), ("unknown", None)])
+                                          ("", None), ("unknown", None), ("25.²", (25,)), ("²", None),
+                                          ("٢٥.5", None)])
 def test_hdk_versions_compare_by_their_leading_numbers(text, parsed):
     assert parse_version_numbers(text) == parsed
 

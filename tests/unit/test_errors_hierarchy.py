@@ -80,6 +80,67 @@ def test_rank_and_peer_abort_are_constructor_fields():
     assert errors.KernelContractError("no", kernel="k", rank=5).rank == 5
 
 
+def _exception_fields() -> set[str]:
+    """The keyword fields errors.py's exception classes take in their constructors."""
+    import inspect
+
+    fields = set()
+    for value in vars(errors).values():
+        if isinstance(value, type) and issubclass(value, BaseException) and "__init__" in vars(value):
+            fields |= {p.name for p in inspect.signature(value.__init__).parameters.values()
+                       if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    return fields
+
+
+def _exceptions_annotated(path: Path, fields: set[str]) -> list[str]:
+    """Where a file sets an attribute on an exception after it was built: ``setattr`` of an
+    exception field by name, or on a name an ``except ... as`` clause bound (dunders aside)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    caught = {node.name for node in ast.walk(tree) if isinstance(node, ast.ExceptHandler) and node.name}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr" \
+                and len(node.args) >= 2:
+            target, name = node.args[0], node.args[1]
+            if (isinstance(name, ast.Constant) and name.value in fields) or \
+                    (isinstance(target, ast.Name) and target.id in caught):
+                found.append(f"line {node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, (ast.Assign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) \
+                        and target.value.id in caught and not target.attr.startswith("__"):
+                    found.append(f"line {node.lineno}: {ast.unparse(target)} = ...")
+    return found
+
+
+def test_no_code_sets_fields_on_an_exception_after_it_is_built():
+    # rank, peer_abort and the rest are constructor fields; who failed is told by the one who
+    # knows (sim.fabric.FabricStats.failed_rank), never by annotating a raised exception.
+    fields = _exception_fields()
+    assert {"rank", "peer_abort", "straggler", "key"} <= fields
+    files = [path for root in ("ascendgraph", "sim", "hw") for path in sorted((CORE.parent / root).rglob("*.py"))]
+    found = {str(path.relative_to(CORE.parent)): hits for path in files if (hits := _exceptions_annotated(path, fields))}
+    assert found == {}
+
+
+def test_the_annotation_check_sees_a_planted_setattr(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text(
+        "def run(failures, rank):\n"
+        "    setattr(failures[rank], 'rank', rank)\n"
+        "    try:\n"
+        "        pass\n"
+        "    except RuntimeError as exc:\n"
+        "        exc.peer_abort = True\n"
+        "        setattr(exc, name, 1)\n"
+        "        exc.__cause__ = None\n"
+    )
+    assert _exceptions_annotated(planted, _exception_fields()) == [
+        "line 2: setattr(failures[rank], 'rank', rank)", "line 6: exc.peer_abort = ...", "line 7: setattr(exc, name, 1)",
+    ]
+
+
 def test_the_planted_exception_outside_errors_is_found(tmp_path, monkeypatch):
     probe = CORE / "tools" / "_errors_probe.py"
     try:

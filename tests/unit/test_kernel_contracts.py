@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 import torch
 
 from ascendgraph import kernel_contracts as kc
 from ascendgraph.errors import KernelContractError
 from ascendgraph.kernel_calls import CHECKED_OPS, check_op, kernel_calls
+from ascendgraph.kernel_contracts.fused_attention import _head_dim
 from ascendgraph.testing.contract_cases import CONTRACT_CASES, missing_cases
 
 CPU = torch.device("cpu")
@@ -21,6 +25,47 @@ def test_every_rule_has_a_case_and_a_source() -> None:
     for rule in kc.RULES:
         assert rule.source.strip(), rule
         assert rule.name == rule.name.lower() and " " not in rule.name
+
+
+def _source_lines(function) -> set[int]:
+    return {line for _, _, line in function.__code__.co_lines() if line is not None}
+
+
+def test_every_rule_predicate_is_a_one_line_lambda_or_a_named_documented_function() -> None:
+    # A rule reads as data: a predicate longer than a line gets a name and says what it checks.
+    offenders = []
+    for rule in kc.RULES:
+        for role in ("applies", "holds"):
+            function = getattr(rule, role)
+            if function.__name__ == "<lambda>":
+                if len(_source_lines(function)) > 1:
+                    offenders.append(f"{rule.kernel} {rule.name}: {role} is a lambda over several lines")
+            elif not (function.__doc__ or "").strip():
+                offenders.append(f"{rule.kernel} {rule.name}: {role} {function.__name__} has no docstring")
+    assert offenders == []
+
+
+def _defined_public_names(path: Path) -> set[str]:
+    """The public names a module defines at its top level (assignments, functions, classes)."""
+    names = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(target.id for target in targets if isinstance(target, ast.Name))
+    return {name for name in names if not name.startswith("_")}
+
+
+def test_every_public_name_of_the_family_modules_is_imported_from_the_package() -> None:
+    # Callers import from ``ascendgraph.kernel_contracts`` only; the modules are its layout.
+    package = Path(kc.__file__).parent
+    defined = {name: path.stem for path in sorted(package.glob("*.py")) if path.stem != "__init__"
+               for name in _defined_public_names(path)}
+    assert len(defined) > 40
+    assert {name: module for name, module in defined.items() if name not in kc.__all__} == {}
+    assert [name for name in kc.__all__ if not hasattr(kc, name)] == []
+    assert kc.KernelContractError is KernelContractError and kc.block_size_problem is not None
 
 
 @pytest.mark.parametrize("kernel,rule", CASES, ids=[f"{k}-{r}" for k, r in CASES])
@@ -120,6 +165,39 @@ def test_every_checked_op_maps_to_a_contracted_kernel() -> None:
         calls = kernel_calls(op, args, in_graph=True)
         assert calls and all(kc.rules_for(c.kernel) for c in calls), op
         check_op(op, args, in_graph=True)
+
+
+def test_the_workspace_query_maps_onto_the_fused_attentions_rules() -> None:
+    # hw's attention_workspace issues FIA's max-workspace query with the whole query and FIA's
+    # arguments: the table's FIA rules apply to it (hw's pre-check and its binding ask them).
+    args = _attention_args(5, [3, 5], [3, 18], rows=2)[:7]
+    (call,) = kernel_calls("attention_workspace", args, in_graph=False)
+    assert call.kernel == kc.FIA_MAX_WORKSPACE and call.arguments["query"].shape[0] == 5
+    check_op("attention_workspace", args, in_graph=False)
+    with pytest.raises(KernelContractError, match="query_dtype"):
+        check_op("attention_workspace", _attention_args(5, [3, 5], [3, 18], rows=2, dtype=torch.float32)[:7],
+                 in_graph=False)
+    assert "attention_workspace" not in CHECKED_OPS  # the simulator's kernels check what they launch
+
+
+def test_refusal_asks_the_named_rules_of_one_kernel_and_the_ops_own_level() -> None:
+    from ascendgraph.kernel_calls import refusal
+
+    float32 = _attention_args(5, [3, 5], [3, 18], rows=2, dtype=torch.float32)
+    why = refusal("paged_attention", float32, kernel=kc.FIA, rules=("query_dtype",), in_graph=False)
+    assert why is not None and why.startswith(f"{kc.FIA}: kernel contract 'query_dtype' violated")
+    assert refusal("paged_attention", float32, kernel=kc.FIA, rules=("gqa_ratio",), in_graph=False) is None
+    mixed = list(_attention_args(5, [3, 5], [3, 18], rows=2))
+    mixed[1] = mixed[2] = mixed[1].half()  # the op's own level: caches share the query's dtype
+    why = refusal("paged_attention", mixed, kernel=kc.FIA, rules=(), in_graph=False)
+    assert why is not None and "'cache_dtype_like_query'" in why
+    # The KV write asked about either kernel, whatever the SoC would pick.
+    key, cache = torch.zeros(3, 2, 16), torch.zeros(4, 16, 2, 16)
+    write = (key, key, cache, cache.clone(), torch.arange(3))
+    assert refusal("reshape_and_cache", write, kernel=kc.SCATTER_PA_KV_CACHE, rules=("scatter_dtypes_equal",),
+                   in_graph=False) is None
+    why = refusal("reshape_and_cache", write, kernel=kc.RESHAPE_AND_CACHE, rules=("cache_dtype",), in_graph=False)
+    assert why is not None and "'cache_dtype'" in why
 
 
 @pytest.mark.parametrize("block_size, legal", [(128, True), (256, True), (512, True), (16, False), (64, False),
@@ -287,11 +365,11 @@ def test_the_head_dim_of_a_bsh_query_is_h_over_the_heads() -> None:
     bsh = dict(input_layout="BSH", actual_seq_lengths=None, actual_seq_lengths_kv=None, block_table=None,
                sparse_mode=0, atten_mask=None)
     wide = _fia_args(query=torch.zeros(2, 3, 600, dtype=torch.bfloat16), num_heads=2, num_key_value_heads=2, **bsh)
-    assert kc._head_dim(wide) == 300 and "head_dim_limit" not in _broken(wide)
+    assert _head_dim(wide) == 300 and "head_dim_limit" not in _broken(wide)
     narrow = _fia_args(query=torch.zeros(2, 3, 32, dtype=torch.bfloat16), num_heads=4, num_key_value_heads=2, **bsh)
-    assert kc._head_dim(narrow) == 8 and "head_dim_16_aligned" in _broken(narrow)
+    assert _head_dim(narrow) == 8 and "head_dim_16_aligned" in _broken(narrow)
     bsnd = _fia_args(query=torch.zeros(2, 3, 4, 16, dtype=torch.bfloat16), **{**bsh, "input_layout": "BSND"})
-    assert kc._head_dim(bsnd) == 16
+    assert _head_dim(bsnd) == 16
 
 
 def test_the_kv_hidden_limit_is_a_rule_of_the_three_dimensional_cache_layout() -> None:

@@ -50,9 +50,6 @@ LINE_LIMIT = 600
 LONG_FILES: dict[str, str] = {
     "ascendgraph/resolve.py": "the resolution pipeline is one ordered sequence of rules; a split "
                               "is planned with the next rule change",
-    "ascendgraph/kernel_contracts.py": "the contract table: torch_npu's rules plus the kernels vLLM Ascend's "
-                                        "A2 graph paths issue (FIA v2, paged attention, scatter KV); to be "
-                                        "split per kernel family",
     "hw/kernels.py": "the torch_npu kernel table grew past the limit with the task-group and stale-"
                      "parameter rules; to be split (launchers / reference fallbacks) by its owner",
 }
@@ -191,6 +188,40 @@ def test_no_file_outside_tests_is_longer_than_the_limit_unless_listed_with_a_rea
     assert all(reason.strip() for reason in LONG_FILES.values())
 
 
+# --------------------------------------------------------------------------- the kernel-contract table
+
+# ascendgraph/kernel_contracts/: a module per kernel family, and the kernels whose rules it holds.
+CONTRACT_FAMILIES: dict[str, set[str]] = {
+    "fused_attention": {"npu_fused_infer_attention_score"},
+    "fused_attention_v2": {"npu_fused_infer_attention_score_v2"},
+    "paged_attention": {"ascendgraph::paged_attention", "_npu_paged_attention"},
+    "kv_cache": {"_npu_reshape_and_cache", "npu_scatter_pa_kv_cache"},
+    "norms": {"npu_rms_norm", "npu_add_rms_norm"},
+    "quantisation": {"npu_dynamic_quant", "npu_quantize", "npu_add_rms_norm_quant",
+                     "npu_add_rms_norm_dynamic_quant"},
+    "model_layers": {"_npu_rotary_embedding", "npu_mrope", "npu_swiglu"},
+}
+
+
+def test_the_kernel_contract_table_is_a_module_per_kernel_family():
+    import importlib
+
+    from ascendgraph import kernel_contracts
+    from ascendgraph.kernel_contracts.common import KernelRule
+
+    assert not (CORE / "kernel_contracts.py").exists()
+    home: dict[int, str] = {}
+    for family, kernels in CONTRACT_FAMILIES.items():
+        module = importlib.import_module(f"ascendgraph.kernel_contracts.{family}")
+        rules = [rule for value in vars(module).values() if isinstance(value, tuple)
+                 for rule in value if isinstance(rule, KernelRule)]
+        assert {rule.kernel for rule in rules} == kernels, family
+        home.update({id(rule): family for rule in rules})
+    homeless = [f"{rule.kernel} {rule.name}" for rule in kernel_contracts.RULES if id(rule) not in home]
+    assert homeless == [], "every rule lives in the module of its kernel family"
+    assert set(kernel_contracts.KERNELS) == set().union(*CONTRACT_FAMILIES.values())
+
+
 # --------------------------------------------------------------------------- sim/ as components (docs/simulator.md)
 
 DEVICE_NAMES = {"device", "_device", "dev", "sim_device"}
@@ -290,6 +321,14 @@ def test_stages_are_composed_not_inherited():
     assert {stage: stage.__bases__ for stage in stages} == {stage: (object,) for stage in stages}
 
 
+def test_the_engine_only_composes_its_stages():
+    # Engine.__init__ builds the state and the stages and hands each what it needs: nothing else.
+    tree = ast.parse((RUNTIME / "engine.py").read_text(encoding="utf-8"))
+    engine = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Engine")
+    init = next(node for node in engine.body if isinstance(node, ast.FunctionDef) and node.name == "__init__")
+    assert init.end_lineno is not None and init.end_lineno - init.lineno + 1 < 60
+
+
 def test_the_stages_never_import_the_engine():
     assert _offenders(sorted(STAGES.glob("*.py")), ("ascendgraph.runtime.engine",)) == {}
 
@@ -368,3 +407,24 @@ def test_the_type_checker_is_configured_as_decided():
     missing_ok = [o for o in config.get("overrides", []) if o.get("ignore_missing_imports")]
     assert {m.split(".")[0] for o in missing_ok for m in o["module"]} == {"torch_npu", "vllm"}
     assert "typecheck:" in (REPO / "Makefile").read_text() and "make typecheck" in (REPO / ".ci" / "run").read_text()
+
+
+# Standard-library modules newer than some Python 3 the project could claim, with the version
+# that added them: requires-python must not promise a Python the code cannot import on.
+NEW_STDLIB_MODULES = {"tomllib": (3, 11), "graphlib": (3, 9), "zoneinfo": (3, 9)}
+
+
+def test_requires_python_admits_only_pythons_the_code_runs_on():
+    import re
+    import tomllib
+
+    spec = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["requires-python"]
+    found = re.fullmatch(r">=\s*(\d+)\.(\d+)", spec)
+    assert found, f"requires-python {spec!r}: state the lowest version as >=X.Y"
+    lowest = (int(found.group(1)), int(found.group(2)))
+    files = [path for root in ("ascendgraph", "sim", "hw") for path in sorted((REPO / root).rglob("*.py"))]
+    imported = {module.split(".")[0] for path in files for module in _imported_modules(path)}
+    needed = {name: version for name, version in NEW_STDLIB_MODULES.items() if name in imported}
+    assert "tomllib" in needed
+    assert {name: version for name, version in needed.items() if version > lowest} == {}
+

@@ -110,3 +110,90 @@ def test_a_project_without_npu_tests_is_not_gated_and_never_asks_for_an_npu(
     result = _run(pytester, "-m", "npu or not npu")
     result.assert_outcomes(passed=1)
     assert asked == []
+
+
+# --------------------------------------------------------------------------- a third-party project
+#
+# Installed with ascendgraph, the plugin loads in every project of that environment. A project
+# that has its own tests/scenarios/*.toml and its own --device option must run as if the plugin
+# were not there. These cases run pytest in a subprocess (the plugin loads from its entry point,
+# or with -p where ascendgraph is not installed), on a project written to tmp_path.
+
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from tests.inner_pytest import NO_HYPOTHESIS  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+THEIR_CONFTEST = (
+    "def pytest_addoption(parser):\n"
+    "    parser.addoption('--device', default='cpu', help='our accelerator (cpu, cuda)')\n"
+    "    parser.addoption('--expect-device', default='cpu')\n"
+)
+THEIR_TESTS = (
+    "def test_our_device_option(request):\n"
+    "    assert request.config.getoption('--device') == request.config.getoption('--expect-device', 'cpu')\n"
+)
+THEIR_SCENARIO = '[scenario]\nname = "a load test of our own"\nusers = 10\n'
+
+
+def _third_party(tmp_path: Path, *, ini: str = "", conftest: str = THEIR_CONFTEST) -> Path:
+    project = tmp_path / "theirs"
+    (project / "tests" / "scenarios").mkdir(parents=True)
+    (project / "pyproject.toml").write_text(f'[project]\nname = "theirs"\nversion = "0"\n\n[tool.pytest.ini_options]\n{ini}')
+    (project / "conftest.py").write_text(conftest)
+    (project / "tests" / "test_theirs.py").write_text(THEIR_TESTS)
+    (project / "tests" / "scenarios" / "x.toml").write_text(THEIR_SCENARIO)
+    return project
+
+
+def _pytest(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("PYTEST_ADDOPTS", None)
+    return subprocess.run([sys.executable, "-m", "pytest", *PLUGIN_ARGS, "-p", "no:cacheprovider", "-p", "no:xdist",
+                           *NO_HYPOTHESIS, "-q", *args], cwd=project, env=env, capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_a_project_with_its_own_scenarios_and_device_option_runs_as_without_the_plugin(tmp_path: Path) -> None:
+    project = _third_party(tmp_path)
+    result = _pytest(project, "--device", "cuda", "--expect-device", "cuda")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "1 passed" in result.stdout and "x.toml" not in result.stdout
+    plain = _pytest(project)
+    assert plain.returncode == 0 and "1 passed" in plain.stdout, plain.stdout[-3000:] + plain.stderr[-3000:]
+
+
+def test_the_plugins_device_flag_stays_reachable_beside_the_projects_own(tmp_path: Path) -> None:
+    project = _third_party(tmp_path)
+    (project / "tests" / "test_sim.py").write_text(
+        "def test_the_device_fixture_is_the_simulator(device):\n    assert device.name == 'sim'\n")
+    result = _pytest(project, "--ascendgraph-device", "sim", "--device", "cuda", "--expect-device", "cuda")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "2 passed" in result.stdout
+    help_text = _pytest(project, "--help").stdout
+    assert "--ascendgraph-device" in help_text and "our accelerator (cpu, cuda)" in help_text
+
+
+def test_without_a_device_option_of_its_own_the_project_gets_device(tmp_path: Path) -> None:
+    project = _third_party(tmp_path, conftest="")
+    (project / "tests" / "test_theirs.py").write_text(
+        "def test_the_device_fixture_is_the_simulator(device):\n    assert device.name == 'sim'\n")
+    result = _pytest(project, "--device", "sim")
+    assert result.returncode == 0 and "1 passed" in result.stdout, result.stdout[-3000:] + result.stderr[-3000:]
+    refused = _pytest(project, "--device", "cuda")
+    assert refused.returncode == pytest.ExitCode.USAGE_ERROR and "invalid choice: 'cuda'" in refused.stderr
+
+
+def test_scenario_files_are_collected_only_in_the_folders_a_project_opts_in(tmp_path: Path) -> None:
+    project = _third_party(tmp_path, ini='ascendgraph_scenarios = ["tests/ours"]\n')
+    (project / "tests" / "ours").mkdir()
+    (project / "tests" / "ours" / "launch_blocking.toml").write_text(
+        (ROOT / "tests" / "scenarios" / "ascend_launch_blocking.toml").read_text())
+    result = _pytest(project, "-rA")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "2 passed" in result.stdout
+    assert "tests/ours/launch_blocking.toml::launch_blocking" in result.stdout
+    assert "x.toml" not in result.stdout

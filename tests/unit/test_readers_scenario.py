@@ -82,6 +82,7 @@ def test_the_cli_exits_2_with_one_line_for_list_and_run(tmp_path, capsys, action
 def test_pytest_collection_reports_the_bad_file_in_one_line(pytester):
     folder = pytester.path / "scenarios"
     folder.mkdir()
+    pytester.makeini("[pytest]\nascendgraph_scenarios = scenarios\n")
     (folder / "bad_json.toml").write_text(
         "description = 'x'\n[config]\ncompilation_config = \"{bad json\"\n[expect]\noutcome = 'ok'\n"
     )

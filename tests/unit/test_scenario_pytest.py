@@ -120,7 +120,8 @@ def write_project(root: Path) -> None:
     for name, text in SCENARIOS.items():
         (folder / f"{name}.toml").write_text(textwrap.dedent(text))
     (folder / "notes.txt").write_text("not a scenario")
-    (root / "other.toml").write_text("not collected: not under a scenarios folder")
+    (root / "other.toml").write_text("not collected: not under the opted-in folder")
+    (root / "pytest.ini").write_text("[pytest]\nascendgraph_scenarios = scenarios\n")  # the project opts in
     (root / "test_marker.py").write_text(MARKER_TESTS)
 
 

@@ -69,12 +69,15 @@ class ThreeLayers:
     def __init__(self, config: object, seed: int, sinks: object = None) -> None:
         self.layers = [harness.Layer(name, config, seed + 10 * index, sinks=sinks)
                        for index, name in enumerate(LAYER_NAMES)]
-        self.query = torch.zeros(SIZE, harness.HEADS, harness.HEAD_DIM, dtype=torch.bfloat16)
-        self.key = torch.zeros(SIZE, harness.KV_HEADS, harness.HEAD_DIM, dtype=torch.bfloat16)
+        device = harness.DEVICE  # the runner's buffers live on the simulated NPU
+        self.query = torch.zeros(SIZE, harness.HEADS, harness.HEAD_DIM, dtype=torch.bfloat16, device=device)
+        self.key = torch.zeros(SIZE, harness.KV_HEADS, harness.HEAD_DIM, dtype=torch.bfloat16, device=device)
         self.value = torch.zeros_like(self.key)
-        self.outputs = [torch.zeros(SIZE, harness.HEADS, harness.HEAD_DIM, dtype=torch.bfloat16) for _ in self.layers]
-        self.slot_buffers = [torch.full((SIZE,), harness.PAD_SLOT_ID, dtype=torch.int32) for _ in self.layers]
-        self.table_buffers = [torch.zeros(SIZE + 1, 2, dtype=torch.int32) for _ in self.layers]
+        self.outputs = [torch.zeros(SIZE, harness.HEADS, harness.HEAD_DIM, dtype=torch.bfloat16, device=device)
+                        for _ in self.layers]
+        self.slot_buffers = [torch.full((SIZE,), harness.PAD_SLOT_ID, dtype=torch.int32, device=device)
+                             for _ in self.layers]
+        self.table_buffers = [torch.zeros(SIZE + 1, 2, dtype=torch.int32, device=device) for _ in self.layers]
         self.tokens = SIZE
 
     def __call__(self) -> list[torch.Tensor]:
@@ -90,8 +93,9 @@ class ThreeLayers:
     def load(self, tokens: int, seed: int) -> None:
         generator = torch.Generator().manual_seed(seed)
         for tensor in (self.query, self.key, self.value):
-            tensor.zero_()
-            tensor[:tokens] = torch.randn(tensor[:tokens].shape, generator=generator).to(torch.bfloat16)
+            host = torch.zeros(tensor.shape, dtype=torch.bfloat16)
+            host[:tokens] = torch.randn(host[:tokens].shape, generator=generator).to(torch.bfloat16)
+            tensor.copy_(host)  # the step's inputs, copied to the device
 
     def metadata(self, steps: list[LayerStep], builder: object) -> dict[str, object]:
         built = {self.layers[i].name: steps[i].metadata(builder, self.slot_buffers[i], self.table_buffers[i])
@@ -106,7 +110,7 @@ def builder(config: object) -> object:
 
     spec = FullAttentionSpec(block_size=harness.BLOCK_SIZE, num_kv_heads=harness.KV_HEADS, head_size=harness.HEAD_DIM,
                              dtype=torch.bfloat16)
-    return AscendAttentionMetadataBuilder(spec, list(LAYER_NAMES), config, torch.device("cpu"))
+    return AscendAttentionMetadataBuilder(spec, list(LAYER_NAMES), config, torch.device(harness.DEVICE))
 
 
 def layer_steps(q_lens: list[int], kv_lens: list[int], *, own_lengths: bool = True,
@@ -134,7 +138,7 @@ def run_steps(steps: list[tuple[list[int], list[int]]], *, sinks: bool, own_leng
     """Capture the three layers in a FULL graph, then step, update and compare with eager."""
     config = harness.vllm_config("FULL")
     metadata_builder = builder(harness.builder_config("FULL"))
-    sink_logits = torch.linspace(-1, 1, harness.HEADS).to(torch.bfloat16) if sinks else None
+    sink_logits = torch.linspace(-1, 1, harness.HEADS).to(torch.bfloat16).to(harness.DEVICE) if sinks else None
     model, eager = ThreeLayers(config, seed=0, sinks=sink_logits), ThreeLayers(config, seed=0, sinks=sink_logits)
     for graph_layer, eager_layer in zip(model.layers, eager.layers):
         eager_layer.kv_cache = graph_layer.clone_cache()

@@ -89,7 +89,12 @@ def _trace(fn: Callable[..., Any], args: Sequence[Any], get_decomp_fn: Any = Non
     to the passes are aot_autograd's, which keep ops such as ``mean`` whole)."""
     from torch._inductor.pattern_matcher import fwd_only
 
-    return fwd_only(fn, args, get_decomp_fn=lambda: {})
+    from ascendgraph.torch_warnings import foreign_warnings_ignored
+
+    # fwd_only imports torch's post-grad passes, whose import raises torch's own
+    # `torch.jit.script_method` DeprecationWarning (ascendgraph.torch_warnings).
+    with foreign_warnings_ignored():
+        return fwd_only(fn, args, get_decomp_fn=lambda: {})
 
 
 @contextlib.contextmanager

@@ -56,7 +56,7 @@ def parse_version_numbers(text: Optional[str]) -> Optional[tuple[int, ...]]:
         return None
     numbers = []
     for part in re.split(r"[.\-_]", text.strip()):
-        if not part.isdigit():
+        if not (part.isascii() and part.isdigit()):  # isdigit alone takes "²", which int() refuses
             break
         numbers.append(int(part))
     return tuple(numbers) or None

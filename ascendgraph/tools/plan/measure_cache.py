@@ -30,7 +30,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
-from ascendgraph.readers import user_cache_root
+from ascendgraph.cache_temporaries import sweep_once
+from ascendgraph.errors import ConfigError
+from ascendgraph.readers import user_cache_root, write_output
 from ascendgraph.resolve import Resolution
 
 __all__ = ["PLAN_CACHE_ENV", "PLAN_CACHE_FORMAT", "PLAN_SUBDIR", "ENV_PREFIXES", "ENV_IGNORED", "measurement_key", "cached"]
@@ -112,8 +114,6 @@ def _enabled() -> bool:
     value = os.environ.get(PLAN_CACHE_ENV, "1").strip().lower()
     if value in _CACHE_ON or value in _CACHE_OFF:
         return value not in _CACHE_OFF
-    from ascendgraph.errors import ConfigError
-
     raise ConfigError(f"{PLAN_CACHE_ENV}={os.environ[PLAN_CACHE_ENV]!r} is neither on nor off: set it to 0 to "
                       "measure every plan again, or unset it (1) to reuse a stored measurement", key=PLAN_CACHE_ENV)
 
@@ -145,13 +145,13 @@ def _load(path: Path, key: str, resolution: Resolution) -> Any:
 
 
 def _store(path: Path, key: str, measurement: Any) -> None:
+    """Written through a temporary beside the entry that is removed on every error path (a full
+    or read-only cache costs the next plan a measurement, nothing else, and leaves no file)."""
     document = {"format": PLAN_CACHE_FORMAT, "key": key, "measurement": measurement.as_dict()}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_suffix(f".{os.getpid()}.tmp")
-        temporary.write_text(json.dumps(document))
-        os.replace(temporary, path)
-    except OSError as exc:  # a read-only cache costs the next plan a measurement, nothing else
+        write_output(path, json.dumps(document), f"plan cache entry {path}")
+    except (OSError, ConfigError) as exc:
         log.warning("could not store the plan's measurement in %s (%s)", path.parent, exc)
 
 
@@ -172,6 +172,7 @@ def cached(
     key = measurement_key(resolution, method=method, sample=sample, profile=profile,
                           hccl_op_expansion_mode=hccl_op_expansion_mode, seed=seed, env=env)
     path = _directory() / f"{key}.json"
+    sweep_once(path.parent)  # what killed plans left behind (ascendgraph.cache_temporaries)
     hit = _load(path, key, resolution)
     if hit is not None:
         return hit
