@@ -148,6 +148,11 @@ class HostBufferGuard(TorchFunctionMode):
     # -- the host's calls
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        if torch.compiler.is_compiling():
+            # Dynamo traces through function modes: its tensors are fake (no host bytes to race
+            # with), and tracing the checks (a ContextVar read) would break the graph, which
+            # vLLM's fullgraph compile refuses.
+            return func(*args, **kwargs)
         if not self.devices or self._device_is_working():
             return func(*args, **kwargs)
         name = getattr(func, "__name__", "")

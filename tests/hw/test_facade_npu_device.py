@@ -238,3 +238,20 @@ def test_a_replay_takes_no_block_the_host_freed_behind_work_still_queued(torch_n
     npu.synchronize()
     assert torch.equal(read.cpu(), torch.full((4096,), 7.0))
     assert torch.equal(doubled.cpu(), torch.full((4096,), 6.0))
+
+
+def test_a_fullgraph_compile_while_a_host_copy_is_queued_traces_past_the_host_guard(torch_npu: Any) -> None:
+    # vLLM compiles its model (fullgraph) while the runner's non_blocking copies into pinned
+    # memory are still queued, so the host guard is on torch's function-mode stack; Dynamo traces
+    # through function modes, and the guard's checks are nothing it can trace.
+    npu = torch_npu.npu
+    destination = torch.zeros(4).pin_memory()
+    destination.copy_(torch.ones(4, device="npu"), non_blocking=True)  # queued: the guard is on the stack
+
+    @torch.compile(backend="eager", fullgraph=True)
+    def double(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    assert torch.equal(double(torch.arange(3.0)), torch.tensor([0.0, 2.0, 4.0]))
+    npu.synchronize()
+    assert destination.tolist() == [1.0] * 4
