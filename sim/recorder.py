@@ -57,7 +57,7 @@ from torch.overrides import TorchFunctionMode
 from ascendgraph.dynamo_gate import LazyDynamoDispatchMode
 
 from ascendgraph import ops as ag_ops
-from sim.mode_stack import reentered
+from sim.mode_stack import reentered, run_functionalized_ops_under
 from sim.matmul import WIDENED_MATMULS, widened_matmul, widens
 from ascendgraph.errors import (
     CaptureConstraintError,
@@ -481,33 +481,9 @@ class EagerTracker(_Mode):
         return out
 
 
-def _functionalized_op_runs_under_the_mode(mode: _Mode, _mutable_op: Any, **kwargs: Any) -> Any:
-    """A compiled graph calls a mutating op through torch's ``auto_functionalized(_v2)``
-    higher-order op (vLLM's compiled model: its attention op writes ``output`` in place). A
-    higher-order op does not reach ``__torch_dispatch__``; it asks for an implementation per
-    mode type. Each simulator mode runs the op's dense implementation (clone the mutated
-    bases, call the op, return the results) with itself re-entered, so the ops it issues are
-    what the mode records, collects or charges."""
-    from torch._higher_order_ops.auto_functionalize import (auto_functionalized, auto_functionalized_dense,
-                                                            auto_functionalized_v2_dense)
-
-    dense = auto_functionalized_dense if kwargs.pop("_hop", None) is auto_functionalized else auto_functionalized_v2_dense
-    with reentered(mode):
-        return dense(_mutable_op, **kwargs)
-
-
-def _register_functionalized_ops() -> None:
-    from torch._higher_order_ops.auto_functionalize import auto_functionalized, auto_functionalized_v2
-
-    for mode_type in (CaptureRecorder, UpdateCollector, EagerTracker):
-        auto_functionalized.py_impl(mode_type)(
-            lambda mode, _mutable_op, **kwargs: _functionalized_op_runs_under_the_mode(
-                mode, _mutable_op, _hop=auto_functionalized, **kwargs))
-        auto_functionalized_v2.py_impl(mode_type)(
-            lambda mode, _mutable_op, **kwargs: _functionalized_op_runs_under_the_mode(mode, _mutable_op, **kwargs))
-
-
-_register_functionalized_ops()
+for _mode_type in (CaptureRecorder, UpdateCollector, EagerTracker):
+    # a compiled graph's mutating ops: what their dense implementation issues is what each mode sees
+    run_functionalized_ops_under(_mode_type)
 
 
 _SYNC_METHODS = frozenset(

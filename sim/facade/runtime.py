@@ -262,6 +262,9 @@ def configure(**device_options: Any) -> FacadeRuntime:
     with _LOCK:
         if _RUNTIME is not None:
             _RUNTIME.close_open_work()  # its modes would stay on torch's stacks for the whole process
+            from sim.npu_device import host_guard
+
+            host_guard.forget(_RUNTIME.device)  # its queued copies never run: nothing for the host to race with
         _RUNTIME = FacadeRuntime(**device_options)
         return _RUNTIME
 
