@@ -159,6 +159,15 @@ def graph(request: pytest.FixtureRequest) -> serving.Served:
 
 
 def test_graph_serving_equals_eager_step_by_step(graph: serving.Served, eager: serving.Served) -> None:
+    from vllm.config import CUDAGraphMode
+
+    # NPUModelRunner.capture_model captured each of vLLM's dispatch keys (the FULL graph of every
+    # capture size; under FULL_AND_PIECEWISE each size's piecewise pieces too) before the engine
+    # served; a graph first captured while serving is one capture_model left out.
+    keys = graph.worker.runner.cudagraph_dispatcher.cudagraph_keys
+    assert keys[CUDAGraphMode.FULL], "vLLM's dispatcher has no FULL keys"
+    assert graph.graphs_before_serving >= len(keys[CUDAGraphMode.FULL]) + len(keys[CUDAGraphMode.PIECEWISE])
+    assert graph.graphs_after_serving == graph.graphs_before_serving, "graphs captured while serving"
     # The same requests in every step (vLLM's scheduler sees the same outputs), the same tokens
     # and the same logits, bitwise: every step, whether vLLM's dispatcher replayed a graph,
     # padded the batch for one, or ran it eagerly.
@@ -179,19 +188,6 @@ def test_graph_serving_equals_eager_step_by_step(graph: serving.Served, eager: s
         assert any(len(r.scheduled) == 4 and max(r.scheduled.values()) > 1 for r in padded)
     paged = "_npu_paged_attention" in graph.log.kernels()
     assert paged == ("pa_shape_list" in dict(graph.worker.spec.additional_config))
-
-
-def test_capture_model_captures_every_graph_before_serving_and_serving_captures_none(
-        graph: serving.Served) -> None:
-    # NPUModelRunner.capture_model captures each of vLLM's dispatch keys (the FULL graph of every
-    # capture size; under FULL_AND_PIECEWISE each size's piecewise pieces too) before the engine
-    # serves; a graph first captured while serving is one capture_model left out.
-    from vllm.config import CUDAGraphMode
-
-    keys = graph.worker.runner.cudagraph_dispatcher.cudagraph_keys
-    assert keys[CUDAGraphMode.FULL], "vLLM's dispatcher has no FULL keys"
-    assert graph.graphs_before_serving >= len(keys[CUDAGraphMode.FULL]) + len(keys[CUDAGraphMode.PIECEWISE])
-    assert graph.graphs_after_serving == graph.graphs_before_serving
 
 
 @pytest.mark.parametrize("mode", ["FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"])
