@@ -272,3 +272,18 @@ def test_writing_the_source_of_a_queued_host_to_device_copy_is_refused():
     done.synchronize()
     device.host_access(staging, "Tensor.copy_()", write=True)
     assert torch.equal(on_device, torch.arange(4.0))
+
+
+def test_abandoning_the_queues_runs_what_can_run_and_forgets_what_never_will():
+    device = SimDevice()
+    ran: list[str] = []
+    free, stuck = device.new_stream(), device.new_stream()
+    device.queues.submit(free, lambda: ran.append("free"), label="free work")
+    event = device.new_external_event()
+    event.wait(stuck)
+    device.queues.submit(stuck, lambda: ran.append("stuck"), label="stuck work")
+    left = device.queues.abandon()
+    assert ran == ["free"]
+    assert len(left) == 2 and all(str(stuck) in item for item in left)  # the wait and the work behind it
+    assert device.queues.pending() == 0
+    device.synchronize()  # the hang was forgotten with the work
