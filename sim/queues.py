@@ -403,6 +403,22 @@ class StreamQueues:
                 if not stream.pending:
                     self._busy.discard(stream)
 
+    def abandon(self) -> list[str]:
+        """The device is being replaced (the facade's next test): run what can still run, then
+        forget what cannot (work behind a wait nothing will release). A card would hang there for
+        good; a suite must go on, and a tensor of this device used later must not meet the hang
+        again. Returns the forgotten items, in words."""
+        left: list[str] = []
+        for stream in self._by_head():
+            try:
+                self.run(stream)
+            except Exception:  # noqa: BLE001 - the work failed; it is forgotten all the same
+                pass
+            left += [f"{queued.item!r} on {stream}" for queued in stream.pending]
+            stream.pending = deque()
+            self._busy.discard(stream)
+        return left
+
     def _by_head(self) -> list["SimStream"]:
         return sorted((s for s in self._busy if s.pending), key=lambda s: s.pending[0].seq)
 

@@ -238,8 +238,20 @@ class FacadeRuntime:
         self.open_super_kernel_scopes.clear()
         return found
 
+    def retire(self) -> list[str]:
+        """This NPU is replaced by a fresh one (`configure`): close what is open, and forget the
+        queued work that can never run (a replay behind an event nothing records: the test that
+        left it saw, or should have seen, `GraphHang`), so a tensor of this NPU that a process
+        global keeps does not meet that hang in a later test. What was open or stuck, in words."""
+        from sim.npu_device import host_guard
 
-_LOCK = threading.Lock()
+        found = self.close_open_work()
+        left = [f"queued work that cannot run: {item}" for item in self.device.queues.abandon()]
+        host_guard.forget(self.device)  # its queued copies never run: nothing for the host to race with
+        return found + left
+
+
+_LOCK = threading.RLock()  # re-entered: retiring an NPU runs its queued work, which asks for the runtime
 _RUNTIME: Optional[FacadeRuntime] = None
 
 
@@ -261,10 +273,7 @@ def configure(**device_options: Any) -> FacadeRuntime:
     global _RUNTIME
     with _LOCK:
         if _RUNTIME is not None:
-            _RUNTIME.close_open_work()  # its modes would stay on torch's stacks for the whole process
-            from sim.npu_device import host_guard
-
-            host_guard.forget(_RUNTIME.device)  # its queued copies never run: nothing for the host to race with
+            _RUNTIME.retire()  # its modes would stay on torch's stacks for the whole process
         _RUNTIME = FacadeRuntime(**device_options)
         return _RUNTIME
 
@@ -282,5 +291,5 @@ def configured(**device_options: Any) -> Iterator[FacadeRuntime]:
         yield fresh
     finally:
         with _LOCK:
-            fresh.close_open_work()
+            fresh.retire()
             _RUNTIME = previous

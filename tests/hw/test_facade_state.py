@@ -195,3 +195,17 @@ def test_a_weak_reference_read_after_the_capture_handed_its_block_to_another_ten
             second = x * 3  # handed the freed block
             assert second.data_ptr() == address
             weak + 1  # reads the second tensor's bytes through the first one's weak reference
+
+
+def test_a_tensor_of_a_replaced_npu_does_not_meet_the_hang_its_npu_was_left_with(torch_npu: Any) -> None:
+    # a process global (vLLM Ascend's mask builder, its graph params) keeps npu tensors across
+    # tests; the test before left a replay behind an event nothing records (it saw GraphHang)
+    from sim import facade
+
+    kept = torch.ones(4, device="npu")
+    old = facade.runtime()
+    event = old.device.new_external_event()
+    event.wait(old.device.current_stream())
+    facade.configure()
+    assert old.device.queues.pending() == 0
+    torch.testing.assert_close((kept + 1).cpu(), torch.full((4,), 2.0))

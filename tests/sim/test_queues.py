@@ -286,3 +286,18 @@ def test_queued_work_issued_in_inference_mode_runs_after_the_host_left_it():
         device.queues.submit(stream, lambda: pinned.add_(1), label="an in-place kernel on it")
     stream.synchronize()  # outside inference mode: torch refuses an in-place update of pinned here
     assert pinned.tolist() == [1.0, 2.0, 3.0, 4.0]
+
+
+def test_abandoning_the_queues_runs_what_can_run_and_forgets_what_never_will():
+    device = SimDevice()
+    ran: list[str] = []
+    free, stuck = device.new_stream(), device.new_stream()
+    device.queues.submit(free, lambda: ran.append("free"), label="free work")
+    event = device.new_external_event()
+    event.wait(stuck)
+    device.queues.submit(stuck, lambda: ran.append("stuck"), label="stuck work")
+    left = device.queues.abandon()
+    assert ran == ["free"]
+    assert len(left) == 2 and all(str(stuck) in item for item in left)  # the wait and the work behind it
+    assert device.queues.pending() == 0
+    device.synchronize()  # the hang was forgotten with the work
