@@ -102,7 +102,7 @@ def _dt(value: Any) -> str:
     return str(getattr(value, "dtype", value)).replace("torch.", "")
 
 
-def _shape(value: Any) -> tuple[int, ...]:
+def _shape(value: Any) -> "tuple[int | torch.SymInt, ...]":
     """The shape as ints; a symbolic size (a kernel traced by torch.compile with a dynamic
     token count) stays symbolic: ``int()`` on it would specialise the traced graph to this
     call's size (Dynamo then refuses the dynamic dimension vLLM marked)."""
