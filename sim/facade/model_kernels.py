@@ -31,9 +31,7 @@ import torch
 from torch import Tensor
 
 from ascendgraph import reference
-from sim.facade import contracts
-from sim.facade.kernels import NAMESPACE, NOT_ON_THE_HOST, _bind
-from sim.npu_device.fallback import running_on_device
+from sim.facade.kernels import NAMESPACE, kernel_entry
 
 __all__ = ["SCHEMAS", "register", "exported_ops"]
 
@@ -84,19 +82,7 @@ _LIBRARY: Optional[torch.library.Library] = None
 
 
 def _make(name: str, fake: bool) -> Callable[..., Any]:
-    implementation = IMPLEMENTATIONS[name]
-
-    def run(*args: Any, **kwargs: Any) -> Any:
-        # As sim.facade.kernels: registered for CPU tensors, run by the npu device on CPU aliases
-        # of device memory; called with host tensors only, torch_npu's dispatcher finds no kernel.
-        if not fake and not running_on_device():
-            raise NotImplementedError(NOT_ON_THE_HOST.format(name=name))
-        bound = _bind(getattr(getattr(torch.ops, NAMESPACE), name).default._schema, args, kwargs)
-        contracts.check(name, bound)
-        return implementation(bound, fake)
-
-    run.__name__ = f"{name}_{'fake' if fake else 'cpu'}"
-    return run
+    return kernel_entry(name, IMPLEMENTATIONS[name], name, fake)
 
 
 def register() -> None:
