@@ -46,8 +46,9 @@ parity-record:
 
 # vLLM Ascend's own graph-mode code on the simulator's torch_npu facade (docs/vllm-ascend.md).
 # VLLM_ASCEND_SRC=/path/to/your/vllm-ascend runs your working copy instead of the snapshot.
-# The environment is cached (scripts/vllm-ascend-env.sh); .venv-vllm-ascend links to it.
-VLLM_ASCEND_PYTEST_ARGS ?= -n auto
+# The environment is cached (scripts/vllm-ascend-env.sh); .venv-vllm-ascend links to it. loadfile keeps a
+# module's tests on one worker: the model runner's module builds each served configuration once.
+VLLM_ASCEND_PYTEST_ARGS ?= -n auto --dist loadfile
 vllm-ascend-env:
 	ln -sfn "$$(dirname "$$(dirname "$$(scripts/vllm-ascend-env.sh | tail -n 1)")")" .venv-vllm-ascend
 

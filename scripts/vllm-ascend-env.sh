@@ -9,8 +9,9 @@
 #   parity environment's list, plus scipy and numba that vLLM Ascend's model-runner module
 #   imports), and
 #   vllm==0.27.1 (vLLM Ascend's own target) without its dependencies (a plain install pulls
-#   CUDA builds of torchvision / torchaudio that fail beside CPU torch), plus the harness
-#   files below. <hash> is the sha256 of the recipe: nothing changed -> nothing rebuilt. It
+#   CUDA builds of torchvision / torchaudio that fail beside CPU torch), compressed-tensors
+#   and torchvision 0.28.0 without theirs (vLLM Ascend's worker patches import vLLM modules
+#   that import them: adapt_patch, NPUWorker.__init__), plus the harness files below. <hash> is the sha256 of the recipe: nothing changed -> nothing rebuilt. It
 #   is built in a temporary directory and renamed into place, so an interrupted build leaves
 #   nothing behind. This project is then installed into it (editable, [test]).
 # * vllm-ascend-src-<hash>: the snapshot tarball unpacked (when VLLM_ASCEND_SRC is unset),
@@ -26,6 +27,9 @@
 #   vllm.platforms.current_platform is NPUPlatform.
 # * a .pth file putting the vLLM Ascend source on sys.path (a contributor's checkout is used
 #   in place; it is NOT installed).
+# * torchvision's two unguarded operator schemas, defined just before torchvision is first
+#   imported (PyPI's torchvision is a CUDA build whose C extension cannot load beside CPU
+#   torch; scripts/vllm_ascend_env/torchvision_without_ops.py, loaded by a .pth file).
 #
 # Version check: the target vLLM of the source is read (.github/vllm-release-tag.commit, the
 # Dockerfile's VLLM_TAG, README's "CI commitment ... vLLM vX tag" line, else the most frequent
@@ -129,10 +133,13 @@ einops
 apache-tvm-ffi==0.1.11
 scipy
 numba==0.65.0
+loguru
 PKGS
 read -r -d '' RECIPE_NODEPS <<'PKGS' || true
 vllm==0.27.1
 xgrammar==0.2.8
+compressed-tensors==0.20.1
+torchvision==0.28.0
 PKGS
 VLLM_VERSION_IN_ENV=0.27.1
 RECIPE_VERSION=1   # bump to force a rebuild when the build steps below change
@@ -150,9 +157,12 @@ ascend_model = vllm_ascend:register_model
 EP
 
 
+# torchvision's Python code beside CPU torch (scripts/vllm_ascend_env/torchvision_without_ops.py says why).
+TORCHVISION_HOOK="$repo_root/scripts/vllm_ascend_env/torchvision_without_ops.py"
+
 py_version="$("$python_bin" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
-recipe_hash="$(printf 'v%s\npython %s\n--- deps\n%s\n--- no-deps\n%s\n--- ep\n%s\n' \
-    "$RECIPE_VERSION" "$py_version" "$RECIPE_BASE" "$RECIPE_NODEPS" "$ENTRY_POINTS" \
+recipe_hash="$(printf 'v%s\npython %s\n--- deps\n%s\n--- no-deps\n%s\n--- ep\n%s\n--- hook\n%s\n' \
+    "$RECIPE_VERSION" "$py_version" "$RECIPE_BASE" "$RECIPE_NODEPS" "$ENTRY_POINTS" "$(cat "$TORCHVISION_HOOK")" \
     | sha256sum | cut -c1-16)"
 env_dir="$cache_dir/vllm-ascend-env-$recipe_hash"
 if (( inputs_only )); then
@@ -179,6 +189,9 @@ else
     printf 'Metadata-Version: 2.1\nName: vllm-ascend-sim-harness\nVersion: 0\nSummary: vLLM Ascend entry points for the ascendgraph simulator (scripts/vllm-ascend-env.sh)\n' > "$dist/METADATA"
     printf '%s\n' "$ENTRY_POINTS" > "$dist/entry_points.txt"
     printf 'vllm_ascend_sim_harness-0.dist-info/METADATA,,\nvllm_ascend_sim_harness-0.dist-info/entry_points.txt,,\nvllm_ascend_sim_harness-0.dist-info/RECORD,,\n' > "$dist/RECORD"
+    cp "$TORCHVISION_HOOK" "$site/_ascendgraph_torchvision_without_ops.py"
+    printf 'import _ascendgraph_torchvision_without_ops; _ascendgraph_torchvision_without_ops.install()\n' \
+        > "$site/vllm_ascend_torchvision.pth"
     # Smoke test before the source is on the path (vLLM Ascend's platform imports torch_npu,
     # which only the facade provides): vLLM's config and compilation import on CPU.
     VLLM_PLUGINS="" "$tmp_dir/bin/python" -c 'import vllm.config, vllm.compilation' >&2

@@ -22,6 +22,9 @@ Python implementation issues: the mode back on top for the block (torch has take
 its ``__torch_dispatch__`` runs and puts it back afterwards), and that entry taken off again
 after the block, not whatever is on top (a task group opened inside a wrapper op pushed the
 facade's guard above it, and the guard must stay). `on_stack` says whether a mode is there.
+`run_functionalized_ops_under(mode_type)` lets a dispatch mode type see through torch's
+``auto_functionalized(_v2)`` higher-order ops (a compiled graph's mutating ops), which reach no
+``__torch_dispatch__`` and ask each mode type for an implementation.
 tests/sim/test_mode_stack.py pins the torch internals this relies on.
 """
 
@@ -37,7 +40,7 @@ from torch.overrides import _pop_mode as _pop_function_mode, _push_mode as _push
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 from torch.utils._python_dispatch import _pop_mode as _pop_dispatch_mode, _push_mode as _push_dispatch_mode
 
-__all__ = ["withdraw", "on_stack", "reentered"]
+__all__ = ["withdraw", "on_stack", "reentered", "run_functionalized_ops_under"]
 
 Mode = Union[TorchDispatchMode, TorchFunctionMode]
 # The values a TorchDispatchMode saves on entry (torch 2.13 TorchDispatchMode.__enter__), in
@@ -136,3 +139,29 @@ def reentered(mode: Mode) -> Iterator[None]:
         yield
     finally:
         _take_off_top_entry(mode)
+
+
+def _functionalized_op_runs_under_the_mode(mode: TorchDispatchMode, _mutable_op: Any, **kwargs: Any) -> Any:
+    """The dense implementation of ``auto_functionalized(_v2)`` (clone the mutated bases, call the
+    op, return the results) with ``mode`` re-entered, so the ops it issues reach the mode."""
+    from torch._higher_order_ops.auto_functionalize import (auto_functionalized, auto_functionalized_dense,
+                                                            auto_functionalized_v2_dense)
+
+    dense = auto_functionalized_dense if kwargs.pop("_hop", None) is auto_functionalized else auto_functionalized_v2_dense
+    with reentered(mode):
+        return dense(_mutable_op, **kwargs)
+
+
+def run_functionalized_ops_under(mode_type: type) -> None:
+    """A compiled graph calls a mutating op (vLLM's compiled model: its attention op writes
+    ``output`` in place) through torch's ``auto_functionalized`` / ``_v2`` higher-order op. A
+    higher-order op does not reach ``__torch_dispatch__``: it asks for an implementation per mode
+    type, and refuses a mode type it has none for. Under ``mode_type`` it runs its dense
+    implementation with the mode re-entered."""
+    from torch._higher_order_ops.auto_functionalize import auto_functionalized, auto_functionalized_v2
+
+    auto_functionalized.py_impl(mode_type)(
+        lambda mode, _mutable_op, **kwargs: _functionalized_op_runs_under_the_mode(
+            mode, _mutable_op, _hop=auto_functionalized, **kwargs))
+    auto_functionalized_v2.py_impl(mode_type)(
+        lambda mode, _mutable_op, **kwargs: _functionalized_op_runs_under_the_mode(mode, _mutable_op, **kwargs))

@@ -478,7 +478,11 @@ class StreamQueues:
     def _execute(self, queued: Queued, stream: "SimStream") -> bool:
         item = queued.item
         if isinstance(item, Work):
-            item.run()
+            # Device work runs below autograd, whatever mode the host is in when the stream gets
+            # to it: a copy issued inside torch.inference_mode() into an inference tensor (vLLM's
+            # pinned buffers) may run after the host left that mode.
+            with torch._C._AutoDispatchBelowADInplaceOrView():
+                item.run()
             return True
         if isinstance(item, (EagerWait, MarkerWait)):
             return True
@@ -533,8 +537,7 @@ def _span(tensor: torch.Tensor) -> tuple[int, int]:
 
 
 def _copy(destination: torch.Tensor, source: torch.Tensor) -> None:
-    with torch.no_grad():
-        destination.copy_(source)
+    destination.copy_(source)  # run by _execute, below autograd
 
 
 class DeviceRunner:

@@ -57,7 +57,7 @@ from torch.overrides import TorchFunctionMode
 from ascendgraph.dynamo_gate import LazyDynamoDispatchMode
 
 from ascendgraph import ops as ag_ops
-from sim.mode_stack import reentered
+from sim.mode_stack import reentered, run_functionalized_ops_under
 from sim.matmul import WIDENED_MATMULS, widened_matmul, widens
 from ascendgraph.errors import (
     CaptureConstraintError,
@@ -370,6 +370,33 @@ def wrapper_reentry() -> Iterator[None]:
             torch._C._dispatch_tls_set_dispatch_key_excluded(key, True)
 
 
+# Namespaces of Python custom ops registered for the accelerator's dispatch key: vLLM's
+# (vllm/utils/torch_utils.py direct_register_custom_op with current_platform.dispatch_key, which
+# is "PrivateUse1" on NPUPlatform).
+PYTHON_DEVICE_OP_NAMESPACES = frozenset({"vllm"})
+_PRIVATEUSE1 = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1)
+
+
+def _is_python_device_op(func: Any, args: Any, kwargs: dict) -> bool:
+    if getattr(func, "namespace", None) not in PYTHON_DEVICE_OP_NAMESPACES:
+        return False
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "PrivateUse1"):
+        return False
+    leaves = torch.utils._pytree.tree_leaves((args, kwargs))
+    return any(isinstance(leaf, torch.Tensor) and leaf.device.type == "npu" for leaf in leaves)
+
+
+_COMPOSITE_IMPLICIT: dict[Any, bool] = {}  # OpOverload -> has a CompositeImplicitAutograd kernel (pure)
+
+
+def _decomposes(func: Any) -> bool:
+    known = _COMPOSITE_IMPLICIT.get(func)
+    if known is None:
+        known = _COMPOSITE_IMPLICIT[func] = bool(
+            torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"))
+    return known
+
+
 class _Mode(LazyDynamoDispatchMode):
     """Base of the simulator's dispatch modes.
 
@@ -389,6 +416,22 @@ class _Mode(LazyDynamoDispatchMode):
         if impl is not None:
             with reentered(self), wrapper_reentry():
                 return impl(*args, **kwargs)
+        if _is_python_device_op(func, args, kwargs):
+            # A Python custom op on npu tensors (vLLM's attention, GEMM and rotary ops, registered
+            # for the accelerator's key by vllm.utils.torch_utils.direct_register_custom_op) is no
+            # kernel: on a card its Python code runs and launches the kernels. Run it with the
+            # mode re-entered, so what it issues (kernels, events, task groups) is what we see.
+            with reentered(self), wrapper_reentry():
+                return func.redispatch(_PRIVATEUSE1, *args, **kwargs)
+        if _decomposes(func):
+            # A CompositeImplicitAutograd op reaches a mode only below autograd (inference mode, a
+            # compiled graph): ``contiguous``, ``reshape``, ``Tensor.to``... Its schema calls the
+            # result an alias, yet it copies when it must; run its decomposition with the mode
+            # re-entered, so the copy is recorded as the kernel it is instead of running once now.
+            with reentered(self):
+                result = func.decompose(*args, **kwargs)
+            if result is not NotImplemented:
+                return result
         return self.handle(func, args, kwargs)
 
     def handle(self, func: Any, args: Any, kwargs: dict) -> Any:  # pragma: no cover - abstract
@@ -436,6 +479,11 @@ class EagerTracker(_Mode):
         if self.device.op_info(func).launches_kernel:
             self.device.charge_eager(func, args, kwargs, out)
         return out
+
+
+for _mode_type in (CaptureRecorder, UpdateCollector, EagerTracker):
+    # a compiled graph's mutating ops: what their dense implementation issues is what each mode sees
+    run_functionalized_ops_under(_mode_type)
 
 
 _SYNC_METHODS = frozenset(

@@ -31,7 +31,7 @@ Layout. One module per kernel family, each holding its rules as a tuple and the 
 predicates they use: `fused_attention` (v1), `fused_attention_v2`, `fused_semantics` (the
 rules and argument readers v1 and v2 share), `paged_attention` (the ``ascendgraph::`` op
 level and ATB's paged attention), `kv_cache` (the KV writes), `norms`, `quantisation`,
-`model_layers` (the kernels a model's own layers issue: rotary embedding). `common` holds what
+`model_layers` (the kernels a model's own layers issue: rotary embedding, mrope, swiglu). `common` holds what
 they share (`KernelRule`, kernel names, dtype lists, sources, argument readers); `table`
 assembles `RULES` in order and answers the lookups. Every public name is re-exported here:
 import from ``ascendgraph.kernel_contracts``. A rule is a one-line lambda or a named,
@@ -64,7 +64,9 @@ from ascendgraph.kernel_contracts.common import (
     QUANT_SCALE_DTYPES,
     RESHAPE_AND_CACHE,
     RMS_NORM,
+    MROPE,
     ROTARY_EMBEDDING,
+    SWIGLU,
     SCATTER_PA_KV_CACHE,
     SLOT_DTYPES,
     SRC_ADD_RMS_NORM,
@@ -137,7 +139,9 @@ __all__ = [
     "QUANT_SCALE_DTYPES",
     "RESHAPE_AND_CACHE",
     "RMS_NORM",
+    "MROPE",
     "ROTARY_EMBEDDING",
+    "SWIGLU",
     "SCATTER_PA_KV_CACHE",
     "SLOT_DTYPES",
     "SRC_ADD_RMS_NORM",

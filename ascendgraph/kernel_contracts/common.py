@@ -14,6 +14,8 @@ from ascendgraph.workspace_sizes import tensor_bytes
 FIA = "npu_fused_infer_attention_score"
 RESHAPE_AND_CACHE = "_npu_reshape_and_cache"
 ROTARY_EMBEDDING = "_npu_rotary_embedding"
+SWIGLU = "npu_swiglu"
+MROPE = "npu_mrope"
 RMS_NORM = "npu_rms_norm"
 ADD_RMS_NORM = "npu_add_rms_norm"
 DYNAMIC_QUANT = "npu_dynamic_quant"
@@ -100,8 +102,11 @@ def _dt(value: Any) -> str:
     return str(getattr(value, "dtype", value)).replace("torch.", "")
 
 
-def _shape(value: Any) -> tuple[int, ...]:
-    return tuple(int(s) for s in value.shape)
+def _shape(value: Any) -> "tuple[int | torch.SymInt, ...]":
+    """The shape as ints; a symbolic size (a kernel traced by torch.compile with a dynamic
+    token count) stays symbolic: ``int()`` on it would specialise the traced graph to this
+    call's size (Dynamo then refuses the dynamic dimension vLLM marked)."""
+    return tuple(s if isinstance(s, torch.SymInt) else int(s) for s in value.shape)
 
 
 def _contiguous(value: Any) -> bool:

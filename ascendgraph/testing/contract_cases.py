@@ -206,6 +206,21 @@ def _scatter(device: torch.device, dtype: torch.dtype = BF16, **changes: Any) ->
     return args
 
 
+def _swiglu(device: torch.device, dtype: torch.dtype = BF16, **changes: Any) -> Args:
+    args: Args = dict(self=_t(device, 3, 8, dtype=dtype), dim=-1)
+    args.update(changes)
+    return args
+
+
+def _mrope(device: torch.device, dtype: torch.dtype = BF16, **changes: Any) -> Args:
+    # 3 tokens, 4 query heads over 2 KV heads of 64, full rotary (rotary_dim 64), rope mode.
+    args: Args = dict(positions=torch.arange(3, device=device), query=_t(device, 3, 4 * 64, dtype=dtype),
+                      key=_t(device, 3, 2 * 64, dtype=dtype), cos_sin_cache=_t(device, 16, 64, dtype=dtype),
+                      head_size=64, mrope_section=[0, 0, 0], rotary_mode="half", cache_mode="default")
+    args.update(changes)
+    return args
+
+
 @dataclass(frozen=True)
 class ContractCase:
     kernel: str
@@ -424,6 +439,19 @@ _CASES = (
     _case(kc.SCATTER_PA_KV_CACHE, "scatter_norm_layout",
           lambda d: _scatter(d, slot_mapping=torch.arange(2, dtype=torch.int32, device=d)), _scatter,
           "one slot per token"),
+    _case(kc.SWIGLU, "swiglu_dtype", lambda d: _swiglu(d, torch.int32), lambda d: _swiglu(d, torch.float32)),
+    _case(kc.SWIGLU, "swiglu_even_split", lambda d: _swiglu(d, self=_t(d, 3, 7)),
+          lambda d: _swiglu(d, self=_t(d, 2, 3), dim=0), "split along another dim"),
+    _case(kc.MROPE, "mrope_2d", lambda d: _mrope(d, query=_t(d, 3, 4, 64)), _mrope),
+    _case(kc.MROPE, "mrope_dtype", lambda d: _mrope(d, key=_t(d, 3, 2 * 64, dtype=torch.float16)),
+          lambda d: _mrope(d, torch.float32)),
+    _case(kc.MROPE, "mrope_positions", lambda d: _mrope(d, positions=torch.arange(2, device=d)),
+          lambda d: _mrope(d, positions=torch.arange(3, dtype=torch.int32, device=d))),
+    _case(kc.MROPE, "mrope_heads", lambda d: _mrope(d, cos_sin_cache=_t(d, 16, 96)),
+          lambda d: _mrope(d, cos_sin_cache=_t(d, 16, 32)), "partial rotary accepted"),
+    _case(kc.MROPE, "mrope_rotary_dim_multiple", lambda d: _mrope(d, cos_sin_cache=_t(d, 16, 48)),
+          lambda d: _mrope(d, torch.float32, cos_sin_cache=_t(d, 16, 48, dtype=torch.float32)),
+          "a multiple of 16 is enough in float32"),
 )
 
 CONTRACT_CASES: dict[tuple[str, str], ContractCase] = {(case.kernel, case.rule): case for case in _CASES}

@@ -388,8 +388,14 @@ NOT_ON_THE_HOST = (
 
 
 def _make(name: str, fake: bool) -> Callable[..., Any]:
-    implementation = IMPLEMENTATIONS[name]
-    kernel = CONTRACT_KERNEL.get(name, name)
+    return kernel_entry(name, IMPLEMENTATIONS[name], CONTRACT_KERNEL.get(name, name), fake)
+
+
+def kernel_entry(name: str, implementation: Callable[[dict[str, Any], bool], Any], kernel: Optional[str],
+                 fake: bool) -> Callable[..., Any]:
+    """The function registered for the ``npu_facade`` op ``name`` (``op`` or ``op.overload``):
+    binds the call to the op's schema, checks it against ``kernel``'s contract rules (None: no
+    rules) and runs ``implementation`` (``fake``: the meta version)."""
 
     def run(*args: Any, **kwargs: Any) -> Any:
         # The implementation is registered for CPU tensors: the npu device runs it on CPU aliases

@@ -27,7 +27,7 @@ from typing import Any, Optional
 import torch
 
 from sim.capture import TaskGroup
-from sim.facade import kernels, npu
+from sim.facade import kernels, model_kernels, npu
 from sim.facade.runtime import runtime
 from sim.facade.weak_refs import weak_ref_tensor
 
@@ -162,6 +162,32 @@ TORCH_DISTRIBUTED_ALIASES: dict[str, Any] = {"is_hccl_available": is_hccl_availa
 # they are placeholders whose call says so.
 C_DISTRIBUTED_PLACEHOLDERS: tuple[str, ...] = ("ProcessGroupHCCL",)
 
+class HcclOptions:
+    """``ProcessGroupHCCL.Options`` (a binding of lib/libtorch_npu.so in torch-npu 2.13.0, whose
+    attributes include ``hccl_config`` and ``is_high_priority_stream``): a plain option record.
+    vLLM Ascend's GroupCoordinator builds one for every process group it creates, whatever the
+    backend (utils.py:960-965 create_hccl_pg_options, called from
+    patch/worker/patch_distributed.py:160 at 182b75ea), and hands it to
+    ``torch.distributed.new_group(..., pg_options=...)``, which ignores it for gloo."""
+
+    def __init__(self, is_high_priority_stream: bool = False) -> None:
+        self.is_high_priority_stream = is_high_priority_stream
+        self.hccl_config: dict[str, Any] = {}
+        self.global_ranks_in_group: list[int] = []
+        self.group_id = ""
+        self.group_name = ""
+
+
+class ProcessGroupHCCL(NotModelled):
+    """The HCCL process group: not modelled (constructing one says so), but its ``Options``
+    record exists, as vLLM Ascend's group set-up builds one before choosing a backend."""
+
+    Options = HcclOptions
+
+    def __init__(self) -> None:
+        super().__init__("torch_npu._C._distributed_c10d.ProcessGroupHCCL")
+
+
 _MODULES: Optional[dict[str, ModuleType]] = None
 _SAVED_DISTRIBUTED: dict[str, Any] = {}
 _ABSENT = object()
@@ -196,8 +222,7 @@ def facade_modules() -> dict[str, ModuleType]:
                 setattr(npu, name, value)
         c_distributed = _module("torch_npu._C._distributed_c10d",
                                 "torch_npu._C._distributed_c10d (sim.facade): HCCL process groups are not modelled",
-                                **{name: NotModelled(f"torch_npu._C._distributed_c10d.{name}")
-                                   for name in C_DISTRIBUTED_PLACEHOLDERS})
+                                ProcessGroupHCCL=ProcessGroupHCCL())
         c_module = _module("torch_npu._C", "torch_npu._C on the simulator (sim.facade)",
                            _weak_ref_tensor=_weak_ref_tensor, _NPUTaskGroupHandle=TaskGroup,
                            _distributed_c10d=c_distributed)
@@ -217,6 +242,7 @@ def facade_modules() -> dict[str, ModuleType]:
             "kernels graph code calls, backed by a SimDevice; npu tensors live in the simulated NPU's memory.",
             npu=npu, _C=c_module, version=version, utils=utils, distributed=distributed, profiler=profiler_module,
             __version__=VERSION, __path__=[], **NPU_DTYPE_CODES,
+            **model_kernels.exported_ops(),
             **{name: NotModelled(f"torch_npu.{name}") for name in PLACEHOLDERS}, **kernels.exported_ops(),
         )
         _MODULES = {"torch_npu": top, "torch_npu.npu": npu, "torch_npu._C": c_module,

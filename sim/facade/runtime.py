@@ -83,6 +83,32 @@ def _allocates(func: Any) -> bool:
     return False
 
 
+# The `.out` kernels whose graph task runs in the workspace the caller passes: "npu_fused_infer_
+# attention_score.out ... for aclgraph tiling sink (a workspace tensor must be passed in)"
+# (torch-npu 2.13.0 _op_plugin_docs.py:8524; v2: :9049). Launched without one, op-plugin takes
+# the launch's workspace from torch_npu's per-stream workspace allocator
+# (NPUWorkspaceAllocator::malloc_with_stream), which the next launch on that stream reuses.
+GRAPH_TASK_WORKSPACE_KERNELS = frozenset({"npu_fused_infer_attention_score.out", "npu_fused_infer_attention_score_v2.out"})
+WORKSPACE_LEFT_OUT = (
+    "simulator strictness: {kernel} without a workspace between {where}; a card accepts it, but the launch "
+    "takes its workspace from torch_npu's per-stream workspace allocator, which the next kernel on that stream "
+    "reuses, so the graph's task computes in memory other launches write. Pass the workspace the capture used "
+    "(the _get_max_workspace query's tensor), as the op doc's graph (tiling sink) use requires"
+)
+
+
+def _leaves_out_workspace(func: Any, args: tuple, kwargs: dict) -> Optional[str]:
+    """The kernel's name when ``func`` is a graph task's `.out` kernel called without a workspace."""
+    name = func._schema.name.partition("::")[2]
+    kernel = f"{name}.{func._overloadname}"
+    if kernel not in GRAPH_TASK_WORKSPACE_KERNELS:
+        return None
+    names = [argument.name for argument in func._schema.arguments]
+    index = names.index("workspace")
+    workspace = args[index] if index < len(args) else kwargs.get("workspace")
+    return kernel if workspace is None else None
+
+
 class TaskGroupGuard(LazyDynamoDispatchMode):
     """Refuses allocating ops while a task group (or a task update) is open."""
 
@@ -96,6 +122,9 @@ class TaskGroupGuard(LazyDynamoDispatchMode):
         if impl is not None:  # see the kernels the wrapper issues, not the wrapper
             with reentered(self), wrapper_reentry():
                 return impl(*args, **kwargs)
+        kernel = _leaves_out_workspace(func, args, kwargs)
+        if kernel is not None:
+            raise TaskGroupAllocation(WORKSPACE_LEFT_OUT.format(kernel=kernel, where=self.where))
         if _allocates(func):
             raise TaskGroupAllocation(
                 f"simulator strictness: {func} allocates memory between {self.where}; a card accepts it, but "
@@ -214,8 +243,12 @@ class FacadeRuntime:
         queued work that can never run (a replay behind an event nothing records: the test that
         left it saw, or should have seen, `GraphHang`), so a tensor of this NPU that a process
         global keeps does not meet that hang in a later test. What was open or stuck, in words."""
+        from sim.npu_device import host_guard
+
         found = self.close_open_work()
-        return found + [f"queued work that cannot run: {item}" for item in self.device.queues.abandon()]
+        left = [f"queued work that cannot run: {item}" for item in self.device.queues.abandon()]
+        host_guard.forget(self.device)  # its queued copies never run: nothing for the host to race with
+        return found + left
 
 
 _LOCK = threading.RLock()  # re-entered: retiring an NPU runs its queued work, which asks for the runtime

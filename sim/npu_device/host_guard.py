@@ -44,13 +44,13 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from sim.mode_stack import on_stack, withdraw
+from sim.mode_stack import on_stack, run_functionalized_ops_under, withdraw
 from sim.npu_device import simulator
 
 if TYPE_CHECKING:  # pragma: no cover
     from sim.device import SimDevice
 
-__all__ = ["HostBufferGuard", "guard_copy", "guard"]
+__all__ = ["HostBufferGuard", "guard_copy", "guard", "forget"]
 
 # Python-level reads of a tensor's values that dispatch no op (torch 2.13: tolist and numpy read
 # the CPU memory directly; __repr__ formats it).
@@ -96,6 +96,11 @@ class _OpGuard(TorchDispatchMode):
                 for tensor, write in accesses:
                     self.owner.check(tensor, f"{func} on the host", write=write)
         return func(*args, **kwargs)
+
+
+# a compiled graph's mutating ops (auto_functionalized_v2) issued while the guard watches: their ops
+# are checked as any others (vLLM's compiled model runs its attention op that way)
+run_functionalized_ops_under(_OpGuard)
 
 
 class HostBufferGuard(TorchFunctionMode):
@@ -148,6 +153,11 @@ class HostBufferGuard(TorchFunctionMode):
     # -- the host's calls
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        if torch.compiler.is_compiling():
+            # Dynamo traces through function modes: its tensors are fake (no host bytes to race
+            # with), and tracing the checks (a ContextVar read) would break the graph, which
+            # vLLM's fullgraph compile refuses.
+            return func(*args, **kwargs)
         if not self.devices or self._device_is_working():
             return func(*args, **kwargs)
         name = getattr(func, "__name__", "")
@@ -155,10 +165,22 @@ class HostBufferGuard(TorchFunctionMode):
             if args and isinstance(args[0], torch.Tensor) and args[0].device.type == "cpu":
                 self.check(args[0], f"Tensor.{name}()")
             return func(*args, **kwargs)
-        if not self._pending():
+        if not self._pending() or not _takes_a_tensor(args, kwargs):
+            # A call given no tensor reads or writes no host buffer (a factory such as
+            # torch.tensor(values, device="npu"), which torch 2.13 cannot run under a dispatch
+            # mode: its Python-key exclusion meets the npu device's Python fallback, an internal assert).
             return func(*args, **kwargs)
         with self._ops:
             return func(*args, **kwargs)
+
+    def forget(self, device: "SimDevice") -> None:
+        """Stop watching ``device``'s copies (a device replaced: they will never run)."""
+        self.devices.discard(device)
+        self.settle()
+
+
+def _takes_a_tensor(args: Any, kwargs: Any) -> bool:
+    return any(isinstance(leaf, torch.Tensor) for leaf in tree_flatten((args, kwargs))[0])
 
 
 def _settle(guard_ref: "weakref.ref[HostBufferGuard]") -> None:
@@ -173,6 +195,14 @@ _THREAD = threading.local()
 def guard() -> Optional[HostBufferGuard]:
     """The current thread's guard, if a copy ever made one."""
     return getattr(_THREAD, "guard", None)
+
+
+def forget(device: "SimDevice") -> None:
+    """``device`` is replaced (the facade's ``configure``): the copies still queued on it will never
+    run, so this thread's guard stops checking the host against them."""
+    current = guard()
+    if current is not None:
+        current.forget(device)
 
 
 def guard_copy(device: "SimDevice") -> None:

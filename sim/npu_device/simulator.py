@@ -20,6 +20,9 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
+
 from sim import kernels
 from sim.pool_memory import READ, DeadWeakReference, PoolBlockReused, PoolWeakTensor
 
@@ -44,18 +47,29 @@ DEAD_WEAK_REFERENCE = (
 class Block:
     """What the driver keeps per block it handed out: the address; for a block of a graph pool,
     that pool, which holds the block's memory for as long as a tensor is on it; and what keeps
-    the block's bytes mapped (its segment) for device work queued on them."""
+    the block's bytes mapped (its segment) for device work queued on them. A ``scratch`` block
+    is a replay kernel's own result, outside the device's pools (`allocate`)."""
 
-    __slots__ = ("address", "pool", "keeper")
+    __slots__ = ("address", "pool", "keeper", "scratch")
 
-    def __init__(self, address: int, pool: Any, keeper: Any) -> None:
+    def __init__(self, address: int, pool: Any, keeper: Any, *, scratch: bool = False) -> None:
         self.address = address
         self.pool = pool
         self.keeper = keeper
+        self.scratch = scratch
 
 
 def allocate(device: "SimDevice", nbytes: int) -> Block:
-    """A block of device memory for the current stream (the capture's pool while it captures)."""
+    """A block of device memory for the current stream (the capture's pool while it captures).
+
+    While a graph replay runs, the result a kernel computes before it lands in its captured
+    output is scratch outside the device's pools: a replay allocates nothing on a card, and the
+    caching allocator's state then is the host's, which may be ahead of the device (a block the
+    host freed behind work still queued is free to the host, not to the replay)."""
+    if kernels.replaying_now():
+        with torch._C.DisableTorchFunction(), _disable_current_modes():
+            memory = torch.empty(nbytes, dtype=torch.uint8)
+        return Block(memory.data_ptr() if nbytes else 0, None, memory, scratch=True)
     address = int(device.memory.allocate(nbytes, stream=device.current_stream()))
     pool, keeper = None, None
     block = device.memory.block_at(address) if address else None
@@ -72,6 +86,8 @@ def allocate(device: "SimDevice", nbytes: int) -> Block:
 
 
 def free(device: "SimDevice", block: Block) -> None:
+    if block.scratch:
+        return  # its memory goes with the block (keeper)
     capture = device.capture_in_progress
     if block.pool is not None and block.pool not in device.pools.all() and (
             capture is None or capture.pool is not block.pool):

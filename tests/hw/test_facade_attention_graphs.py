@@ -268,3 +268,28 @@ def test_hw_leaves_the_workspace_size_to_cann_while_the_simulator_checks_its_mod
     with pytest.raises(KernelContractError, match="workspace_too_small"):
         check_op("paged_attention", args, in_graph=True)
     _contract_check()("paged_attention", args, in_graph=True)
+
+
+@pytest.mark.parametrize("v2", [False, True], ids=["v1", "v2"])
+def test_an_attention_task_re_issued_without_its_workspace_in_a_task_update_is_refused(torch_npu: Any, v2: bool) -> None:
+    # The op doc's graph use needs the caller's workspace (_op_plugin_docs.py:8524, 9049); an update
+    # that leaves it out (vLLM Ascend's update_graph_params, attention_v1.py@182b75ea:905, passes the
+    # captured one) would hand the task the per-stream workspace the next launch reuses.
+    from sim.facade.runtime import TaskGroupAllocation
+
+    layer = Attention(seed=10, v2=v2, sinks=v2)
+    graph = Captured(torch_npu, [layer], 4)
+    update_stream = torch.npu.Stream()
+    table = int32([[0, 1]] * 4)
+    graph.graph.replay()
+    with torch.npu.stream(update_stream):
+        torch.npu.graph_task_update_begin(update_stream, graph.handles[0])
+        with pytest.raises(TaskGroupAllocation, match=r"simulator strictness: npu_fused_infer_attention_score"
+                                                      rf"{'_v2' if v2 else ''}\.out without a workspace"):
+            layer.op(torch_npu).out(graph.query, layer.key, layer.value, **layer.kwargs(table, [1, 2, 3, 4], [3] * 4),
+                                    workspace=None, out=[graph.outputs[0], graph.lse])
+        layer.op(torch_npu).out(graph.query, layer.key, layer.value, **layer.kwargs(table, [1, 2, 3, 4], [3] * 4),
+                                workspace=graph.workspaces[0], out=[graph.outputs[0], graph.lse])  # as captured
+        torch.npu.graph_task_update_end(update_stream)
+        graph.events[0].record(update_stream)
+    torch.npu.synchronize()

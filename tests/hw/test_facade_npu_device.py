@@ -217,3 +217,94 @@ def test_a_host_write_of_pinned_memory_a_queued_host_to_device_copy_reads_is_a_n
     npu.synchronize()
     source.fill_(2.0)  # the copy has run: the buffer is the host's again
     assert target.tolist() == [1.0] * 4
+
+
+def test_a_replay_takes_no_block_the_host_freed_behind_work_still_queued(torch_npu: Any) -> None:
+    # A replay allocates nothing on a card: its kernels write where the capture put them. The host
+    # runs ahead of the device and frees a tensor whose reader is still queued (stream order makes
+    # that safe); a replay that ran its kernels' results through the caching allocator would be
+    # handed that block and overwrite it before the reader runs (vLLM's async scheduling freed
+    # logits_indices so, and the FULL replay's npu_swiglu result landed on it).
+    npu = torch_npu.npu
+    x = torch.full((4096,), 3.0, device="npu")
+    graph = npu.NPUGraph()
+    with npu.graph(graph):
+        doubled = x * 2
+    npu.synchronize()
+    held = torch.full((4096,), 7.0, device="npu")  # the same size as the replay's result
+    graph.replay()
+    read = held.clone()  # queued behind the replay, reads held
+    del held  # the host frees it; its block is the allocator's again
+    npu.synchronize()
+    assert torch.equal(read.cpu(), torch.full((4096,), 7.0))
+    assert torch.equal(doubled.cpu(), torch.full((4096,), 6.0))
+
+
+def test_a_fullgraph_compile_while_a_host_copy_is_queued_traces_past_the_host_guard(torch_npu: Any) -> None:
+    # vLLM compiles its model (fullgraph) while the runner's non_blocking copies into pinned
+    # memory are still queued, so the host guard is on torch's function-mode stack; Dynamo traces
+    # through function modes, and the guard's checks are nothing it can trace.
+    npu = torch_npu.npu
+    destination = torch.zeros(4).pin_memory()
+    destination.copy_(torch.ones(4, device="npu"), non_blocking=True)  # queued: the guard is on the stack
+
+    @torch.compile(backend="eager", fullgraph=True)
+    def double(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    assert torch.equal(double(torch.arange(3.0)), torch.tensor([0.0, 2.0, 4.0]))
+    npu.synchronize()
+    assert destination.tolist() == [1.0] * 4
+
+
+@torch.library.custom_op("ascendgraph_hwtest::triple_into", mutates_args=("out",))
+def triple_into(x: torch.Tensor, out: torch.Tensor) -> None:
+    out.copy_(x * 3)
+
+
+@triple_into.register_fake
+def _(x: torch.Tensor, out: torch.Tensor) -> None:
+    return None
+
+
+def test_a_compiled_mutating_op_runs_while_the_host_guard_watches_a_queued_copy(torch_npu: Any) -> None:
+    # A compiled graph calls a mutating op through auto_functionalized_v2 (vLLM's attention op in
+    # its compiled model), a higher-order op that asks every dispatch mode on the stack for an
+    # implementation, the host guard's op checker among them while a pinned copy is queued.
+    npu = torch_npu.npu
+    destination = torch.zeros(4).pin_memory()
+    destination.copy_(torch.ones(4, device="npu"), non_blocking=True)  # the guard watches
+
+    @torch.compile(backend="aot_eager", fullgraph=True)
+    def step(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        triple_into(x + 1, out)
+        return out * 2
+
+    out = torch.zeros(3)
+    assert torch.equal(step(torch.arange(3.0), out), torch.tensor([6.0, 12.0, 18.0]))
+    npu.synchronize()
+    assert destination.tolist() == [1.0] * 4
+
+
+def test_a_tensor_made_on_the_npu_from_values_while_a_host_copy_is_queued(torch_npu: Any) -> None:
+    # vLLM's logits processors make torch.tensor(-inf, device=...) while the runner's copies into
+    # pinned memory are queued; a call given no tensor touches no host buffer, and the guard
+    # leaves it alone (torch cannot construct it under a dispatch mode on this device).
+    npu = torch_npu.npu
+    destination = torch.zeros(4).pin_memory()
+    destination.copy_(torch.ones(4, device="npu"), non_blocking=True)
+    made = torch.tensor(-float("inf"), dtype=torch.float32, device="npu")  # a synchronous copy: waits for the stream
+    npu.synchronize()
+    assert made.item() == -float("inf") and destination.tolist() == [1.0] * 4
+
+
+def test_a_replaced_simulated_npu_leaves_no_queued_copy_for_the_host_to_race_with(torch_npu: Any) -> None:
+    # facade.configure() replaces the NPU; copies still queued on the old one never run, and the
+    # next test's host work on its own buffers must not be checked against them.
+    from sim import facade
+
+    source = torch.ones(4).pin_memory()
+    torch.zeros(4, device="npu").copy_(source, non_blocking=True)  # queued on the NPU being replaced
+    facade.configure()
+    source.fill_(2.0)  # the old NPU's copy will never read it
+    assert source.tolist() == [2.0] * 4

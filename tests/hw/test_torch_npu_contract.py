@@ -156,6 +156,7 @@ def test_every_declaration_is_used_by_hw_or_handed_to_the_core() -> None:
 import inspect  # noqa: E402
 
 from sim.facade import kernels as facade_kernels  # noqa: E402
+from sim.facade import model_kernels as facade_model_kernels  # noqa: E402
 from sim.facade import npu as facade_npu  # noqa: E402
 from sim.facade import profiler as facade_profiler  # noqa: E402
 
@@ -213,7 +214,7 @@ def test_every_facade_name_in_torch_npu_npu_exists_in_the_wheel_with_its_keyword
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.parametrize("name", sorted(facade_kernels.SCHEMAS))
+@pytest.mark.parametrize("name", sorted({**facade_kernels.SCHEMAS, **facade_model_kernels.SCHEMAS}))
 def test_every_facade_kernel_exists_in_the_wheel_and_its_keywords_are_schema_keywords(
     wheel: TorchNpuWheel, name: str
 ) -> None:
@@ -222,7 +223,7 @@ def test_every_facade_kernel_exists_in_the_wheel_and_its_keywords_are_schema_key
         return
     import torch
 
-    facade_kernels.register()
+    facade_model_kernels.register()
     base, _, overload = name.partition(".")
     schema = getattr(getattr(torch.ops.npu_facade, base), overload or "default")._schema
     keywords = {a.name for a in schema.arguments}
@@ -280,7 +281,7 @@ def test_every_facade_module_level_name_exists_in_the_wheel(wheel: TorchNpuWheel
     for name in vars(top):
         if name.startswith("__") or name == FACADE_MARK:
             continue
-        if name in facade_kernels.SCHEMAS or name in ATB_KERNELS:
+        if name in facade_kernels.SCHEMAS or name in facade_model_kernels.SCHEMAS or name in ATB_KERNELS:
             continue  # checked above
         if name in NPU_DTYPE_CODES:  # C-level dtypes: checked against the wheel's code map below
             continue

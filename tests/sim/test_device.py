@@ -567,3 +567,34 @@ def test_eager_kernels_take_the_policy_of_the_device_whose_scope_they_run_in():
             ops.dynamic_quant(x)
     with later_lenient.warmup_scope():
         ops.dynamic_quant(x)
+
+
+@torch.library.custom_op("ascendgraph_simtest::scale_into", mutates_args=("out",))
+def scale_into(x: torch.Tensor, out: torch.Tensor) -> None:
+    out.copy_(x * 3)
+
+
+@scale_into.register_fake
+def _(x: torch.Tensor, out: torch.Tensor) -> None:
+    return None
+
+
+def test_a_compiled_mutating_op_runs_through_auto_functionalized_under_capture_and_replays():
+    # An AOT-compiled graph (vLLM's compiled model: its attention op writes ``output``) calls a
+    # mutating op through torch's auto_functionalized_v2 higher-order op, which asks each
+    # dispatch mode for its own implementation: the capture records the op's dense run.
+    device = SimDevice()
+
+    @torch.compile(backend="aot_eager", fullgraph=True)
+    def step(x, out):
+        scale_into(x + 1, out)
+        return out * 2
+
+    x, out = torch.randn(4), torch.zeros(4)
+    step(x, out)  # warm-up compiles
+    graph, result = capture(device, lambda: step(x, out))
+    x.copy_(torch.arange(4.0))
+    graph.replay()
+    device.synchronize()  # the device runs behind the host; the result is read through a plain CPU tensor
+    torch.testing.assert_close(result, (torch.arange(4.0) + 1) * 6)
+    assert "ascendgraph_simtest.scale_into.default" in graph.recorded_ops()

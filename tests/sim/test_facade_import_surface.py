@@ -106,3 +106,16 @@ def test_pinned_host_memory_is_a_pinned_cpu_allocation_of_the_npu_device() -> No
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["False", "True True True True True True False", "npu True", "True cpu"]
+
+
+def test_hccl_process_group_options_exist_as_vllm_ascends_group_set_up_builds_them() -> None:
+    # vLLM Ascend builds ProcessGroupHCCL.Options for every group, whatever the backend
+    # (utils.py:960-965 at 182b75ea); the process group itself stays unmodelled.
+    from sim.facade.modules import facade_modules
+
+    hccl = facade_modules()["torch_npu._C._distributed_c10d"].ProcessGroupHCCL
+    options = hccl.Options()
+    options.hccl_config = {"hccl_buffer_size": 200, "group_name": "world"}
+    assert options.is_high_priority_stream is False and options.hccl_config["group_name"] == "world"
+    with pytest.raises(NotImplementedError, match="ProcessGroupHCCL is not modelled by the simulator"):
+        hccl(None, 0, 1)

@@ -274,6 +274,20 @@ def test_writing_the_source_of_a_queued_host_to_device_copy_is_refused():
     assert torch.equal(on_device, torch.arange(4.0))
 
 
+def test_queued_work_issued_in_inference_mode_runs_after_the_host_left_it():
+    # vLLM's runner fills pinned host buffers made under torch.inference_mode() with
+    # non-blocking copies; the stream runs them when the host waits, possibly outside that mode.
+    device = SimDevice()
+    stream = device.new_stream()
+    with torch.inference_mode():
+        pinned = torch.zeros(4)  # an inference tensor
+        source = torch.arange(4.0)
+        device.queues.copy(pinned, source, stream=stream, destination_is_host=True)
+        device.queues.submit(stream, lambda: pinned.add_(1), label="an in-place kernel on it")
+    stream.synchronize()  # outside inference mode: torch refuses an in-place update of pinned here
+    assert pinned.tolist() == [1.0, 2.0, 3.0, 4.0]
+
+
 def test_abandoning_the_queues_runs_what_can_run_and_forgets_what_never_will():
     device = SimDevice()
     ran: list[str] = []

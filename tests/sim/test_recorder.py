@@ -73,6 +73,27 @@ def test_capture_records_the_decomposed_aten_ops_and_not_the_views(sim_device):
     assert graph.recorded_ops() == ["aten.clone.default", "aten.mm.default", "aten.relu.default"]
 
 
+@pytest.mark.parametrize("copying", [
+    pytest.param(lambda y: y.contiguous(), id="contiguous"),
+    pytest.param(lambda y: y.reshape(-1), id="reshape"),
+    pytest.param(lambda y: torch.ops.aten.contiguous.default(y), id="aten.contiguous as a compiled graph calls it"),
+])
+def test_a_composite_copy_below_autograd_is_recorded_not_frozen_into_the_graph(sim_device, copying):
+    # Below autograd (torch.inference_mode(), as vLLM's runner serves; a compiled graph) a
+    # CompositeImplicitAutograd op reaches the recorder itself. Its schema returns an alias, yet
+    # on a non-contiguous view it copies: run at capture, the copy's data froze into the graph.
+    x = torch.randn(2, 12)
+    with torch.inference_mode():
+        graph = sim_device.new_graph()
+        with sim_device.graph(graph):
+            out = copying((x * 2)[:, :4]) * 3
+        assert graph.recorded_ops() == ["aten.mul.Tensor", "aten.clone.default", "aten.mul.Tensor"]
+        x.copy_(torch.randn(2, 12))
+        graph.replay()
+        sim_device.synchronize()
+        assert torch.equal(out, copying((x * 2)[:, :4]) * 3)
+
+
 def test_an_op_without_a_meta_kernel_runs_at_capture_and_is_counted(sim_device):
     lib = torch.library.Library("ascendgraph_test_nometa", "FRAGMENT")
     lib.define("twice(Tensor x) -> Tensor")

@@ -199,7 +199,7 @@ CONTRACT_FAMILIES: dict[str, set[str]] = {
     "norms": {"npu_rms_norm", "npu_add_rms_norm"},
     "quantisation": {"npu_dynamic_quant", "npu_quantize", "npu_add_rms_norm_quant",
                      "npu_add_rms_norm_dynamic_quant"},
-    "model_layers": {"_npu_rotary_embedding"},
+    "model_layers": {"_npu_rotary_embedding", "npu_mrope", "npu_swiglu"},
 }
 
 

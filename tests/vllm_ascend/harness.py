@@ -189,6 +189,13 @@ def reset_vllm_ascend_state() -> None:
     from vllm.platforms import current_platform
 
     type(current_platform)._global_graph_pool = None  # vLLM's Platform caches one pool per process
+    # AttentionMaskBuilder is a process-wide singleton (attention_mask.py:33-34, utils.py:1296-1304)
+    # that keeps its masks on the device it was first built for: a fresh worker builds it anew.
+    from vllm_ascend.attention import attention_mask
+
+    for cell in attention_mask.AttentionMaskBuilder.__closure__ or ():
+        if isinstance(cell.cell_contents, dict):
+            cell.cell_contents.clear()
     acl_graph._graph_params = None
     acl_graph._draft_graph_params = None
     acl_graph._draft_graph_prefill_params = None

@@ -1,14 +1,19 @@
 """Differentials: vLLM Ascend's own functions against ascendgraph's on generated inputs.
 
-* FIA padding: NPUModelRunner._pad_query_start_loc_for_fia (worker/model_runner_v1.py:801-857),
-  called unbound with a stand-in runner carrying only what it reads (compilation_config,
-  uniform_decode_query_len, arange_np) and a stand-in query_start_loc buffer (``.np``,
-  ``copy_to_gpu``), against `ascendgraph.runtime.forward_context.fia_padded_lengths`, on
-  the batches a FULL runtime mode meets in production: any batch under a FULL graph
-  config; uniform-decode batches under FULL_AND_PIECEWISE / FULL_DECODE_ONLY (their mixed
-  batches run PIECEWISE or eagerly). The padded requests' KV lengths are the runner's zero
-  fill (model_runner_v1.py:1028). One difference is known and listed in docs/semantics.md
-  ("Known differences"): under a FULL config a uniform batch is padded like a mixed one.
+* FIA padding: on a batch of a served configuration (graph mode, speculative tokens,
+  max_num_seqs, capture sizes), NPUModelRunner._determine_batch_execution_and_padding
+  (worker/model_runner_v1.py:2714-2811) decides the runtime mode and the batch descriptor with
+  vLLM's own CudagraphDispatcher (initialised as _check_and_update_cudagraph_mode does), and
+  for a FULL graph NPUModelRunner._pad_query_start_loc_for_fia (801-847) pads query_start_loc
+  with the descriptor's request count, as execute_model calls them; both called unbound with
+  a stand-in runner carrying only what they read, and a stand-in query_start_loc buffer
+  (``.np``, ``copy_to_gpu``). Against `ascendgraph.forward_context.fia_padded_lengths` given
+  the same descriptor. The padded requests' KV lengths are the runner's zero fill
+  (model_runner_v1.py:1028). The runner serving whole (tests/vllm_ascend/test_model_runner.py)
+  computes all of this itself; this differential checks ascendgraph's padding against it on
+  many more batches than a served stream meets. One difference is known and listed in
+  docs/semantics.md ("Known differences"): under a FULL config a uniform batch is padded like a
+  mixed one (vLLM's dispatcher never marks it uniform there).
 
 * The platform hook against ``ascendgraph.resolve`` (below the padding tests). vLLM Ascend
   decides a graph configuration in two places, both run here as its model runner meets them:
@@ -87,33 +92,120 @@ def vllm_ascend_padding(config_mode: CUDAGraphMode, query_len: int, q_lens: list
     return ends, kv
 
 
+@dataclass(frozen=True)
+class Served:
+    """A serving configuration of the padding differential (graph mode, 1 + speculative tokens,
+    max_num_seqs, capture sizes)."""
+
+    mode: str
+    query_len: int
+    max_num_seqs: int
+    sizes: tuple[int, ...]
+
+
+SERVED = [
+    Served("FULL", 1, 4, (2, 4, 8)),  # mixed batches in FULL graphs; a full batch of 4 gets a 5th (dummy) request
+    Served("FULL", 2, 8, (4, 8, 16)),
+    Served("FULL_AND_PIECEWISE", 1, 8, (1, 2, 4, 8)),
+    Served("FULL_AND_PIECEWISE", 3, 4, (4, 8, 12, 16)),
+    Served("FULL_DECODE_ONLY", 1, 16, (1, 2, 4, 8, 16)),
+    Served("FULL_DECODE_ONLY", 2, 6, (2, 4, 8, 12)),
+]
+_RUNNERS: dict[Served, Any] = {}
+
+
+def runner_standin(served: Served, model_configs: dict[bool, Any]) -> Any:
+    """What NPUModelRunner._determine_batch_execution_and_padding (model_runner_v1.py:2714-2811)
+    and _pad_query_start_loc_for_fia (801-847) read of the runner, with vLLM's own
+    CudagraphDispatcher initialised as _check_and_update_cudagraph_mode does (4790-4820: the
+    mode resolved with the attention backend's support, then initialize_cudagraph_keys)."""
+    if served in _RUNNERS:
+        return _RUNNERS[served]
+    from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
+
+    case = Case(served.mode, None, served.sizes, None, served.max_num_seqs, 2048, False, served.query_len - 1)
+    config, mode = resolved_config(case, model_configs)
+    dispatcher = CudagraphDispatcher(config)
+    dispatcher.initialize_cudagraph_keys(mode, served.query_len)
+    runner = SimpleNamespace(
+        vllm_config=config, compilation_config=config.compilation_config, model_config=config.model_config,
+        speculative_config=config.speculative_config, uniform_decode_query_len=served.query_len,
+        cudagraph_dispatcher=dispatcher, arange_np=np.arange(MAX_REQS + 2),
+        input_batch=SimpleNamespace(num_computed_tokens_cpu=np.full(MAX_REQS, 5), lora_id_to_lora_request={}))
+    runner._pad_for_sequence_parallelism = NPUModelRunner._pad_for_sequence_parallelism.__get__(runner)
+    _RUNNERS[served] = runner
+    return runner
+
+
+def vllm_ascend_serves(runner: Any, q_lens: list[int]) -> Optional[tuple[Any, list[int], list[int]]]:
+    """The runner's own decision for a batch (mode and batch descriptor from vLLM's dispatcher),
+    then, for a FULL graph, its padding of query_start_loc with the descriptor's request count
+    (execute_model: model_runner_v1.py:1911-1931, 1944, 2020-2032). None when the batch runs
+    without a FULL graph."""
+    from vllm.config import set_current_vllm_config
+
+    num_scheduled = np.array(q_lens, dtype=np.int32)
+    with set_current_vllm_config(runner.vllm_config):
+        mode, desc, *_ = NPUModelRunner._determine_batch_execution_and_padding(
+            runner, num_tokens=sum(q_lens), num_reqs=len(q_lens), num_scheduled_tokens_np=num_scheduled,
+            max_num_scheduled_tokens=max(q_lens), use_cascade_attn=False)
+        if mode != CUDAGraphMode.FULL:
+            return None
+        buffer = QueryStartLoc(q_lens)
+        num_reqs_padded = desc.num_reqs if desc.num_reqs is not None else len(q_lens)
+        requests = NPUModelRunner._pad_query_start_loc_for_fia(
+            runner, buffer, desc.num_tokens, num_reqs_padded, len(q_lens), mode, desc.num_reqs)
+    assert buffer.copied
+    ends = [int(v) for v in buffer.np[1: requests + 1]]
+    return desc, ends, [5] * len(q_lens) + [0] * (requests - len(q_lens))  # the runner's zero fill
+
+
 @st.composite
-def full_batches(draw):  # (config mode, query_len, q_lens, num_tokens, num_reqs_padded, uniform)
-    query_len = draw(st.sampled_from([1, 2, 4]))
-    if draw(st.booleans()):
-        mode = draw(st.sampled_from([CUDAGraphMode.FULL_AND_PIECEWISE, CUDAGraphMode.FULL_DECODE_ONLY]))
-        reqs = draw(st.integers(1, 16))
-        padded = draw(st.integers(reqs, 16))
-        return mode, query_len, [query_len] * reqs, padded * query_len, padded, True
-    q_lens = draw(st.lists(st.integers(1, 40), min_size=1, max_size=12))
-    num_tokens = sum(q_lens) + draw(st.integers(0, 16))
-    uniform = len(set(q_lens)) == 1 and q_lens[0] == query_len and num_tokens == len(q_lens) * query_len
-    return CUDAGraphMode.FULL, query_len, q_lens, num_tokens, len(q_lens), uniform
+def served_batches(draw: Any) -> tuple[Served, list[int]]:
+    served = draw(st.sampled_from(SERVED))
+    reqs = draw(st.integers(1, served.max_num_seqs))
+    if draw(st.booleans()):  # a uniform decode batch (every request query_len tokens)
+        return served, [served.query_len] * reqs
+    return served, draw(st.lists(st.integers(1, 6), min_size=reqs, max_size=reqs))
 
 
-@settings(max_examples=300, deadline=None, derandomize=True)
-@given(full_batches())
-def test_fia_padding_agrees_with_vllm_ascends_model_runner(batch) -> None:
-    mode, query_len, q_lens, num_tokens, num_reqs_padded, uniform = batch
-    ends = [int(v) for v in np.cumsum(q_lens)]
-    theirs = vllm_ascend_padding(mode, query_len, q_lens, num_tokens, num_reqs_padded)
-    # Known difference (docs/semantics.md): under a FULL config vLLM Ascend pads every batch
-    # as mixed (model_runner_v1.py:816-821); ascendgraph pads a uniform one per request.
-    ours_uniform = uniform and mode != CUDAGraphMode.FULL
-    ours = fia_padded_lengths(ends, [5] * len(q_lens), num_tokens=num_tokens, uniform=ours_uniform,
-                              num_reqs_padded=num_reqs_padded, query_len=query_len)
-    assert ours == theirs
-    assert theirs[0][-1] == num_tokens  # the TND contract: the last end is the token count
+@settings(max_examples=300, deadline=None, derandomize=True, database=None, print_blob=False)
+@given(batch=served_batches())
+def test_fia_padding_agrees_with_vllm_ascends_model_runner(batch: tuple[Served, list[int]],
+                                                          model_configs: dict[bool, Any]) -> None:
+    served, q_lens = batch
+    theirs = vllm_ascend_serves(runner_standin(served, model_configs), q_lens)
+    if theirs is None:
+        return  # eager or PIECEWISE: no FIA padding
+    desc, ends, lens = theirs
+    ours = fia_padded_lengths([int(v) for v in np.cumsum(q_lens)], [5] * len(q_lens), num_tokens=desc.num_tokens,
+                              uniform=desc.uniform, num_reqs_padded=desc.num_reqs, query_len=served.query_len)
+    assert ours == (ends, lens), (served, q_lens, desc)
+    assert ends[-1] == desc.num_tokens  # the TND contract: the last end is the token count
+
+
+@pytest.mark.parametrize("served", SERVED, ids=lambda s: f"{s.mode}-q{s.query_len}-seqs{s.max_num_seqs}")
+def test_each_served_configuration_pads_a_decode_batch_in_a_full_graph(served: Served,
+                                                                       model_configs: dict[bool, Any]) -> None:
+    # So the generated batches above meet FULL graphs under every configuration: one uniform
+    # decode request is padded to the smallest decode graph.
+    theirs = vllm_ascend_serves(runner_standin(served, model_configs), [served.query_len])
+    assert theirs is not None
+    desc, ends, _ = theirs
+    assert ends[-1] == desc.num_tokens > served.query_len or desc.num_tokens == served.query_len
+
+
+def test_a_mixed_batch_that_fills_max_num_seqs_gets_a_request_past_the_runners_buffers(
+        model_configs: dict[bool, Any]) -> None:
+    # FULL graphs of 8 tokens, max_num_seqs 4: vLLM's dispatcher pads 4 requests of 5 tokens to
+    # 8 tokens and 4 requests (min(8, max_num_seqs)); the runner then inserts a dummy request
+    # ending at 8 (model_runner_v1.py:837-844), a 5th: query_start_loc has max_num_reqs + 2
+    # entries for it (323-329), seq_lens only max_num_reqs, so the metadata builder pads the
+    # dummy's KV length itself (attention_v1.py:371-376).
+    runner = runner_standin(SERVED[0], model_configs)
+    desc, ends, lens = vllm_ascend_serves(runner, [2, 1, 1, 1])
+    assert (desc.num_tokens, desc.num_reqs, desc.uniform) == (8, 4, False)
+    assert ends == [2, 3, 4, 5, 8] and len(ends) == SERVED[0].max_num_seqs + 1
 
 
 def test_the_known_difference_a_uniform_batch_under_a_full_config() -> None:
@@ -178,9 +270,9 @@ class Decided:
     warmups: int
 
 
-def vllm_ascend_decides(case: Case, model_configs: dict[bool, Any]) -> Decided:
+def resolved_config(case: Case, model_configs: dict[bool, Any]) -> tuple[Any, CUDAGraphMode]:
+    """The VllmConfig of ``case`` and the graph mode the runner resolves for it."""
     from vllm.config import CompilationConfig, ParallelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
-    from vllm.config.compilation import CompilationMode
 
     from vllm_ascend.attention.attention_v1 import AscendAttentionBackend, AscendAttentionMetadataBuilder
 
@@ -205,6 +297,14 @@ def vllm_ascend_decides(case: Case, model_configs: dict[bool, Any]) -> Decided:
         min_cg_support=support, min_cg_attn_backend=AscendAttentionBackend.__name__,
         uniform_decode_query_len=1 + case.speculative_tokens, use_v2_model_runner=False,
         tensor_parallel_size=1, kv_cache_config=None, max_num_reqs=case.max_num_seqs)
+    return config, mode
+
+
+def vllm_ascend_decides(case: Case, model_configs: dict[bool, Any]) -> Decided:
+    from vllm.config.compilation import CompilationMode
+
+    config, mode = resolved_config(case, model_configs)
+    compilation = config.compilation_config
     sizes = tuple(compilation.cudagraph_capture_sizes or ())
     return Decided(mode.name, CompilationMode(compilation.mode).name, sizes,
                    compilation.max_cudagraph_capture_size or 0, compilation.cudagraph_num_of_warmups)

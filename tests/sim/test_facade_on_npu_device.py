@@ -1,0 +1,81 @@
+"""The facade's pieces that meet the npu device (sim.npu_device): weak references of npu
+tensors, and Python custom ops on npu tensors seen through the simulator's modes as the kernels
+they issue (vLLM's attention, GEMM and rotary ops under a capture)."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import pytest
+import torch
+
+import sim.npu_device as npu_device
+from sim import recorder
+
+
+@pytest.fixture
+def npu() -> Iterator[Any]:
+    from sim import facade
+
+    facade.install(quiet=True)
+    facade.configure()
+    if not hasattr(torch.Tensor, "is_npu"):
+        torch.Tensor.is_npu = property(lambda tensor: tensor.device.type == "npu")  # type: ignore[attr-defined]
+    npu_device.enable()
+    npu_device.attach(facade.device())
+    try:
+        import torch_npu
+
+        yield torch_npu
+    finally:
+        npu_device.attach(None)
+        facade.uninstall()
+
+
+def test_a_weak_reference_of_an_npu_tensor_is_an_npu_tensor_over_the_same_memory(npu: Any) -> None:
+    tensor = torch.arange(6.0).to("npu")
+    weak = npu._C._weak_ref_tensor(tensor)
+    assert weak.device.type == "npu" and weak.data_ptr() == tensor.data_ptr()
+    tensor.add_(1)
+    assert weak.cpu().tolist() == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    assert (weak + torch.ones(6).to("npu")).cpu().tolist() == [2.0, 3.0, 4.0, 5.0, 6.0, 7.0]  # an op with npu tensors
+
+
+_LIBRARY: list[Any] = []
+
+
+def double_into_op() -> Any:
+    """A Python custom op registered for the npu device's key, as vLLM registers its ops for
+    the accelerator's (defined once the device is spelled "npu")."""
+    if not _LIBRARY:
+        library = torch.library.Library("ascendgraph_pydevop", "DEF")
+        library.define("double_into(Tensor x, Tensor(a!) out) -> ()")
+
+        def double_into(x: torch.Tensor, out: torch.Tensor) -> None:
+            out.copy_(x * 2)
+
+        library.impl("double_into", double_into, "PrivateUse1")
+        _LIBRARY.append(library)
+    return torch.ops.ascendgraph_pydevop.double_into
+
+
+class Seen(recorder._Mode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def handle(self, func: Any, args: Any, kwargs: dict) -> Any:
+        self.ops.append(str(func))
+        return func(*args, **kwargs)
+
+
+def test_a_python_custom_op_on_npu_tensors_is_seen_as_the_ops_it_issues(npu: Any, monkeypatch: Any) -> None:
+    monkeypatch.setattr(recorder, "PYTHON_DEVICE_OP_NAMESPACES", frozenset({"ascendgraph_pydevop"}))
+    x, out = torch.ones(3).to("npu"), torch.zeros(3).to("npu")
+    op = double_into_op()
+    mode = Seen()
+    with mode:
+        op(x, out)
+    assert "ascendgraph_pydevop.double_into.default" not in mode.ops
+    assert "aten.mul.Tensor" in mode.ops and "aten.copy_.default" in mode.ops
+    assert out.cpu().tolist() == [2.0, 2.0, 2.0]
