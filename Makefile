@@ -50,7 +50,8 @@ parity-record:
 # module's tests on one worker: the model runner's module builds each served configuration once.
 VLLM_ASCEND_PYTEST_ARGS ?= -n auto --dist loadfile
 vllm-ascend-env:
-	ln -sfn "$$(dirname "$$(dirname "$$(scripts/vllm-ascend-env.sh | tail -n 1)")")" .venv-vllm-ascend
+	env_out="$$(scripts/vllm-ascend-env.sh)" && \
+		ln -sfn "$$(dirname "$$(dirname "$$(printf '%s\n' "$$env_out" | tail -n 1)")")" .venv-vllm-ascend
 
 vllm-ascend: vllm-ascend-env
 	.venv-vllm-ascend/bin/python -m sim.facade -- .venv-vllm-ascend/bin/python -m pytest -m vllm_ascend \
