@@ -216,7 +216,9 @@ def section_plan(quick: bool, root: str = ROOT) -> dict[str, Any]:
     return {**_proc_row(again), "first": _proc_row(first), "args": list(args)}
 
 
-# A user's first test on the facade: one capture and one replay through torch_npu's API.
+# A user's first test on the facade: one capture and one replay through torch_npu's API, on an
+# npu tensor (a host tensor's op runs eagerly during a capture and is not replayed, on a card as
+# on the facade).
 FACADE_TEST = """\
 import pytest
 import torch
@@ -226,7 +228,7 @@ import torch
 def test_one_capture_and_replay():
     import torch_npu
 
-    x = torch.ones(4)
+    x = torch.ones(4, device="npu")
     graph = torch_npu.npu.NPUGraph()
     with torch_npu.npu.graph(graph):
         y = x * 2

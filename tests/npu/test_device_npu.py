@@ -113,3 +113,13 @@ def test_profiling_writes_op_statistic_and_kernel_details(npu_device: Any, tmp_p
     assert session.op_statistic is not None and session.kernel_details is not None, session.summary()
     header = session.op_statistic.read_text().splitlines()[0]
     assert "OP Type" in header and "Count" in header
+
+
+def test_the_benchmarks_first_facade_test_passes() -> None:
+    """bench's facade row times FACADE_TEST as a user's first test: it must pass where it is timed
+    (a failing test would be timed as "failed", and a card would fail it too)."""
+    from bench.__main__ import FACADE_TEST
+
+    namespace: dict[str, Any] = {}
+    exec(compile(FACADE_TEST, "FACADE_TEST", "exec"), namespace)
+    namespace["test_one_capture_and_replay"]()
