@@ -19,7 +19,7 @@ from torch.overrides import _get_current_function_mode_stack
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from hw import api
-from tests.inner_pytest import NO_HYPOTHESIS
+from tests.inner_pytest import UNUSED_PLUGINS_OFF
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -205,7 +205,7 @@ def run_inner(root: Path, *args: str) -> tuple[int, str]:
     registered = {ep.value for ep in entry_points(group="pytest11")}
     plugins = [arg for name in ("ascendgraph.testing.plugin", "sim.facade.pytest_plugin")
                if name not in registered for arg in ("-p", name)]
-    command = [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "-p", "no:xdist", *NO_HYPOTHESIS,
+    command = [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "-p", "no:xdist", *UNUSED_PLUGINS_OFF,
                *plugins, *args]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     done = subprocess.run(command, capture_output=True, text=True, cwd=root, env=env, timeout=300)

@@ -15,7 +15,7 @@ import pytest
 
 from hw import api
 
-from tests.inner_pytest import NO_HYPOTHESIS
+from tests.inner_pytest import UNUSED_PLUGINS_OFF
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(api.load_torch_npu()[0] is not None, reason="torch_npu is importable here")
@@ -45,7 +45,7 @@ def run(root: Path, *args: str) -> tuple[int, str]:
     registered = {ep.value for ep in entry_points(group="pytest11")}
     plugins = [arg for name in ("ascendgraph.testing.plugin", "sim.facade.pytest_plugin")
                if name not in registered for arg in ("-p", name)]
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", *NO_HYPOTHESIS, *plugins, *args]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", *UNUSED_PLUGINS_OFF, *plugins, *args]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     done = subprocess.run(command, capture_output=True, text=True, cwd=root, env=env, timeout=300)
     return done.returncode, done.stdout + done.stderr

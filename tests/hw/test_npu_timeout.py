@@ -20,7 +20,7 @@ import pytest
 from ascendgraph.testing import plugin as ag_plugin
 from hw import api
 
-from tests.inner_pytest import NO_HYPOTHESIS
+from tests.inner_pytest import UNUSED_PLUGINS_OFF
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(api.load_torch_npu()[0] is not None, reason="torch_npu is importable here")
@@ -80,7 +80,7 @@ def test_a_test_blocked_in_c_is_ended_at_the_limit(tmp_path: Path) -> None:
     registered = {ep.value for ep in entry_points(group="pytest11")}
     plugins = [arg for name in ("ascendgraph.testing.plugin", "sim.facade.pytest_plugin")
                if name not in registered for arg in ("-p", name)]
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", *NO_HYPOTHESIS, *plugins,
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", *UNUSED_PLUGINS_OFF, *plugins,
                "-m", "npu", "--npu-facade"]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     try:

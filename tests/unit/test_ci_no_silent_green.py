@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.inner_pytest import NO_HYPOTHESIS
+from tests.inner_pytest import UNUSED_PLUGINS_OFF
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,7 +28,7 @@ def _contract_run(tmp_path: Path, ci: bool) -> subprocess.CompletedProcess[str]:
                PIP_INDEX_URL="http://127.0.0.1:9/simple", PYTHONPATH=str(REPO))
     if ci:
         env["ASCENDGRAPH_CI"] = "1"
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *NO_HYPOTHESIS, "-n", "0",
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *UNUSED_PLUGINS_OFF, "-n", "0",
                            "tests/hw/test_torch_npu_contract.py::test_the_cached_wheel_is_the_release_hw_targets"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 

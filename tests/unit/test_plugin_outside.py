@@ -124,7 +124,7 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from tests.inner_pytest import NO_HYPOTHESIS  # noqa: E402
+from tests.inner_pytest import UNUSED_PLUGINS_OFF  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 THEIR_CONFTEST = (
@@ -153,7 +153,7 @@ def _pytest(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("PYTEST_ADDOPTS", None)
     return subprocess.run([sys.executable, "-m", "pytest", *PLUGIN_ARGS, "-p", "no:cacheprovider", "-p", "no:xdist",
-                           *NO_HYPOTHESIS, "-q", *args], cwd=project, env=env, capture_output=True, text=True,
+                           *UNUSED_PLUGINS_OFF, "-q", *args], cwd=project, env=env, capture_output=True, text=True,
                           timeout=600)
 
 

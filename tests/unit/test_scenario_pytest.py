@@ -19,7 +19,7 @@ import ascendgraph.testing.scenarios  # noqa: F401  (imported before any in-proc
 import sim.faults  # noqa: F401
 import sim.profiles  # noqa: F401
 
-from tests.inner_pytest import NO_HYPOTHESIS
+from tests.inner_pytest import UNUSED_PLUGINS_OFF
 
 pytest_plugins = ["pytester"]
 
@@ -127,7 +127,7 @@ def write_project(root: Path) -> None:
 
 def run_inner(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "pytest", *NO_HYPOTHESIS, *PLUGIN, "--strict-markers", "-v", "-rfE", *args],
+        [sys.executable, "-m", "pytest", *UNUSED_PLUGINS_OFF, *PLUGIN, "--strict-markers", "-v", "-rfE", *args],
         cwd=root, capture_output=True, text=True, timeout=900,
     )
 
