@@ -25,14 +25,21 @@ def _run(*launcher: str) -> list[str]:
     return done.stdout.splitlines()
 
 
-def test_find_spec_and_dtype_codes_work_under_the_facade_and_npu_is_a_torch_device() -> None:
-    spec_line, device_line = _run()
+@pytest.fixture(scope="module")
+def plain_launch() -> list[str]:
+    """The probe's output under the launcher without flags: one process pair for the tests that
+    read it (the output is fixed by the code; nothing a test does changes it)."""
+    return _run()
+
+
+def test_find_spec_and_dtype_codes_work_under_the_facade_and_npu_is_a_torch_device(plain_launch: list[str]) -> None:
+    spec_line, device_line = plain_launch
     assert spec_line == "torch_npu torch_npu 290"
     assert device_line == "device npu 0 npu True"
 
 
-def test_the_former_npu_device_flag_is_accepted_and_changes_nothing() -> None:
-    assert _run("--npu-device") == _run()
+def test_the_former_npu_device_flag_is_accepted_and_changes_nothing(plain_launch: list[str]) -> None:
+    assert _run("--npu-device") == plain_launch
 
 
 @pytest.mark.parametrize("name", ["memory_stats", "max_memory_allocated", "reset_peak_memory_stats",
