@@ -17,6 +17,11 @@ from ascendgraph.cli.app import INTERRUPTED, PIPE_CLOSED
 COMMAND = [sys.executable, "-m", "ascendgraph"]
 
 
+# The child runs find the traced graph in the worker's compile cache after the first
+# (tests/conftest.py, `worker_compile_cache`): what is interrupted here is the command, not the trace.
+pytestmark = pytest.mark.usefixtures("worker_compile_cache")
+
+
 def _env() -> dict[str, str]:
     root = str(Path(ascendgraph.cli.__file__).resolve().parents[2])
     return {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
