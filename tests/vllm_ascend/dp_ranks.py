@@ -258,11 +258,11 @@ def draft_runner(config: Any, *, dcp_size: int) -> Any:
 def draft_proposer(runner: Any, model: MoeDraftLayer, *, num_speculative_tokens: int,
                    proposer_class: Optional[type] = None) -> Any:
     """vLLM Ascend's MTP proposer (``AscendEagleProposer``, which ``get_spec_decode_method``
-    returns for ``mtp``: spec_decode/__init__.py:43-47) made with ``__new__``, holding what
+    returns for ``mtp``: spec_decode/__init__.py:46-50) made with ``__new__``, holding what
     ``dummy_run`` and ``_run_merged_draft`` read for an eager MTP drafter that is not
     multimodal, without M-RoPE and without sequence parallelism; the values are the ones the
     constructors set (llm_base_proposer.py:121-247 @182b75ea; vLLM 0.27.1
-    v1/spec_decode/llm_base_proposer.py:95-215). The real constructor loads nothing but
+    v1/spec_decode/llm_base_proposer.py:69-215). The real constructor loads nothing but
     allocates from the runner's buffers and a draft model config (``SpeculativeConfig`` for
     ``mtp`` needs a checkpoint with MTP layers), which these ranks do not have."""
     from vllm_ascend.spec_decode.eagle_proposer import AscendEagleProposer

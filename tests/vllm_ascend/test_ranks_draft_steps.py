@@ -65,7 +65,7 @@ def _propose(proposer, batch: dp_ranks.Batch, *, is_prefill: bool) -> torch.Tens
     The per-step attention metadata is empty: the reduced drafter has no attention layer."""
     tokens = sum(batch.query_lens)
     num_input_tokens, across, _ = proposer.runner._sync_metadata_across_dp(tokens, is_draft_model=True)
-    last_tokens = torch.tensor(list(itertools.accumulate(batch.query_lens)), dtype=torch.int32) - 1  # :769-770
+    last_tokens = torch.tensor(list(itertools.accumulate(batch.query_lens)), dtype=torch.int32) - 1  # :765-766
     steps_metadata: list[dict] = [{} for _ in range(K)]
     with set_ascend_forward_context(None, proposer.vllm_config, num_tokens=num_input_tokens,
                                     num_tokens_across_dp=across, num_actual_tokens=tokens, batch_descriptor=None,
