@@ -2,7 +2,8 @@
 tests/ranks/scenario_files/draft_steps_differ.toml through vLLM Ascend's code).
 
 Two DP ranks of the tiny MoE model with expert parallelism (tests/vllm_ascend/dp_ranks.py), an
-MTP drafter with 3 speculative tokens. Each engine step, each rank runs vLLM Ascend's batch
+MTP drafter with 3 speculative tokens (the proposer holds the count; the ranks' ``VllmConfig``
+has no ``SpeculativeConfig``, so the target's decision sees a uniform decode of 1 token). Each engine step, each rank runs vLLM Ascend's batch
 decision (``_determine_batch_execution_and_padding``, its DP sync on the DP CPU group), the
 target model's MoE layer, then the drafter:
 
