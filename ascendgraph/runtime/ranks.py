@@ -20,8 +20,9 @@ A rank's program:
    all-reduce, every ``unfinished_interval`` steps): dispatch, DP sync and re-dispatch
    (`ascendgraph.parallel.coordination` under ``dp_sync_policy``), the post-sync decision
    (checked by the fabric), then the forward: a replay whose captured collectives meet as
-   ``graph:<key>``, or eager collectives; then the draft steps of speculative decoding
-   (each with its own DP sync; ``draft_steps="agreed"`` runs the DP maximum on every rank).
+   ``graph:<key>``, or eager collectives; then speculative decoding's proposer call: one
+   DP sync (mode NONE, always padded), then its draft forwards, whose collectives meet on
+   the EP group (``draft_steps="agreed"`` runs the DP maximum on every rank).
    An idle DP rank runs `execute_dummy_batch`; a zero-token step with requests left follows
    ``idle_policy``.
 
