@@ -44,6 +44,7 @@ from typing import Iterator, Optional, Sequence
 
 import torch
 
+from ascendgraph.errors import DeviceUnavailable
 from ascendgraph.readers import user_cache_root
 
 __all__ = ["EXTENSION_NAME", "SOURCES", "CFLAGS", "NpuDeviceBuildError", "build_key", "build_directory", "load_extension"]
@@ -55,7 +56,7 @@ CFLAGS: tuple[str, ...] = ("-O1", "-w")
 BUILD_LOG = "build.log"
 
 
-class NpuDeviceBuildError(RuntimeError):
+class NpuDeviceBuildError(DeviceUnavailable):
     """The npu device's extension did not build (one line: the compiler's error, the directory)."""
 
 
