@@ -1,6 +1,6 @@
 """Root conftest: load the project's pytest plugins, and give every test its own cache.
 
-The plugins (ascendgraph.testing.plugin, sim.facade.pytest_plugin) are ``pytest11`` entry
+The plugins (ascendgraph.testing.plugin, ascendgraph_npu_facade) are ``pytest11`` entry
 points once the project is installed; from a checkout whose installed metadata predates
 them they are loaded here instead (never twice).
 
@@ -15,7 +15,7 @@ from importlib.metadata import entry_points
 
 import pytest
 
-PLUGINS = ("ascendgraph.testing.plugin", "sim.facade.pytest_plugin")
+PLUGINS = ("ascendgraph.testing.plugin", "ascendgraph_npu_facade")
 pytest_plugins = [name for name in PLUGINS if name not in {ep.value for ep in entry_points(group="pytest11")}]
 
 PERSISTENT_CACHE_DIR = os.environ.get("ASCENDGRAPH_CACHE_DIR") or os.path.join(

@@ -203,7 +203,7 @@ def test_4_computes():
 
 def run_inner(root: Path, *args: str) -> tuple[int, str]:
     registered = {ep.value for ep in entry_points(group="pytest11")}
-    plugins = [arg for name in ("ascendgraph.testing.plugin", "sim.facade.pytest_plugin")
+    plugins = [arg for name in ("ascendgraph.testing.plugin", "ascendgraph_npu_facade")
                if name not in registered for arg in ("-p", name)]
     command = [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "-p", "no:xdist", *UNUSED_PLUGINS_OFF,
                *plugins, *args]

@@ -43,7 +43,7 @@ def run(root: Path, *args: str) -> tuple[int, str]:
     # The plugins are pytest11 entry points once the project is installed with them; `-p` for
     # an entry-point plugin would register it twice, so it is given only where it is missing.
     registered = {ep.value for ep in entry_points(group="pytest11")}
-    plugins = [arg for name in ("ascendgraph.testing.plugin", "sim.facade.pytest_plugin")
+    plugins = [arg for name in ("ascendgraph.testing.plugin", "ascendgraph_npu_facade")
                if name not in registered for arg in ("-p", name)]
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", *UNUSED_PLUGINS_OFF, *plugins, *args]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))

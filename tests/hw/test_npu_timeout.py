@@ -78,7 +78,7 @@ def test_a_test_blocked_in_c_is_ended_at_the_limit(tmp_path: Path) -> None:
     for name, text in SUITE.items():
         (tmp_path / name).write_text(text)
     registered = {ep.value for ep in entry_points(group="pytest11")}
-    plugins = [arg for name in ("ascendgraph.testing.plugin", "sim.facade.pytest_plugin")
+    plugins = [arg for name in ("ascendgraph.testing.plugin", "ascendgraph_npu_facade")
                if name not in registered for arg in ("-p", name)]
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", *UNUSED_PLUGINS_OFF, *plugins,
                "-m", "npu", "--npu-facade"]

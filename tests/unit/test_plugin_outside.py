@@ -197,3 +197,18 @@ def test_scenario_files_are_collected_only_in_the_folders_a_project_opts_in(tmp_
     assert "2 passed" in result.stdout
     assert "tests/ours/launch_blocking.toml::launch_blocking" in result.stdout
     assert "x.toml" not in result.stdout
+
+
+def test_loading_the_plugins_imports_neither_torch_nor_the_simulator() -> None:
+    """pytest loads every pytest11 entry point in every run of the environment, also in
+    projects that never use torch: both plugins stay inert and light until asked (the facade's
+    is a package outside ``sim`` for this reason; importing ``sim`` costs about 1.7 s of CPU)."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, ascendgraph.testing.plugin, ascendgraph_npu_facade; "
+             "print(sorted(m for m in ('torch', 'sim', 'hw', 'numpy') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+    assert {"ascendgraph.testing.plugin", "ascendgraph_npu_facade"} <= {ep.value for ep in entry_points(group="pytest11")}
