@@ -15,8 +15,8 @@ vLLM's ``Qwen2MoeForCausalLM`` whose every layer is dense (``mlp_only_layers``: 
 kernels; ``num_experts`` > 0 makes it a MoE model to vLLM, ``ModelConfig.is_moe``) with vLLM
 Ascend's fine-grained MLP tensor parallelism across the two DP ranks
 (``finegrained_tp_config.mlp_tensor_parallel_size = 2``, allowed for MoE models only,
-ascend_config.py:700-705@182b75ea): each layer's ``gate_up_proj`` all-gathers its input over
-the ``mlptp`` group and its ``down_proj`` reduce-scatters (ops/linear_op.py:152-189), through
+ascend_config.py:694-711@182b75ea): each layer's ``gate_up_proj`` all-gathers its input over
+the ``mlptp`` group and its ``down_proj`` reduce-scatters (ops/linear_op.py:152-191), through
 vLLM's ``torch.ops.vllm.all_gather`` / ``reduce_scatter`` and vLLM Ascend's
 ``NPUCommunicator`` (device_communicators/npu_communicator.py), so the collectives are
 captured into each FULL graph and meet at each replay as ``graph:<key>``.
@@ -26,7 +26,7 @@ What is restated here (the rest is their code, unmodified):
 * the groups: vLLM's ``GroupCoordinator``s built without ``__init__`` (`sim.vllm_ranks`) for
   vLLM's ``world``, ``dp``, ``pp``, ``tp``, ``ep``, ``dcp``, ``pcp`` and vLLM Ascend's ``mc2``
   and ``mlptp`` with the members vLLM's ``initialize_model_parallel`` and vLLM Ascend's
-  ``init_ascend_model_parallel`` give them (distributed/parallel_state.py:60-140@182b75ea);
+  ``init_ascend_model_parallel`` give them (distributed/parallel_state.py:21-135@182b75ea);
   each group of more than one rank has vLLM Ascend's ``NPUCommunicator`` and is registered for
   vLLM's collective custom ops, as ``GroupCoordinator.__init__`` does;
 * the engine core's loop (`dp_engine_loop`), from vLLM 0.27.1 ``v1/engine/core.py:2102-2175``:
@@ -74,7 +74,7 @@ def _attention_masks() -> Any:
 
 
 def _rank_globals() -> Any:
-    """`RANK_GLOBALS`: what vLLM 0.27.1 and vLLM Ascend 182b75ea keep per process that a rank
+    """What vLLM 0.27.1 and vLLM Ascend 182b75ea keep per process that a rank
     must not share (module, attribute, and what a fresh process holds)."""
     from sim.vllm_ranks import PerRankGlobals, Slot, module_slot
 
@@ -162,15 +162,15 @@ def _set_up_groups(ranks: Any, rank: int) -> Callable[[Any], None]:
             coordinators = [ranks.group(kind) for kind in ("world", "dp", "pp", "tp", "ep")]
             parallel_state._DCP = ranks.coordinator("dcp", singles, rank, device)
             parallel_state._PCP = ranks.coordinator("pcp", singles, rank, device)
-            # vLLM Ascend's groups (parallel_state.py:60-140): MC2 spans DP x PCP x TP, the MLP
-            # TP group chunks the DP ranks of each TP rank by mlp_tensor_parallel_size
+            # vLLM Ascend's groups (distributed/parallel_state.py:21-135): MC2 spans DP x PCP x TP, the MLP
+            # TP group chunks the DP ranks of each TP rank by mlp_tensor_parallel_size (95-135)
             ascend_state._MC2 = ranks.coordinator("mc2", [world], rank, device)
             ascend_state._MLP_TP = ranks.coordinator("mlptp", [world], rank, device)
             coordinators += [parallel_state._DCP, parallel_state._PCP, ascend_state._MC2, ascend_state._MLP_TP]
             for coordinator in coordinators:
                 coordinator.device = device
                 coordinator.use_custom_op_call = current_platform.use_custom_op_collectives()
-                if coordinator.world_size > 1:  # GroupCoordinator.__init__ (parallel_state.py:500-515)
+                if coordinator.world_size > 1:  # GroupCoordinator.__init__ (vLLM parallel_state.py:500-527)
                     coordinator.use_device_communicator = True
                     coordinator.device_communicator = NPUCommunicator(
                         cpu_group=coordinator.cpu_group, device=device, device_group=coordinator.device_group,

@@ -105,3 +105,18 @@ def test_a_capture_error_on_one_rank_leaves_its_peer_waiting_until_the_timeout()
         runner_ranks.run(SPEC, STAGGERED, devices=devices)
     assert info.value.straggler == 1
     assert "stream-resource exhaustion" in str(info.value) and "rank 0: pending" in str(info.value)
+
+
+def test_two_ranks_prefilling_different_counts_eagerly_bring_different_shapes_to_the_mlp_all_gather():
+    """A finding (vLLM Ascend 182b75ea, docs/ranks.md): the DP padding after the sync is allowed
+    when the local mode is not NONE or under sequence parallelism, o_proj TP or embedding TP
+    (model_runner_v1.py:2776-2781), not under MLP TP, whose all-gather spans the DP ranks too. Two
+    ranks prefilling 3 and 5 tokens in the same step both run eagerly unpadded, and their MLP
+    all-gathers bring 3 and 5 rows: ``same_shape`` (on cards HCCL would read past the shorter
+    buffer or hang)."""
+    plans = (runner_ranks.RankPlan((serving.Arrival(0, "r0", 3, 2),)),
+             runner_ranks.RankPlan((serving.Arrival(0, "r1", 5, 2),)))
+    with pytest.raises(CollectiveMismatch) as info:
+        runner_ranks.run(SPEC, plans)
+    assert info.value.rules == ("same_shape",)
+    assert "mlptp:device#" in str(info.value) and "rank 0: (3, 1024), rank 1: (5, 1024)" in str(info.value)
