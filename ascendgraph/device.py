@@ -11,7 +11,8 @@ The core never imports ``sim`` or ``hw`` directly.
 
 Beyond `Device`, a backend may provide optional capabilities, each a small runtime-checkable
 protocol below (`FaultInjection`, `KernelLog`, `VirtualClock`, `WarmupScope`, `StaticKernels`,
-`SuperKernels`, `HcclExpansionMode`, `Float32Attention`, `KernelPrecheck`, `KernelFallbacks`).
+`SuperKernels`, `HcclExpansionMode`, `Float32Attention`, `KernelPrecheck`, `KernelFallbacks`,
+`CollectiveFabric`).
 The core asks for one with ``isinstance(device, Capability)`` and does without it otherwise;
 a backend lists what it provides in its class attribute ``capabilities`` (`CAPABILITIES` names
 them all; the conformance suite checks the list against what the device has).
@@ -28,6 +29,7 @@ from typing import (
     Any,
     Callable,
     ContextManager,
+    Generator,
     Iterator,
     Mapping,
     Optional,
@@ -58,6 +60,9 @@ __all__ = [
     "Float32Attention",
     "KernelPrecheck",
     "KernelFallbacks",
+    "CollectiveFabric",
+    "RankFabric",
+    "FabricRunStats",
     "CAPABILITIES",
     "capability_mismatches",
     "DeviceBackend",
@@ -72,6 +77,7 @@ __all__ = [
 if TYPE_CHECKING:  # pragma: no cover - torch is only needed by the backends themselves
     import torch
 
+    from ascendgraph.parallel.layout import ParallelLayout
     from ascendgraph.xlite import XliteRuntime, XliteRuntimeSpec
 
 ENTRY_POINT_GROUP = "ascendgraph.devices"
@@ -222,7 +228,7 @@ class Device(Protocol):
     def new_external_event(self) -> ExternalEvent: ...
 
     # graphs
-    def new_graph(self) -> Graph: ...
+    def new_graph(self, name: Optional[str] = None) -> Graph: ...  # the name appears in errors and profiles
 
     def graph(
         self,
@@ -375,9 +381,55 @@ class KernelFallbacks(Protocol):
     def kernel_fallbacks(self) -> Mapping[str, str]: ...
 
 
+class FabricRunStats(Protocol):
+    """What a run of a `RankFabric` did, as the multi-rank report reads it."""
+
+    @property
+    def met(self) -> Mapping[str, int]: ...  # collectives met per group kind ("tp", "dp", "world", ...)
+
+    @property
+    def met_by_rank(self) -> Mapping[int, int]: ...
+
+    @property
+    def failed_rank(self) -> Optional[int]: ...  # the rank whose own failure is the run's error
+
+
+class RankFabric(Protocol):
+    """Many ranks' programs stepped in one process (docs/ranks.md). A rank program is a
+    generator that yields a ``collective_type`` (fields ``group``, ``op``, ``shape``, ``dtype``,
+    ``how``, ``site``, ``params``, ``rows``, ``reduce``, ``local_us``) and receives its result, or
+    yields a ``decision_type`` (``group``, ``value``, ``sp_tp``, ``padded``) after a DP sync;
+    ``run`` steps them all and raises the run's error (a collective error, or a rank's own)."""
+
+    @property
+    def collective_type(self) -> Callable[..., Any]: ...
+
+    @property
+    def decision_type(self) -> Callable[..., Any]: ...
+
+    @property
+    def clock_us(self) -> Mapping[int, float]: ...  # each rank's virtual clock when the run ended
+
+    @property
+    def stats(self) -> FabricRunStats: ...
+
+    def run(self, programs: Mapping[int, Generator[Any, Any, Any]]) -> Any: ...
+
+
+@runtime_checkable
+class CollectiveFabric(Protocol):
+    """An in-process collective fabric for a layout's ranks, one device each: the multi-rank
+    runner (`ascendgraph.runtime.ranks.run_ranks`, ``ascendgraph run`` with DP/TP/EP > 1) steps
+    its rank programs on it; its devices need a `VirtualClock` too (each collective carries the
+    time its rank spent) [multi-rank runs refused: DeviceUnavailable]."""
+
+    def collective_fabric(self, layout: "ParallelLayout", *, seed: int = 0,
+                          timeout_s: Optional[float] = 1836.0) -> RankFabric: ...
+
+
 CAPABILITIES: tuple[type, ...] = (
     FaultInjection, KernelLog, VirtualClock, WarmupScope, StaticKernels, SuperKernels, HcclExpansionMode,
-    Float32Attention, KernelPrecheck, KernelFallbacks,
+    Float32Attention, KernelPrecheck, KernelFallbacks, CollectiveFabric,
 )
 
 

@@ -41,11 +41,12 @@ import logging
 import os
 import threading
 from contextlib import contextmanager
-from typing import Any, Callable, ContextManager, Iterator, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Mapping, Optional, Union
 
 import torch
 
 from ascendgraph.device import (
+    CollectiveFabric,
     DeviceProfile,
     DeviceStats,
     FaultInjection,
@@ -88,6 +89,9 @@ from sim.tracing import (
 )
 from sim.warmup import WarmupMode, warmup_scope
 
+if TYPE_CHECKING:
+    from sim.fabric import Fabric
+
 __all__ = ["SimDevice", "SimPoolHandle", "KernelRecord", "TraceSpan", "OPTIONS", "SUPER_KERNEL_OPTION_KEYS"]
 
 logger = logging.getLogger(__name__)
@@ -100,7 +104,7 @@ class SimDevice:
     name = "sim"
     # The optional capabilities of ascendgraph.device the simulator provides (the conformance suite checks them).
     capabilities = (FaultInjection, KernelLog, VirtualClockCapability, WarmupScope, StaticKernels, SuperKernels,
-                    HcclExpansionMode, Float32Attention, KernelPrecheck)
+                    HcclExpansionMode, Float32Attention, KernelPrecheck, CollectiveFabric)
 
     def __init__(
         self,
@@ -535,17 +539,12 @@ class SimDevice:
         self.check_alive()
         return SimXliteRuntime(self, model, spec)
 
-    def collective_fabric(self, layout: Any, *, seed: int = 0, timeout_s: Optional[float] = 1836.0) -> Any:
+    def collective_fabric(self, layout: Any, *, seed: int = 0, timeout_s: Optional[float] = 1836.0) -> "Fabric":
         """A `sim.fabric.Fabric` stepping the rank programs of ``layout`` (docs/ranks.md): how the
         runtime, which never imports ``sim``, reaches the in-process collective fabric."""
         from sim.fabric import Fabric
 
         return Fabric(layout, seed=seed, timeout_s=timeout_s)
-
-    @property
-    def host_clock_us(self) -> float:
-        """The virtual host clock (injected delays included), read by the multi-rank runner."""
-        return self.virtual_clock.host_us
 
     def clock(self) -> tuple[float, float]:
         """(host clock, device clock) in virtual microseconds."""

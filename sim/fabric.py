@@ -139,6 +139,10 @@ def failing_rank(failures: Mapping[int, BaseException]) -> int:
 class Fabric:
     """Steps rank programs under one seeded scheduler (see the module docstring)."""
 
+    # What a rank program yields (ascendgraph.device.RankFabric): the runtime builds them without importing sim.
+    collective_type = Collective
+    decision_type = Decision
+
     def __init__(self, layout: ParallelLayout, *, seed: int = 0, timeout_s: Optional[float] = 1836.0) -> None:
         self.layout = layout
         self.timeout_us = None if timeout_s is None else timeout_s * 1e6

@@ -76,6 +76,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_map
 
+from ascendgraph.errors import AscendGraphError
 from sim.memory import Block, BlockPool, Segment
 
 _dispatch_stack_len = torch._C._len_torch_dispatch_stack
@@ -128,8 +129,9 @@ def argument_roles(func: Any) -> tuple[tuple[str, ...], dict[str, str]]:
     return known
 
 
-class DeadWeakReference(RuntimeError):
-    """A read or write through a weak reference whose memory was freed."""
+class DeadWeakReference(AscendGraphError, RuntimeError):
+    """A read or write through a weak reference whose memory was freed (a simulator detection:
+    a card reads or writes the freed memory silently)."""
 
 
 class PoolBlockReused(DeadWeakReference):

@@ -29,7 +29,8 @@ values would be a host synchronisation inside a capture.
 
 Layout. One module per kernel family, each holding its rules as a tuple and the named
 predicates they use: `fused_attention` (v1), `fused_attention_v2`, `fused_semantics` (the
-rules and argument readers v1 and v2 share), `paged_attention` (the ``ascendgraph::`` op
+rules v1 and v2 share, and their argument readers written once over each kernel's argument
+names, `FIA_ARGUMENTS` and `FIA_V2_ARGUMENTS`), `paged_attention` (the ``ascendgraph::`` op
 level and ATB's paged attention), `kv_cache` (the KV writes), `norms`, `quantisation`,
 `model_layers` (the kernels a model's own layers issue: rotary embedding, mrope, swiglu). `common` holds what
 they share (`KernelRule`, kernel names, dtype lists, sources, argument readers); `table`
@@ -83,7 +84,10 @@ from ascendgraph.kernel_contracts.common import (
     KernelRule,
 )
 from ascendgraph.kernel_contracts.fused_semantics import (
+    FIA_ARGUMENTS,
+    FIA_V2_ARGUMENTS,
     NON_TND_LAYOUTS,
+    FusedArguments,
     SRC_OP_PLUGIN_FIA,
     SRC_TND_MASKED_MODE_0,
     SRC_WORKSPACE,
@@ -132,6 +136,9 @@ __all__ = [
     "HALF",
     "MASK_DTYPES",
     "NON_TND_LAYOUTS",
+    "FusedArguments",
+    "FIA_ARGUMENTS",
+    "FIA_V2_ARGUMENTS",
     "NORM",
     "PAGED_ATTENTION_OP",
     "QUANTIZE",

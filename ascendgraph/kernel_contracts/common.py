@@ -136,16 +136,6 @@ def _tnd(a: Mapping[str, Any]) -> bool:
     return a.get("input_layout") == "TND"
 
 
-def _tnd_with_lengths(a: Mapping[str, Any]) -> bool:
-    """TND with its cumulative query lengths given."""
-    return _tnd(a) and a.get("actual_seq_lengths") is not None
-
-
-def _paged_with_lengths(a: Mapping[str, Any]) -> bool:
-    """Page attention with KV lengths and a block size: the blocks each request needs are known."""
-    return _paged(a) and a.get("actual_seq_lengths_kv") is not None and a.get("block_size", 0) > 0
-
-
 def _workspace_rule(kernel: str, prefix: str, needed: Callable[[Mapping[str, Any]], int], query: str,
                     source: str) -> "KernelRule":
     return KernelRule(

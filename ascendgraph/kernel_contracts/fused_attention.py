@@ -4,7 +4,6 @@ v2 (`ascendgraph.kernel_contracts.fused_semantics`)."""
 
 from __future__ import annotations
 
-import math
 from typing import Any, Mapping
 
 import torch
@@ -24,33 +23,25 @@ from ascendgraph.kernel_contracts.common import (
     _dt,
     _ints,
     _paged,
-    _paged_with_lengths,
     _present,
     _shape,
     _tnd,
-    _tnd_with_lengths,
 )
 from ascendgraph.kernel_contracts.fused_semantics import (
+    FIA_ARGUMENTS,
     V1_LAYOUTS,
     _V1_LINES,
-    _V1_NAMES,
-    _batch,
+    _describe_causal_mask,
     _fused_semantics_rules,
     _int8_in,
     _mask_ok,
     _nondecreasing,
-    _q_s,
     _q_s_gt_1_limits,
 )
 
 
-def _blocks_needed(a: Mapping[str, Any]) -> list[int]:
-    size = int(a["block_size"])
-    return [math.ceil(max(n, 0) / size) for n in _ints(a["actual_seq_lengths_kv"])]
 
 
-def _kv_heads(a: Mapping[str, Any]) -> int:
-    return int(a.get("num_key_value_heads") or 0) or int(a.get("num_heads", 1))
 
 
 def _head_dim(a: Mapping[str, Any]) -> int:
@@ -70,7 +61,7 @@ def _query_dtype_ok(a: Mapping[str, Any]) -> bool:
         return True
     if dtype != torch.int8:
         return False
-    if _q_s(a) > 1:
+    if FIA_ARGUMENTS.q_s(a) > 1:
         return not _paged(a)
     return not _int8_in(a, "key") or not _int8_in(a, "value")
 
@@ -79,8 +70,8 @@ def _describe_query_dtype(a: Mapping[str, Any]) -> str:
     if a["query"].dtype != torch.int8:
         return (f"query dtype is {_dt(a['query'])}; the fused attention takes float16, bfloat16 or int8 "
                 "(run the model in --dtype bfloat16)")
-    if _q_s(a) > 1:
-        return f"an int8 query with page attention (block_table) and Q_S={_q_s(a)} > 1; use float16 or bfloat16"
+    if FIA_ARGUMENTS.q_s(a) > 1:
+        return f"an int8 query with page attention (block_table) and Q_S={FIA_ARGUMENTS.q_s(a)} > 1; use float16 or bfloat16"
     return "int8 query, key and value together with Q_S == 1; use a float16 or bfloat16 query"
 
 
@@ -92,13 +83,9 @@ def _head_dim_alignment(a: Mapping[str, Any]) -> int:
 def _kv_hidden_limit(a: Mapping[str, Any]) -> int:
     """KV_N*D of the (blocknum, blocksize, H) cache layout: :8220 (Q_S > 1) refuses it "over
     65535", :8287 (Q_S == 1) "over 64k"."""
-    return 65535 if _q_s(a) > 1 else 65536
+    return 65535 if FIA_ARGUMENTS.q_s(a) > 1 else 65536
 
 
-def _gqa_ok(a: Mapping[str, Any]) -> bool:
-    """num_heads is a multiple of the KV heads, at most 64 per KV head."""
-    heads, kv_heads = int(a.get("num_heads", 1)), _kv_heads(a)
-    return kv_heads > 0 and heads % kv_heads == 0 and heads // kv_heads <= 64
 
 
 def _paged_kv_layout_ok(a: Mapping[str, Any]) -> bool:
@@ -109,7 +96,7 @@ def _paged_kv_layout_ok(a: Mapping[str, Any]) -> bool:
 def _paged_kv_lengths_ok(a: Mapping[str, Any]) -> bool:
     """actual_seq_lengths_kv is given, with one non-negative KV length per request of actual_seq_lengths."""
     kv = a.get("actual_seq_lengths_kv")
-    return kv is not None and len(kv) == len(a["actual_seq_lengths"]) and all(v >= 0 for v in _ints(kv))
+    return kv is not None and len(kv) == len(FIA_ARGUMENTS.q_ends(a)) and all(v >= 0 for v in _ints(kv))
 
 
 _FIA_RULES = (
@@ -147,13 +134,11 @@ _FIA_RULES = (
                _tnd, lambda a: a.get("actual_seq_lengths") is not None and _nondecreasing(_ints(a["actual_seq_lengths"])),
                lambda a: f"actual_seq_lengths={a.get('actual_seq_lengths')!r} is missing or not cumulative"),
     KernelRule(FIA, "tnd_tokens_equal_last_end", f"{SRC_FIA_PAD}; {CANN_TEXT_QUERY_T}",
-               lambda a: _tnd_with_lengths(a) and _present("query")(a) and len(a["actual_seq_lengths"]) > 0,
-               lambda a: int(a["query"].shape[0]) == int(a["actual_seq_lengths"][-1]),
-               lambda a: f"query has T={int(a['query'].shape[0])} tokens but actual_seq_lengths[-1]="
-                         f"{int(a['actual_seq_lengths'][-1])}; pad with a dummy request so the last end equals T"),
+               lambda a: _tnd(a) and _present("query")(a) and len(FIA_ARGUMENTS.q_ends(a)) > 0,
+               FIA_ARGUMENTS.tokens_equal_last_end, FIA_ARGUMENTS.describe_tokens_vs_last_end),
     KernelRule(FIA, "paged_kv_lengths_per_request", f"{DOCS}:8222 (page attention: actual_seq_lengths_kv "
                f"required); :8275 (TND+PA: one entry per batch, each the request's KV length); {CANN_TEXT_KV_LENGTHS}",
-               lambda a: _paged(a) and _tnd_with_lengths(a),
+               lambda a: _paged(a) and _tnd(a) and a.get(FIA_ARGUMENTS.q_lengths) is not None,
                _paged_kv_lengths_ok,
                lambda a: f"actual_seq_lengths_kv={a.get('actual_seq_lengths_kv')!r} for "
                          f"{len(a['actual_seq_lengths'])} requests (actual_seq_lengths); need one non-negative "
@@ -164,25 +149,22 @@ _FIA_RULES = (
     KernelRule(FIA, "block_table_rows", f"{DOCS}:8223, 8284 (page attention: block_table 2-D, first dim == batch); "
                f"{CANN_TEXT_BLOCK_TABLE}",
                lambda a: _paged(a) and (a.get("actual_seq_lengths") is not None or not _tnd(a)),
-               lambda a: a["block_table"].dim() == 2 and int(a["block_table"].shape[0]) == _batch(a),
-               lambda a: f"block_table has shape {_shape(a['block_table'])} for {_batch(a)} "
+               lambda a: a["block_table"].dim() == 2 and int(a["block_table"].shape[0]) == FIA_ARGUMENTS.batch(a),
+               lambda a: f"block_table has shape {_shape(a['block_table'])} for {FIA_ARGUMENTS.batch(a)} "
                          "requests; it needs one row per request"),
     KernelRule(FIA, "block_table_columns", f"{DOCS}:8223, 8284 (second dim >= maxBlockNumPerSeq of the longest "
                f"actual_seq_lengths_kv); {CANN_TEXT_BLOCK_TABLE}",
-               lambda a: _paged_with_lengths(a) and a["block_table"].dim() == 2,
-               lambda a: int(a["block_table"].shape[1]) >= max(_blocks_needed(a), default=0),
-               lambda a: f"block_table has {int(a['block_table'].shape[1])} columns but the longest KV length "
-                         f"({max(_ints(a['actual_seq_lengths_kv']), default=0)}) needs {max(_blocks_needed(a), default=0)} "
-                         f"blocks of {a['block_size']}"),
+               lambda a: FIA_ARGUMENTS.paged_with_kv_lengths(a) and a["block_table"].dim() == 2,
+               FIA_ARGUMENTS.block_table_columns_ok, FIA_ARGUMENTS.describe_block_table_columns),
     KernelRule(FIA, "enough_cache_blocks", f"{DOCS}:8220, 8285 (blocknum >= sum of the blocks every batch needs)",
-               lambda a: _paged_with_lengths(a) and _present("key")(a),
-               lambda a: int(a["key"].shape[0]) >= sum(_blocks_needed(a)),
+               lambda a: FIA_ARGUMENTS.paged_with_kv_lengths(a) and _present("key")(a),
+               lambda a: int(a["key"].shape[0]) >= sum(FIA_ARGUMENTS.blocks_needed(a)),
                lambda a: f"the cache holds {int(a['key'].shape[0])} blocks but the KV lengths "
-                         f"{_ints(a['actual_seq_lengths_kv'])} need {sum(_blocks_needed(a))} of {a['block_size']}"),
+                         f"{_ints(a['actual_seq_lengths_kv'])} need {sum(FIA_ARGUMENTS.blocks_needed(a))} of {a['block_size']}"),
     KernelRule(FIA, "paged_block_size", PAGED_BLOCK_SIZE_SOURCE,
-               _paged, lambda a: paged_block_size_ok(a.get("block_size", 0), _q_s(a), int8_kv=_int8_in(a, "key")),
-               lambda a: describe_paged_block_size(a.get("block_size", 0), _q_s(a), int8_kv=_int8_in(a, "key"))),
-    *_q_s_gt_1_limits(FIA, "", _q_s, _batch, "num_heads", f"{DOCS}:8203 (Q_S > 1, the branch opening at :8201: "
+               _paged, lambda a: paged_block_size_ok(a.get("block_size", 0), FIA_ARGUMENTS.q_s(a), int8_kv=_int8_in(a, "key")),
+               lambda a: describe_paged_block_size(a.get("block_size", 0), FIA_ARGUMENTS.q_s(a), int8_kv=_int8_in(a, "key"))),
+    *_q_s_gt_1_limits(FIA, "", FIA_ARGUMENTS, f"{DOCS}:8203 (Q_S > 1, the branch opening at :8201: "
                       "the B axis at most 65536)", f"{DOCS}:8204 (Q_S > 1: the N axis at most 256)"),
     # No kv_len >= q_len rule: the op docs' sparse_mode 3 interception (:8248) belongs to the
     # int8-output list (:8244, "输出为int8 ... quant_offset2"), and the TND one (:8198) to the
@@ -191,22 +173,22 @@ _FIA_RULES = (
     KernelRule(FIA, "head_dim_16_aligned", f"{DOCS}:8210 (Q_S > 1, the branch opening at :8201: D 16-aligned when "
                "query, key and value are float16/bfloat16, 32-aligned when one is int8; the Q_S == 1 branch at :8269 "
                "asks no alignment)",
-               lambda a: _present("query")(a) and _q_s(a) > 1, lambda a: _head_dim(a) % _head_dim_alignment(a) == 0,
-               lambda a: f"head_dim={_head_dim(a)} with Q_S={_q_s(a)} > 1; the fused attention needs a multiple of "
+               lambda a: _present("query")(a) and FIA_ARGUMENTS.q_s(a) > 1, lambda a: _head_dim(a) % _head_dim_alignment(a) == 0,
+               lambda a: f"head_dim={_head_dim(a)} with Q_S={FIA_ARGUMENTS.q_s(a)} > 1; the fused attention needs a multiple of "
                          f"{_head_dim_alignment(a)}"),
     KernelRule(FIA, "head_dim_limit", f"{DOCS}:8204 (Q_S > 1: the D axis at most 512); :8271 (Q_S == 1: the D axis "
                "at most 512)",
                _present("query"), lambda a: _head_dim(a) <= 512,
                lambda a: f"head_dim={_head_dim(a)}; the fused attention takes at most 512"),
     KernelRule(FIA, "gqa_ratio", f"{DOCS}:8116 (num_heads divisible by num_key_value_heads, ratio <= 64)",
-               _always, _gqa_ok,
-               lambda a: f"num_heads={a.get('num_heads', 1)}, num_key_value_heads={_kv_heads(a)}: heads must be a "
+               _always, FIA_ARGUMENTS.gqa_ok,
+               lambda a: f"num_heads={a.get('num_heads', 1)}, num_key_value_heads={FIA_ARGUMENTS.kv_heads(a)}: heads must be a "
                          "multiple of kv heads with at most 64 per kv head"),
     KernelRule(FIA, "kv_hidden_limit", f"{DOCS}:8220 (Q_S > 1: a (blocknum, blocksize, H) cache with KV_N*D over "
                "65535 is rejected; the (blocknum, KV_N, blocksize, D) layout is the way out); :8287 (Q_S == 1: over 64k)",
                lambda a: _paged(a) and _present("query", "key")(a) and a["key"].dim() == 3,
-               lambda a: _kv_heads(a) * _head_dim(a) <= _kv_hidden_limit(a),
-               lambda a: f"num_key_value_heads*head_dim={_kv_heads(a) * _head_dim(a)} exceeds {_kv_hidden_limit(a)} "
+               lambda a: FIA_ARGUMENTS.kv_heads(a) * _head_dim(a) <= _kv_hidden_limit(a),
+               lambda a: f"num_key_value_heads*head_dim={FIA_ARGUMENTS.kv_heads(a) * _head_dim(a)} exceeds {_kv_hidden_limit(a)} "
                          "in the (blocknum, blocksize, H) cache layout; use GQA or the (blocknum, KV_N, blocksize, D) "
                          "layout"),
     KernelRule(FIA, "sparse_mode_range", f"{DOCS}:8212 (sparse_mode only 0-4)",
@@ -214,10 +196,7 @@ _FIA_RULES = (
                lambda a: f"sparse_mode={a.get('sparse_mode')} is not one of 0-4"),
     KernelRule(FIA, "causal_mask_2048", f"{DOCS}:8076 (mask bool/int8/uint8, contiguous); :8081, 8214 (sparse 2/3/4: "
                "mask required, (2048, 2048) or (1, 2048, 2048) or (1, 1, 2048, 2048))",
-               lambda a: a.get("sparse_mode") in (2, 3, 4), _mask_ok,
-               lambda a: "atten_mask is missing" if a.get("atten_mask") is None else
-               f"atten_mask has shape {_shape(a['atten_mask'])}, dtype {_dt(a['atten_mask'])}; sparse_mode "
-               f"{a.get('sparse_mode')} needs a contiguous 2048 x 2048 bool mask"),
-    *_fused_semantics_rules(FIA, "", _V1_NAMES, _V1_LINES, V1_LAYOUTS,
+               lambda a: a.get("sparse_mode") in (2, 3, 4), _mask_ok, _describe_causal_mask),
+    *_fused_semantics_rules(FIA, "", FIA_ARGUMENTS, _V1_LINES, V1_LAYOUTS,
                             "_npu_fused_infer_attention_score_get_max_workspace"),
 )

@@ -8,8 +8,9 @@ computes for the calls they accept is sim/attention.py."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import torch
 
@@ -33,44 +34,91 @@ from ascendgraph.kernel_contracts.common import (
 from ascendgraph.workspace_sizes import fused_attention_workspace_bytes
 
 
-def _q_lens(a: Mapping[str, Any]) -> list[int]:
-    ends = _ints(a.get("actual_seq_lengths"))
-    return [end - start for start, end in zip([0, *ends[:-1]], ends)]
+@dataclass(frozen=True)
+class FusedArguments:
+    """How one fused-attention kernel spells the arguments its rules read, and the readers of
+    them: v1 and v2 differ only in these names (`FIA_ARGUMENTS`, `FIA_V2_ARGUMENTS`), so each reader is written once."""
+
+    q_lengths: str  # TND: the cumulative query ends; else one query length per batch
+    kv_lengths: str
+    heads: str
+
+    def q_ends(self, a: Mapping[str, Any]) -> list[int]:
+        return _ints(a.get(self.q_lengths))
+
+    def q_lens(self, a: Mapping[str, Any]) -> list[int]:
+        """Each request's query length, from TND's cumulative ends."""
+        ends = self.q_ends(a)
+        return [end - start for start, end in zip([0, *ends[:-1]], ends)]
+
+    def q_s(self, a: Mapping[str, Any]) -> int:
+        """The call's Q_S, which picks the op docs' branch (v1 :8201 Q_S > 1, :8269 Q_S == 1; v2
+        :8759, :8806): in TND the longest request's query length (T when the ends are not
+        given), else the query's S axis (BNSD: dim 2; BSH/BSND: dim 1)."""
+        query = a.get("query")
+        if _tnd(a):
+            if a.get(self.q_lengths) is not None:
+                return max(self.q_lens(a), default=0)
+            return int(query.shape[0]) if query is not None else 0
+        if query is None or query.dim() < 3:
+            return 1
+        return int(query.shape[2] if a.get("input_layout") in ("BNSD", "BNSD_BSND") else query.shape[1])
+
+    def batch(self, a: Mapping[str, Any]) -> int:
+        """B: the number of TND query ends, else the query's first axis."""
+        return len(self.q_ends(a)) if _tnd(a) else int(a["query"].shape[0])
+
+    def kv_heads(self, a: Mapping[str, Any]) -> int:
+        return int(a.get("num_key_value_heads") or 0) or int(a.get(self.heads, 1))
+
+    def gqa_ok(self, a: Mapping[str, Any]) -> bool:
+        """The query heads are a multiple of the KV heads, at most 64 per KV head."""
+        heads, kv_heads = int(a.get(self.heads, 1)), self.kv_heads(a)
+        return kv_heads > 0 and heads % kv_heads == 0 and heads // kv_heads <= 64
+
+    def paged_with_kv_lengths(self, a: Mapping[str, Any]) -> bool:
+        """Page attention with KV lengths and a block size: the blocks each request needs are known."""
+        return _paged(a) and a.get(self.kv_lengths) is not None and int(a.get("block_size", 0) or 0) > 0
+
+    def blocks_needed(self, a: Mapping[str, Any]) -> list[int]:
+        size = int(a["block_size"])
+        return [math.ceil(max(kv, 0) / size) for kv in _ints(a[self.kv_lengths])]
+
+    def block_table_columns_ok(self, a: Mapping[str, Any]) -> bool:
+        """The block table reaches the blocks of the longest KV length."""
+        return int(a["block_table"].shape[1]) >= max(self.blocks_needed(a), default=0)
+
+    def describe_block_table_columns(self, a: Mapping[str, Any]) -> str:
+        return (f"block_table has {int(a['block_table'].shape[1])} columns but the longest KV length "
+                f"({max(_ints(a[self.kv_lengths]), default=0)}) needs {max(self.blocks_needed(a), default=0)} "
+                f"blocks of {a['block_size']}")
+
+    def tokens_equal_last_end(self, a: Mapping[str, Any]) -> bool:
+        """A TND query's T equals the last cumulative query end."""
+        return int(a["query"].shape[0]) == self.q_ends(a)[-1]
+
+    def describe_tokens_vs_last_end(self, a: Mapping[str, Any]) -> str:
+        return (f"query has T={int(a['query'].shape[0])} tokens but {self.q_lengths}[-1]={self.q_ends(a)[-1]}; "
+                "pad with a dummy request so the last end equals T")
 
 
-def _q_s(a: Mapping[str, Any]) -> int:
-    """The call's Q_S, which picks the op docs' branch (:8201 Q_S > 1, :8269 Q_S == 1): in TND
-    the longest request's query length, else the query's S axis (BNSD: dim 2; BSH/BSND: dim 1)."""
-    query = a.get("query")
-    if _tnd(a):
-        if a.get("actual_seq_lengths") is not None:
-            return max(_q_lens(a), default=0)
-        return int(query.shape[0]) if query is not None else 0
-    if query is None or query.dim() < 3:
-        return 1
-    return int(query.shape[2] if a.get("input_layout") in ("BNSD", "BNSD_BSND") else query.shape[1])
+FIA_ARGUMENTS = FusedArguments("actual_seq_lengths", "actual_seq_lengths_kv", "num_heads")  # npu_fused_infer_attention_score
+FIA_V2_ARGUMENTS = FusedArguments("actual_seq_qlen", "actual_seq_kvlen", "num_query_heads")  # npu_fused_infer_attention_score_v2
 
 
-def _batch(a: Mapping[str, Any]) -> int:
-    if _tnd(a):
-        return len(_ints(a.get("actual_seq_lengths")))
-    return int(a["query"].shape[0])
-
-
-def _q_s_gt_1_limits(kernel: str, prefix: str, q_s: Callable[[Mapping[str, Any]], int],
-                     batch: Callable[[Mapping[str, Any]], int], heads: str, batch_source: str,
+def _q_s_gt_1_limits(kernel: str, prefix: str, n: FusedArguments, batch_source: str,
                      heads_source: str) -> tuple["KernelRule", "KernelRule"]:
     """The fused attention's limits when a request has more than one query token (v1 and v2
     state the same two, each kernel in its own argument names): B <= 65536, N <= 256."""
-    applies = lambda a: _present("query")(a) and q_s(a) > 1  # noqa: E731
+    applies = lambda a: _present("query")(a) and n.q_s(a) > 1  # noqa: E731
     return (
-        KernelRule(kernel, f"{prefix}q_s_gt_1_batch_limit", batch_source, applies, lambda a: batch(a) <= 65536,
-                   lambda a: f"batch of {batch(a)} requests with Q_S={q_s(a)}; the fused attention takes at most "
-                             "65536 when a request has more than one query token"),
+        KernelRule(kernel, f"{prefix}q_s_gt_1_batch_limit", batch_source, applies, lambda a: n.batch(a) <= 65536,
+                   lambda a: f"batch of {n.batch(a)} requests with Q_S={n.q_s(a)}; the fused attention takes "
+                             "at most 65536 when a request has more than one query token"),
         KernelRule(kernel, f"{prefix}q_s_gt_1_heads_limit", heads_source, applies,
-                   lambda a: int(a.get(heads, 1)) <= 256,
-                   lambda a: f"{heads}={a.get(heads)} with Q_S={q_s(a)}; the fused attention takes at most 256 "
-                             "query heads when a request has more than one query token"),
+                   lambda a: int(a.get(n.heads, 1)) <= 256,
+                   lambda a: f"{n.heads}={a.get(n.heads)} with Q_S={n.q_s(a)}; the fused attention takes at most "
+                             "256 query heads when a request has more than one query token"),
     )
 
 
@@ -91,6 +139,13 @@ def _mask_ok(a: Mapping[str, Any]) -> bool:
     )
 
 
+def _describe_causal_mask(a: Mapping[str, Any]) -> str:
+    if a.get("atten_mask") is None:
+        return "atten_mask is missing"
+    return (f"atten_mask has shape {_shape(a['atten_mask'])}, dtype {_dt(a['atten_mask'])}; sparse_mode "
+            f"{a.get('sparse_mode')} needs a contiguous {FIA_MASK_SIZE} x {FIA_MASK_SIZE} bool mask")
+
+
 def _nondecreasing(values: list[int]) -> bool:
     return all(v >= 0 for v in values) and all(b >= a for a, b in zip(values, values[1:]))
 
@@ -106,19 +161,6 @@ SRC_OP_PLUGIN_FIA = (
     "(get_query_and_attention_out_layout: \"query's dim should be consistent with that of Layout\"; get_value_d: "
     "an unpaged value has the query's dims)"
 )
-
-
-@dataclass(frozen=True)
-class _FusedNames:
-    """A fused-attention kernel's spelling of the arguments the shared rules read."""
-
-    q_lengths: str
-    kv_lengths: str
-    heads: str
-
-
-_V1_NAMES = _FusedNames("actual_seq_lengths", "actual_seq_lengths_kv", "num_heads")
-_V2_NAMES = _FusedNames("actual_seq_qlen", "actual_seq_kvlen", "num_query_heads")
 
 
 @dataclass(frozen=True)
@@ -171,13 +213,6 @@ def _query_batch_s(a: Mapping[str, Any]) -> tuple[int, int]:
     return int(query.shape[0]), int(query.shape[axis]) if query.dim() > axis else 1
 
 
-def _fused_q_s(a: Mapping[str, Any], n: _FusedNames) -> int:
-    if _tnd(a):
-        ends = _ints(a.get(n.q_lengths))
-        return max((b - s for s, b in zip([0, *ends[:-1]], ends)), default=0)
-    return _query_batch_s(a)[1]
-
-
 def _kv_span(a: Mapping[str, Any]) -> int:
     """KV_S as the shapes give it: the paged table's reach, else the key's S axis."""
     key = a["key"]
@@ -196,11 +231,10 @@ def _per_batch(values: list[int], batch: int, default: int) -> list[int]:
     return values * batch if len(values) == 1 else values[:batch]
 
 
-def _request_lengths(a: Mapping[str, Any], n: _FusedNames) -> list[tuple[int, int]]:
+def _request_lengths(a: Mapping[str, Any], n: FusedArguments) -> list[tuple[int, int]]:
     """(q_len, kv_len) of every request of the call."""
     if _tnd(a):
-        ends = _ints(a.get(n.q_lengths))
-        q_lens = [b - s for s, b in zip([0, *ends[:-1]], ends)]
+        q_lens = n.q_lens(a)
         kv = _ints(a.get(n.kv_lengths))
         kv_lens = kv if _paged(a) else [b - s for s, b in zip([0, *kv[:-1]], kv)]
         return list(zip(q_lens, kv_lens))
@@ -210,7 +244,7 @@ def _request_lengths(a: Mapping[str, Any], n: _FusedNames) -> list[tuple[int, in
     return list(zip(q_lens, kv_lens))
 
 
-def _mask_extent(a: Mapping[str, Any], n: _FusedNames) -> tuple[int, int, int]:
+def _mask_extent(a: Mapping[str, Any], n: FusedArguments) -> tuple[int, int, int]:
     """(B, Q_S, KV_S) a full mask must cover: in TND the longest request's query and (unpaged)
     key lengths, else the query's and key's S axes; paged, the block table's reach."""
     if _tnd(a):
@@ -221,7 +255,7 @@ def _mask_extent(a: Mapping[str, Any], n: _FusedNames) -> tuple[int, int, int]:
     return batch, q_s, _kv_span(a)
 
 
-def _full_mask_ok(a: Mapping[str, Any], n: _FusedNames) -> bool:
+def _full_mask_ok(a: Mapping[str, Any], n: FusedArguments) -> bool:
     mask = a.get("atten_mask")
     if mask is None or mask.dtype not in MASK_DTYPES or not _contiguous(mask):
         return False
@@ -237,7 +271,7 @@ def _full_mask_ok(a: Mapping[str, Any], n: _FusedNames) -> bool:
     return False
 
 
-def _describe_full_mask(a: Mapping[str, Any], n: _FusedNames) -> str:
+def _describe_full_mask(a: Mapping[str, Any], n: FusedArguments) -> str:
     mask = a.get("atten_mask")
     batch, q_s, kv_s = _mask_extent(a, n)
     need = (f"sparse_mode {a.get('sparse_mode')} needs a contiguous bool/int8/uint8 mask of (Q_S, KV_S), "
@@ -248,12 +282,12 @@ def _describe_full_mask(a: Mapping[str, Any], n: _FusedNames) -> str:
     return f"atten_mask has shape {_shape(mask)}, dtype {_dt(mask)}, contiguous={_contiguous(mask)}; {need}"
 
 
-def _band_ok(a: Mapping[str, Any], n: _FusedNames) -> bool:
+def _band_ok(a: Mapping[str, Any], n: FusedArguments) -> bool:
     pre, nxt = int(a.get("pre_tokens", 2147483647)), int(a.get("next_tokens", 2147483647))
     return pre + nxt >= 0 and all(pre >= -q and nxt >= -kv for q, kv in _request_lengths(a, n))
 
 
-def _lengths_ok(a: Mapping[str, Any], n: _FusedNames) -> bool:
+def _lengths_ok(a: Mapping[str, Any], n: FusedArguments) -> bool:
     batch, q_s = _query_batch_s(a)
     q_values, kv_values = a.get(n.q_lengths), a.get(n.kv_lengths)
     if q_values is not None and q_s > 1:
@@ -267,7 +301,7 @@ def _lengths_ok(a: Mapping[str, Any], n: _FusedNames) -> bool:
     return (len(kv) == 1 or len(kv) >= batch) and all(v >= 0 and (limit is None or v <= limit) for v in kv[:batch])
 
 
-def _layout_ok(a: Mapping[str, Any], n: _FusedNames, layouts: tuple[str, ...]) -> bool:
+def _layout_ok(a: Mapping[str, Any], n: FusedArguments, layouts: tuple[str, ...]) -> bool:
     layout = _layout(a)
     if layout not in layouts:
         return False
@@ -287,9 +321,9 @@ def _layout_ok(a: Mapping[str, Any], n: _FusedNames, layouts: tuple[str, ...]) -
     return True
 
 
-def _inner_precise_ok(a: Mapping[str, Any], n: _FusedNames) -> bool:
+def _inner_precise_ok(a: Mapping[str, Any], n: FusedArguments) -> bool:
     value = int(a.get("inner_precise", 0))
-    return value in (0, 1) or (value in (2, 3) and _fused_q_s(a, n) > 1)
+    return value in (0, 1) or (value in (2, 3) and n.q_s(a) > 1)
 
 
 def _workspace_needed(a: Mapping[str, Any], kernel: str) -> int:
@@ -310,7 +344,7 @@ def _full_mask_call(a: Mapping[str, Any]) -> bool:
     return _present("query", "key")(a) and (mode == 1 or (mode == 0 and a.get("atten_mask") is not None))
 
 
-def _fused_semantics_rules(kernel: str, prefix: str, n: _FusedNames, lines: _FusedLines,
+def _fused_semantics_rules(kernel: str, prefix: str, n: FusedArguments, lines: _FusedLines,
                            layouts: tuple[str, ...], workspace_query: str,
                            tnd_sparse_rule: bool = True) -> tuple["KernelRule", ...]:
     """The rules of masks, sparse modes, lengths, precision and workspace the two fused
@@ -332,14 +366,14 @@ def _fused_semantics_rules(kernel: str, prefix: str, n: _FusedNames, lines: _Fus
                    _full_mask_call,
                    lambda a: _full_mask_ok(a, n), lambda a: _describe_full_mask(a, n)),
         KernelRule(kernel, f"{prefix}band_tokens", lines.band,
-                   lambda a: mode(a) == 4 and _present("query", "key")(a) and _fused_q_s(a, n) > 1,
+                   lambda a: mode(a) == 4 and _present("query", "key")(a) and n.q_s(a) > 1,
                    lambda a: _band_ok(a, n),
                    lambda a: f"pre_tokens={a.get('pre_tokens')}, next_tokens={a.get('next_tokens')} for (q_len, kv_len) "
                              f"{_request_lengths(a, n)}: the band needs pre_tokens + next_tokens >= 0, pre_tokens >= "
                              "-q_len and next_tokens >= -kv_len"),
         KernelRule(kernel, f"{prefix}inner_precise", lines.inner_precise, _present("query"),
                    lambda a: _inner_precise_ok(a, n),
-                   lambda a: f"inner_precise={a.get('inner_precise')} with Q_S={_fused_q_s(a, n)}: 0-3, and only 0 or "
+                   lambda a: f"inner_precise={a.get('inner_precise')} with Q_S={n.q_s(a)}: 0-3, and only 0 or "
                              "1 when Q_S is 1"),
         KernelRule(kernel, f"{prefix}batch_lengths", lines.lengths,
                    lambda a: not _tnd(a) and _present("query", "key")(a) and _layout(a) in NON_TND_LAYOUTS,

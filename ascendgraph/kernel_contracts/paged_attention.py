@@ -56,11 +56,10 @@ _PAGED_ATTENTION_RULES = (
 
 
 def _pa_layout_ok(a: Mapping[str, Any]) -> bool:
-    """query is a contiguous [T, num_heads, D]; the caches two equal [blocks, block_size, num_kv_heads, D]."""
-    query, key_cache = a["query"], a["key_cache"]
-    return (query.dim() == 3 and int(query.shape[1]) == int(a["num_heads"]) and key_cache.dim() == 4
-            and _shape(key_cache) == _shape(a["value_cache"]) and int(key_cache.shape[2]) == int(a["num_kv_heads"])
-            and int(key_cache.shape[3]) == int(query.shape[2]) and _contiguous(query))
+    """The paged cache layout, with the heads named: query a contiguous [T, num_heads, D], the
+    caches two equal [blocks, block_size, num_kv_heads, D]."""
+    return (_paged_cache_layout_ok(a) and int(a["query"].shape[1]) == int(a["num_heads"])
+            and int(a["key_cache"].shape[2]) == int(a["num_kv_heads"]) and _contiguous(a["query"]))
 
 
 def _pa_one_token_per_request(a: Mapping[str, Any]) -> bool:

@@ -97,6 +97,14 @@ def _output_mask_ok(a: Mapping[str, Any]) -> bool:
             and (a.get("smooth_scale2") is None or bool(mask[1])))
 
 
+def _x_shapes_rule(kernel: str, min_dims: int, source: str) -> KernelRule:
+    """The fused add-norm-quant kernels' ``x_shapes``: x1 and x2 share one shape of
+    ``min_dims``-8 dims (the sum x1 + x2 has it)."""
+    return KernelRule(kernel, "x_shapes", source, _present("x1", "x2"),
+                      lambda a: min_dims <= a["x1"].dim() <= 8 and _shape(a["x2"]) == _shape(a["x1"]),
+                      lambda a: f"x1 {_shape(a['x1'])}, x2 {_shape(a['x2'])}: need one shape of {min_dims}-8 dims")
+
+
 _QUANT_RULES = (
     KernelRule(DYNAMIC_QUANT, "input_dtype_half", f"{DOCS}:4673 (float16, bfloat16)",
                _present("input"), lambda a: a["input"].dtype in HALF, lambda a: f"input dtype is {_dt(a['input'])}"),
@@ -136,10 +144,8 @@ _QUANT_RULES = (
                lambda a: f"zero_points1 {_shape(a['zero_points1'])} {_dt(a['zero_points1'])} vs gamma {_shape(a['gamma'])}"),
     KernelRule(ADD_RMS_NORM_QUANT, "axis_minus_one", f"{DOCS}:12308 (axis: only -1)",
                lambda a: "axis" in a, lambda a: int(a["axis"]) == -1, lambda a: f"axis={a['axis']}"),
-    KernelRule(ADD_RMS_NORM_QUANT, "x_shapes", f"{DOCS}:12300-12301 (x1, x2 1-8 dims); :12312, 12314 (y1 and x_out "
-               "have x1's and x2's shape: the two agree)",
-               _present("x1", "x2"), lambda a: 1 <= a["x1"].dim() <= 8 and _shape(a["x2"]) == _shape(a["x1"]),
-               lambda a: f"x1 {_shape(a['x1'])}, x2 {_shape(a['x2'])}: need one shape of 1-8 dims"),
+    _x_shapes_rule(ADD_RMS_NORM_QUANT, 1, f"{DOCS}:12300-12301 (x1, x2 1-8 dims); :12312, 12314 (y1 and x_out "
+                   "have x1's and x2's shape: the two agree)"),
     KernelRule(ADD_RMS_NORM_QUANT, "gamma_shape", f"{DOCS}:12302 (gamma 1-8 dims, the dims of x1 being normalised: "
                "its trailing dims)",
                _present("x1", "gamma"),
@@ -152,10 +158,8 @@ _QUANT_RULES = (
     KernelRule(ADD_RMS_NORM_DYNAMIC_QUANT, "x_dtype_half", f"{DOCS}:12199-12200 (x1, x2 float16/bfloat16, 2-8 dims)",
                _present("x1", "x2"), _dynamic_quant_inputs_ok,
                lambda a: f"x1 {_shape(a['x1'])} {_dt(a['x1'])}, x2 {_dt(a['x2'])}"),
-    KernelRule(ADD_RMS_NORM_DYNAMIC_QUANT, "x_shapes", f"{DOCS}:12199-12200 (x1, x2 2-8 dims); :12212 (x_out = x1 "
-               "+ x2 has x1's shape: the two agree)",
-               _present("x1", "x2"), lambda a: 2 <= a["x2"].dim() <= 8 and _shape(a["x2"]) == _shape(a["x1"]),
-               lambda a: f"x1 {_shape(a['x1'])}, x2 {_shape(a['x2'])}: need one shape of 2-8 dims"),
+    _x_shapes_rule(ADD_RMS_NORM_DYNAMIC_QUANT, 2, f"{DOCS}:12199-12200 (x1, x2 2-8 dims); :12212 (x_out = x1 "
+                   "+ x2 has x1's shape: the two agree)"),
     KernelRule(ADD_RMS_NORM_DYNAMIC_QUANT, "smooth_scales_and_beta_like_gamma", f"{DOCS}:12202-12204 (smooth_scale1, "
                "smooth_scale2 and beta: gamma's shape and dtype)",
                lambda a: a.get("gamma") is not None and any(a.get(n) is not None for n in _DYN_LIKE_GAMMA),

@@ -20,8 +20,9 @@ A rank's program:
    all-reduce, every ``unfinished_interval`` steps): dispatch, DP sync and re-dispatch
    (`ascendgraph.parallel.coordination` under ``dp_sync_policy``), the post-sync decision
    (checked by the fabric), then the forward: a replay whose captured collectives meet as
-   ``graph:<key>``, or eager collectives; then the draft steps of speculative decoding
-   (each with its own DP sync; ``draft_steps="agreed"`` runs the DP maximum on every rank).
+   ``graph:<key>``, or eager collectives; then speculative decoding's proposer call: one
+   DP sync (mode NONE, always padded), then its draft forwards, whose collectives meet on
+   the EP group (``draft_steps="agreed"`` runs the DP maximum on every rank).
    An idle DP rank runs `execute_dummy_batch`; a zero-token step with requests left follows
    ``idle_policy``.
 
@@ -34,12 +35,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Generator, Optional, Sequence
+from typing import Any, Generator, Optional, Protocol, Sequence, runtime_checkable
 
 from ascendgraph.config import GraphConfig
-from ascendgraph.device import get_device
+from ascendgraph.device import CollectiveFabric, Device, VirtualClock, get_device
 from ascendgraph.dispatch import GraphDispatcher
-from ascendgraph.errors import CaptureError, ConfigError, GraphHang, rewrite_capture_error
+from ascendgraph.errors import CaptureError, ConfigError, DeviceUnavailable, GraphHang, rewrite_capture_error
 from ascendgraph.modes import GraphMode
 from ascendgraph.parallel.coordination import (
     MODE_NONE,
@@ -164,6 +165,20 @@ class RanksReport:
 # --------------------------------------------------------------------------- one rank
 
 
+@runtime_checkable
+class RankDevice(Device, VirtualClock, CollectiveFabric, Protocol):
+    """What a rank's device provides: the `Device` operations, a `VirtualClock` (the time a rank
+    spends between collectives) and a `CollectiveFabric` (where the ranks meet)."""
+
+
+def _rank_device(device: Device) -> RankDevice:
+    if not isinstance(device, RankDevice):
+        missing = [c.__name__ for c in (VirtualClock, CollectiveFabric) if not isinstance(device, c)]
+        raise DeviceUnavailable(f"device {device.name!r} cannot run ranks: it lacks {', '.join(missing)} "
+                                "(ascendgraph.device capabilities); multi-rank runs need the sim device")
+    return device
+
+
 class _Rank:
     """One rank: its device, dispatcher, graphs and counters."""
 
@@ -175,9 +190,9 @@ class _Rank:
         self.layout = layout
         self.steps = list(steps)
         limit = options.stream_limits.get(coords.rank)
-        self.device: Any = get_device("sim", profile=options.sim_profile or config.soc, meta_tensors=True,
-                                      faults=faults, seed=options.seed, env=dict(options.env or {}),
-                                      stream_limit=limit)
+        self.device = _rank_device(get_device("sim", profile=options.sim_profile or config.soc, meta_tensors=True,
+                                              faults=faults, seed=options.seed, env=dict(options.env or {}),
+                                              stream_limit=limit))
         stream_limit = limit or self.device.stats().stream_limit
         self.resolution = resolve(config, env=options.env, stream_limit=stream_limit,
                                   device_profile=self.device.profile)
@@ -255,11 +270,11 @@ def _program(rank: _Rank) -> Generator[Any, Any, None]:
     """The program of one rank (see the module docstring)."""
     options, layout, c = rank.options, rank.layout, rank.coords
     dp = layout.dp
-    last_clock = rank.device.host_clock_us
+    last_clock = rank.device.clock()[0]  # the host clock, injected delays included
 
     def elapsed(extra: float = 0.0) -> float:
         nonlocal last_clock
-        now = rank.device.host_clock_us
+        now = rank.device.clock()[0]
         spent, last_clock = now - last_clock + extra, now
         return spent
 
@@ -485,10 +500,7 @@ def run_ranks(config: GraphConfig, options: RankOptions = RankOptions()) -> Rank
     timeout = options.timeout_s if options.timeout_s is not None else default_collective_timeout_s(
         options.env, expansion_mode=(options.env or {}).get("HCCL_OP_EXPANSION_MODE", ""))
     fabric = ranks[0].device.collective_fabric(layout, seed=options.seed, timeout_s=timeout)
-    from importlib import import_module
-
-    fabric_module = import_module(type(fabric).__module__)
-    types = (fabric_module.Collective, fabric_module.Decision)
+    types = (fabric.collective_type, fabric.decision_type)
     error: Optional[BaseException] = None
     try:
         fabric.run({r.coords.rank: rank_program(r, types) for r in ranks})

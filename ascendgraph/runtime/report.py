@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ascendgraph.errors import OOM_DURING_CAPTURE_GUIDANCE  # what `diagnose` says for it
 from ascendgraph.explanation import count_noun
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ascendgraph.device import Device
 
 __all__ = ["Report", "SCHEMA_VERSION", "RUNTIME_MODE_KEYS", "MISMATCH_CAUSES_GRAPH", "MISMATCH_CAUSES_EAGER",
            "failure_notes"]
@@ -114,7 +117,7 @@ class Report:
         """What served the batches: "graph path" only when a graph was replayed."""
         return "graph path" if self.graph_batches else "served eagerly"
 
-    def settle_after_release(self, device: Any) -> None:
+    def settle_after_release(self, device: "Device") -> None:
         """Take the resource figures again once the engine released what a failed capture held,
         so the report says what ``device`` holds now, not what it held before the release (a
         lost device answers nothing: the figures stay as they were)."""

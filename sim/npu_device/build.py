@@ -16,7 +16,9 @@ conftest), so a test run builds the extension at most once per machine.
 Concurrency. pytest-xdist workers start together. One builds while the others wait on a
 lock file (``npu-device-<key>.lock``, ``fcntl.flock``); the build happens in a temporary
 directory renamed into place when it is complete, so no process ever loads a half-written
-library, and an interrupted build leaves only a temporary directory behind.
+library. A build killed outright leaves its staging directory (``npu-device-<key>.build-*``);
+the next build of that key removes it under the lock (`_remove_killed_builds`), where no
+other process can be building into it. Ctrl-C removes it at once.
 
 Failure. `NpuDeviceBuildError` is one line: the first compiler error and the build
 directory (kept, with the full log in ``build.log``). The process remembers the failure
@@ -42,6 +44,7 @@ from typing import Iterator, Optional, Sequence
 
 import torch
 
+from ascendgraph.errors import DeviceUnavailable
 from ascendgraph.readers import user_cache_root
 
 __all__ = ["EXTENSION_NAME", "SOURCES", "CFLAGS", "NpuDeviceBuildError", "build_key", "build_directory", "load_extension"]
@@ -53,7 +56,7 @@ CFLAGS: tuple[str, ...] = ("-O1", "-w")
 BUILD_LOG = "build.log"
 
 
-class NpuDeviceBuildError(RuntimeError):
+class NpuDeviceBuildError(DeviceUnavailable):
     """The npu device's extension did not build (one line: the compiler's error, the directory)."""
 
 
@@ -119,6 +122,17 @@ def _import(path: Path) -> ModuleType:
     return module
 
 
+def _staging_folders(target: Path) -> list[Path]:
+    return sorted(target.parent.glob(target.name + ".build-*"))
+
+
+def _remove_killed_builds(target: Path) -> None:
+    """Staging folders of ``target`` left by builds that were killed (SIGKILL, the OOM killer):
+    called under ``target``'s lock, so none of them belongs to a build still running."""
+    for leftover in _staging_folders(target):
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
 def _compile(target: Path, sources: Sequence[Path]) -> None:
     """Build into a temporary sibling of ``target`` (in a child process: loading the library
     there keeps this process free to load it once, from its final place) and rename it into
@@ -127,8 +141,12 @@ def _compile(target: Path, sources: Sequence[Path]) -> None:
     log_path = staging / BUILD_LOG
     command = [sys.executable, "-c", _BUILD_SCRIPT, EXTENSION_NAME, str(staging), " ".join(CFLAGS),
                *[str(s) for s in sources]]
-    with open(log_path, "w") as log:
-        status = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        with open(log_path, "w") as log:
+            status = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    except BaseException:  # Ctrl-C or an error starting the child: nothing half-built stays
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     if status != 0:
         text = log_path.read_text(errors="replace")
         failed = target.with_name(target.name + ".failed")
@@ -173,6 +191,7 @@ def load_extension(cache_root: Optional[str] = None, sources: Sequence[Path] = S
                 if library is None:
                     if target.exists():  # an unusable leftover: build it again
                         shutil.rmtree(target)
+                    _remove_killed_builds(target)
                     _compile(target, sources)
                     library = _library_in(target)
         if library is None:

@@ -19,6 +19,7 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from ascendgraph.errors import DeviceUnavailable
 from sim.npu_device import simulator
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -33,8 +34,9 @@ NOT_ATTACHED = (
 )
 
 
-class NoSimulatedNpu(RuntimeError):
-    """An npu tensor was made or used while no simulated NPU was attached."""
+class NoSimulatedNpu(DeviceUnavailable):
+    """An npu tensor was made or used while no simulated NPU was attached (a RuntimeError, as
+    torch's own device errors are)."""
 
 
 class Driver:

@@ -203,8 +203,15 @@ def test_no_attached_simulated_npu_is_one_clear_error() -> None:
 
 
 def test_a_failed_build_is_one_line_naming_the_compiler_error_and_the_cache_path(tmp_path: Path) -> None:
+    from sim.npu_device.build import build_directory
+
     source = tmp_path / "npu_device.cpp"
     source.write_text("#error the simulated device does not build\n")
+    # What a build killed outright (SIGKILL) left behind: the next build of the key removes it.
+    killed = build_directory(str(tmp_path / "cache"), (source,))
+    killed = killed.with_name(build_directory(str(tmp_path / "cache"), (source,)).name + ".build-killed0")
+    killed.mkdir(parents=True)
+    (killed / "npu_device.o").write_bytes(b"half")
     probe = textwrap.dedent(f"""
         from pathlib import Path
         from sim.npu_device.build import load_extension, NpuDeviceBuildError
@@ -232,3 +239,4 @@ def test_a_failed_build_is_one_line_naming_the_compiler_error_and_the_cache_path
     assert len(failed) == 1 and (failed[0] / "build.log").exists()
     finals = [p for p in (tmp_path / "cache").iterdir() if re.fullmatch(r"npu-device-[0-9a-f]{16}", p.name)]
     assert finals == []  # nothing left under the name a later process would load
+    assert not killed.exists() and list((tmp_path / "cache").glob("npu-device-*.build-*")) == []

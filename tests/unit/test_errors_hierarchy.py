@@ -148,3 +148,36 @@ def test_the_planted_exception_outside_errors_is_found(tmp_path, monkeypatch):
         assert _exception_classes_outside_errors() == {"ascendgraph/tools/_errors_probe.py": ["Planted", "AlsoPlanted"]}
     finally:
         probe.unlink()
+
+
+# Backend classes raised and caught inside the backend, never seen by a caller, with where.
+BACKEND_PRIVATE_CONTROL_FLOW = {
+    "sim.recorder.NoSignature": "raised by sim.recorder's signature readers, caught by sim.cost's memo",
+}
+
+
+def _backend_exception_classes() -> list[type]:
+    import importlib
+    import inspect
+
+    root = CORE.parent
+    found = []
+    for package in ("sim", "hw"):
+        for path in sorted((root / package).rglob("*.py")):
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            names = [node.name for node in tree.body if isinstance(node, ast.ClassDef)]
+            if not names:
+                continue
+            module = importlib.import_module(".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__"))
+            found += [cls for name in names if inspect.isclass(cls := getattr(module, name))
+                      and issubclass(cls, BaseException) and cls.__module__ == module.__name__]
+    return found
+
+
+def test_every_exception_class_of_the_backends_derives_from_the_hierarchy():
+    # errors.py cannot re-export a backend's classes (the core never imports sim or hw), so a
+    # backend's own classes live beside their code and derive from a class of errors.py.
+    classes = _backend_exception_classes()
+    assert len(classes) >= 5
+    outside = [f"{cls.__module__}.{cls.__name__}" for cls in classes if not issubclass(cls, errors.AscendGraphError)]
+    assert sorted(set(outside) - set(BACKEND_PRIVATE_CONTROL_FLOW)) == []

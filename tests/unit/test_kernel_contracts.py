@@ -413,3 +413,41 @@ def test_the_decode_block_size_is_32_aligned_over_an_int8_kv_cache() -> None:
 def test_the_tnd_query_rank_cites_the_line_that_names_the_layout_letters() -> None:
     (rule,) = [r for r in kc.rules_for(kc.FIA) if r.name == "tnd_query_rank"]
     assert ":8064" in rule.source and ":8113 (TND: query is" not in rule.source
+
+
+def _v1_call_as_v2(call: dict) -> dict:
+    renames = {kc.FIA_ARGUMENTS.q_lengths: kc.FIA_V2_ARGUMENTS.q_lengths,
+               kc.FIA_ARGUMENTS.kv_lengths: kc.FIA_V2_ARGUMENTS.kv_lengths,
+               kc.FIA_ARGUMENTS.heads: kc.FIA_V2_ARGUMENTS.heads}
+    return {renames.get(key, key): value for key, value in call.items()}
+
+
+@pytest.mark.parametrize("layout, q_ends, q_s, batch", [
+    ("TND", [3, 4, 9], 5, 3),  # the longest request's query length; one request per end
+    ("TND", None, 9, 0),  # no ends: T
+    ("BSH", None, 1, 9),  # the query's S axis
+])
+def test_the_two_fused_attentions_read_the_same_call_in_their_own_names(layout, q_ends, q_s, batch) -> None:
+    query = torch.empty((9, 8, 128) if layout == "TND" else (9, 1, 1024), dtype=torch.bfloat16)
+    v1 = {"query": query, "input_layout": layout, "actual_seq_lengths": q_ends, "actual_seq_lengths_kv": [16, 40, 130],
+          "num_heads": 8, "num_key_value_heads": 2, "block_table": torch.zeros(3, 2, dtype=torch.int32),
+          "block_size": 128}
+    v2 = _v1_call_as_v2(v1)
+    assert "actual_seq_qlen" in v2 and "num_query_heads" in v2 and "actual_seq_lengths" not in v2
+    for reader in ("q_s", "batch", "kv_heads", "gqa_ok", "paged_with_kv_lengths", "blocks_needed",
+                   "block_table_columns_ok", "describe_block_table_columns"):
+        assert getattr(kc.FIA_ARGUMENTS, reader)(v1) == getattr(kc.FIA_V2_ARGUMENTS, reader)(v2), reader
+    assert (kc.FIA_ARGUMENTS.q_s(v1), kc.FIA_ARGUMENTS.batch(v1)) == (q_s, batch)
+    assert kc.FIA_ARGUMENTS.blocks_needed(v1) == [1, 1, 2] and not kc.FIA_ARGUMENTS.block_table_columns_ok(
+        {**v1, "block_table": torch.zeros(3, 1, dtype=torch.int32)})
+
+
+def test_both_fused_attentions_name_the_longest_kv_length_when_the_block_table_is_too_narrow() -> None:
+    call = {"query": torch.empty(3, 8, 128, dtype=torch.bfloat16), "input_layout": "TND",
+            "actual_seq_lengths": [1, 2, 3], "actual_seq_lengths_kv": [16, 300, 7], "num_heads": 8,
+            "block_table": torch.zeros(3, 2, dtype=torch.int32), "block_size": 128}
+    for kernel, arguments in ((kc.FIA, call), (kc.FIA_V2, _v1_call_as_v2(call))):
+        prefix = "" if kernel == kc.FIA else "v2_"
+        rule = next(r for r in kc.rules_for(kernel) if r.name == f"{prefix}block_table_columns")
+        assert rule.applies(arguments) and not rule.holds(arguments)
+        assert rule.describe(arguments) == "block_table has 2 columns but the longest KV length (300) needs 3 blocks of 128"

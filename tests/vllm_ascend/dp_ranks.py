@@ -200,3 +200,181 @@ def moe_layer(ranks: Any, config: Any, mode: Any, descriptor: Any, across: Optio
             torch.distributed.all_gather_single(gathered, hidden, group=ep.device_group)
             torch.distributed.reduce_scatter_single(hidden, gathered, group=ep.device_group)
     return method.name
+
+
+# --------------------------------------------------------------------------- the drafter's loop
+# tests/vllm_ascend/test_ranks_draft_steps.py: vLLM Ascend's speculative-decoding proposer on
+# fabric ranks. The loop of draft forwards is ``AscendSpecDecodeBaseProposer._run_merged_draft``
+# (spec_decode/llm_base_proposer.py:1044-1338 @182b75ea: draft step 0, the early exit for one
+# token or parallel drafting at 1188-1193, then ``num_speculative_tokens - 1`` more forwards at
+# 1221-1333), called by ``_propose`` (992-1026, ``is_prefill`` = the batch has a prefill) on a
+# rank with requests and by ``dummy_run`` (695-704, no ``is_prefill``) on an idle one. Both are
+# run unmodified on a proposer made with ``__new__`` holding what they read (`draft_proposer`).
+DRAFT_VOCAB = 16
+
+
+class MoeDraftLayer(torch.nn.Module):
+    """The drafter's forward reduced to the one thing in it that meets other ranks: the EP
+    collectives of its MoE layer (an MTP layer of a MoE model is a decoder layer with a MoE MLP),
+    for the forward context vLLM Ascend's ``set_ascend_forward_context`` set: the method it
+    selected and the DP token counts of the drafter's DP sync. The collectives are `moe_layer`'s
+    (eager: vLLM Ascend's drafter here runs without a graph). ``forwards`` counts the calls."""
+
+    def __init__(self, ranks: Any, config: Any) -> None:
+        super().__init__()
+        self.ranks, self.config, self.forwards = ranks, config, 0
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, inputs_embeds: Any = None,
+                hidden_states: Optional[torch.Tensor] = None) -> torch.Tensor:
+        from vllm.config import CUDAGraphMode
+        from vllm.forward_context import get_forward_context
+
+        context = get_forward_context()
+        across = context.dp_metadata.num_tokens_across_dp_cpu if context.dp_metadata is not None else None
+        method = moe_layer(self.ranks, self.config, CUDAGraphMode.NONE,
+                           SimpleNamespace(num_tokens=context.num_tokens, num_reqs=None), across)
+        if method != context.moe_comm_type.name:  # moe_layer re-selects; it must agree with the context's
+            raise AssertionError(f"moe_layer chose {method}, the forward context {context.moe_comm_type.name}")
+        self.forwards += 1
+        return torch.zeros(input_ids.shape[0], HIDDEN, dtype=torch.bfloat16)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(hidden_states.shape[0], DRAFT_VOCAB)
+
+
+def draft_runner(config: Any, *, dcp_size: int) -> Any:
+    """`batch_runner` plus what the proposer reads from its runner: ``dcp_size`` (the DCP
+    group's world size, model_runner_v1.py:404-408; the DCP group itself is not built: its
+    collectives are inside attention, which the reduced drafter has none of),
+    ``prepare_inputs_event`` (vLLM's ``synchronize_input_prep``, v1/worker/gpu_model_runner.py
+    in 0.27.1: None without async scheduling) and ``dynamic_eplb`` (off)."""
+    runner = batch_runner(config)
+    runner.dcp_size = dcp_size
+    runner.prepare_inputs_event = None
+    runner.dynamic_eplb = False
+    return runner
+
+
+def draft_proposer(runner: Any, model: MoeDraftLayer, *, num_speculative_tokens: int,
+                   proposer_class: Optional[type] = None) -> Any:
+    """vLLM Ascend's MTP proposer (``AscendEagleProposer``, which ``get_spec_decode_method``
+    returns for ``mtp``: spec_decode/__init__.py:46-50) made with ``__new__``, holding what
+    ``dummy_run`` and ``_run_merged_draft`` read for an eager MTP drafter that is not
+    multimodal, without M-RoPE and without sequence parallelism; the values are the ones the
+    constructors set (llm_base_proposer.py:121-247 @182b75ea; vLLM 0.27.1
+    v1/spec_decode/llm_base_proposer.py:69-215). The real constructor loads nothing but
+    allocates from the runner's buffers and a draft model config (``SpeculativeConfig`` for
+    ``mtp`` needs a checkpoint with MTP layers), which these ranks do not have."""
+    from vllm_ascend.spec_decode.eagle_proposer import AscendEagleProposer
+
+    config = runner.vllm_config
+    tokens = config.scheduler_config.max_num_batched_tokens
+    proposer = object.__new__(proposer_class or AscendEagleProposer)
+    proposer.vllm_config, proposer.runner, proposer.device = config, runner, torch.device("cpu")
+    proposer.method, proposer.num_speculative_tokens = "mtp", num_speculative_tokens
+    proposer.parallel_drafting, proposer.extra_slots_per_request = False, 1
+    proposer.pass_hidden_states_to_model = True  # EagleProposer.__init__ (vLLM v1/spec_decode/eagle.py:17-22)
+    proposer.use_cuda_graph = False
+    proposer.dcp_size = runner.dcp_size  # llm_base_proposer.py:147
+    proposer.use_sequence_parallel_moe = proposer._share_mtp_indices = False
+    proposer.supports_mm_inputs = proposer.uses_mrope = proposer.is_multimodal_model = False
+    proposer.uses_xdrope_dim = proposer.draft_uses_xdrope_dim = 0
+    proposer.input_ids = torch.zeros(tokens, dtype=torch.int32)
+    proposer.positions = torch.zeros(tokens, dtype=torch.int32)
+    proposer.hidden_states = torch.zeros(tokens, HIDDEN, dtype=torch.bfloat16)
+    proposer.arange = torch.arange(tokens + 1, dtype=torch.int32)
+    proposer.token_indices_to_sample = torch.zeros(tokens, dtype=torch.int32)
+    proposer.model = model
+    proposer._runnable = proposer._run_merged_draft  # llm_base_proposer.py:229
+    return proposer
+
+
+# The condition vLLM Ascend PR #12036 changed (commit 15592edd75 on main; the parent fe77ebb94d
+# holds it at vllm_ascend/spec_decode/llm_base_proposer.py:1233-1237): right after the early
+# exit, a batch with a prefill under context parallelism (PCP x DCP > 1) returned step 0's draft
+# tokens repeated for every speculative token, without the remaining draft forwards. #12036
+# narrowed it to PCP alone; vLLM Ascend #12592 (69f72c642e) removed PCP from this runner and the
+# branch with it, so 182b75ea runs every draft forward. The planted variant re-inserts the
+# pre-#12036 condition (PCP is gone at 182b75ea, so PCP x DCP > 1 reads DCP > 1).
+PRE_12036_CONDITION = "self.dcp_size > 1 and is_prefill"
+_EARLY_EXIT = "self.num_speculative_tokens == 1 or self.parallel_drafting"
+
+
+def proposer_before_12036() -> type:
+    """``AscendEagleProposer`` with ``_run_merged_draft`` as 182b75ea has it plus the
+    pre-#12036 branch after the early exit (the comment above): the snapshot's source,
+    parsed, one ``if`` added, compiled in the module's namespace."""
+    import ast
+    import inspect
+    import textwrap
+
+    from vllm_ascend.spec_decode import llm_base_proposer
+    from vllm_ascend.spec_decode.eagle_proposer import AscendEagleProposer
+
+    function = llm_base_proposer.AscendSpecDecodeBaseProposer._run_merged_draft
+    tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    anchors = [i for i, node in enumerate(body)
+               if isinstance(node, ast.If) and ast.unparse(node.test) == _EARLY_EXIT]
+    if len(anchors) != 1:
+        raise RuntimeError(f"_run_merged_draft in {inspect.getsourcefile(function)} has no single early exit "
+                           f"`if {_EARLY_EXIT}:` to plant the pre-#12036 branch after; the test targets 182b75ea")
+    planted = ast.parse(f"if {PRE_12036_CONDITION}:\n"
+                        "    return draft_token_ids.unsqueeze(1).repeat(1, self.num_speculative_tokens)").body[0]
+    body.insert(anchors[0] + 1, planted)
+    tree.body[0].decorator_list = []  # type: ignore[attr-defined]
+    code = compile(ast.fix_missing_locations(tree), f"<planted before #12036: {inspect.getsourcefile(function)}>",
+                   "exec")
+    namespace: dict[str, Any] = {}
+    exec(code, vars(llm_base_proposer), namespace)
+    return type("AscendEagleProposerBefore12036", (AscendEagleProposer,),
+                {"_run_merged_draft": namespace["_run_merged_draft"]})
+
+
+# vLLM's forward context is a module global (vllm/forward_context.py:196 in 0.27.1), one per
+# process; rank threads share a process, and a forward context is entered on one rank while its
+# peer is inside its own (a collective waits in between). The three functions that read or write
+# the global (get_forward_context, is_forward_context_available, override_forward_context:
+# forward_context.py:199-257) are given, for the block, code that keeps the value per thread;
+# every caller of theirs (set_forward_context, vLLM Ascend's set_ascend_forward_context, the
+# proposer, the model) runs unmodified. vLLM's micro-batching writes the global directly
+# (v1/worker/ubatching.py:75) and is not used here.
+def _rank_get_forward_context() -> Any:
+    context = getattr(_RANK_FORWARD_CONTEXT, "value", None)  # noqa: F821  (vllm.forward_context's global)
+    assert context is not None, "no forward context on this rank thread: enter set_forward_context first"
+    return context
+
+
+def _rank_is_forward_context_available() -> bool:
+    return getattr(_RANK_FORWARD_CONTEXT, "value", None) is not None  # noqa: F821
+
+
+def _rank_override_forward_context(forward_context: Any) -> Iterator[None]:
+    previous = getattr(_RANK_FORWARD_CONTEXT, "value", None)  # noqa: F821
+    _RANK_FORWARD_CONTEXT.value = forward_context  # noqa: F821
+    try:
+        yield
+    finally:
+        _RANK_FORWARD_CONTEXT.value = previous  # noqa: F821
+
+
+@contextlib.contextmanager
+def rank_forward_contexts() -> Iterator[None]:
+    """vLLM's forward context per rank thread for the block (the comment above)."""
+    import threading
+
+    from vllm import forward_context as module
+
+    swaps = [(module.get_forward_context, _rank_get_forward_context),
+             (module.is_forward_context_available, _rank_is_forward_context_available),
+             (module.override_forward_context.__wrapped__, _rank_override_forward_context)]  # type: ignore[attr-defined]
+    saved = [function.__code__ for function, _ in swaps]
+    module.__dict__["_RANK_FORWARD_CONTEXT"] = threading.local()
+    try:
+        for function, per_thread in swaps:
+            function.__code__ = per_thread.__code__
+        yield
+    finally:
+        for (function, _), code in zip(swaps, saved):
+            function.__code__ = code
+        del module.__dict__["_RANK_FORWARD_CONTEXT"]

@@ -6,12 +6,15 @@ import random
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 from ascendgraph.tools.scenario.model import BOOL, POSITIVE, Check, Scenario, _one_of
 from ascendgraph.tools.scenario.observation import (
     _compare_figures, _device_lost, _exception_matches, _figures, _Observation, _sim_device,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ascendgraph.device import Device
 
 
 # --------------------------------------------------------------------------- device actions
@@ -23,7 +26,7 @@ from ascendgraph.tools.scenario.observation import (
 
 
 class _ActionContext:
-    def __init__(self, device: Any) -> None:
+    def __init__(self, device: "Device") -> None:
         self.device = device
         self.graphs: list[Any] = []
         self.wrappers: list[Any] = []

@@ -94,7 +94,7 @@ def _compare_figures(label: str, before: Mapping[str, int], after: Mapping[str, 
     ]
 
 
-def _device_lost(device: Any) -> bool:
+def _device_lost(device: "Device") -> bool:
     try:
         return bool(device.stats().extra.get("device_lost"))
     except Exception:  # pragma: no cover - stats never raise on the simulator
@@ -113,7 +113,7 @@ class _Observation:
     traceback: Optional[str] = None
     report: Optional["Report"] = None
     engine: Any = None
-    device: Any = None
+    device: Optional["Device"] = None
     capture_failure: Optional[BaseException] = None  # the capture error (raised or fallen back from)
     invariant_notes: dict[str, list[str]] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
