@@ -47,12 +47,13 @@ import serving
 
 DP = 2
 # vLLM's Qwen2-MoE with every layer dense (module docstring): the attention shapes of the runner
-# tests (8 query heads over 2 KV heads of 128), two layers, bf16.
+# tests (8 query heads over 2 KV heads of 128), one layer (each rank compiles and captures its
+# own model: a second layer doubles that and shows nothing more), bf16.
 DENSE_QWEN2_MOE = {
     "architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "hidden_size": 1024,
     "intermediate_size": 512, "moe_intermediate_size": 128, "shared_expert_intermediate_size": 0, "num_experts": 4,
-    "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": [0, 1], "norm_topk_prob": False,
-    "num_attention_heads": 8, "num_key_value_heads": 2, "num_hidden_layers": 2, "hidden_act": "silu",
+    "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": [0], "norm_topk_prob": False,
+    "num_attention_heads": 8, "num_key_value_heads": 2, "num_hidden_layers": 1, "hidden_act": "silu",
     "vocab_size": 512, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
     "torch_dtype": "bfloat16", "tie_word_embeddings": False,
 }

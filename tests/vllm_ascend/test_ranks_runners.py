@@ -22,7 +22,7 @@ import serving  # noqa: E402
 
 from ascendgraph.errors import CollectiveDeadlock, CollectiveMismatch, CollectiveTimeout  # noqa: E402
 
-SPEC = serving.RunnerSpec(mode="FULL_DECODE_ONLY", capture_sizes=(1, 2, 4))
+SPEC = serving.RunnerSpec(mode="FULL_DECODE_ONLY", capture_sizes=(1, 4))
 # rank 0 serves from the first step; rank 1 is idle for two steps, then prefills while rank 0
 # decodes, then decodes beside it, then is idle again while rank 0 ends. Prompts of 4 tokens:
 # a decode padded to a prefill's count is a capture size (FULL:4), so a rank that keeps FULL
@@ -63,7 +63,7 @@ def test_an_idle_rank_and_a_prefilling_rank_meet_their_peer_through_vllm_ascends
     assert rank1[4:6] == ["dummy", "dummy"] and set(rank0[6:]) == {"dummy"}
     assert len(result.logs[0].tokens["r0"]) == 6 and len(result.logs[1].tokens["r1"]) == 2
     assert result.stats.met["dp:engine"] == 1 and result.stats.met["mlptp:device"] > 0
-    assert [log.graphs_captured for log in result.logs.values()] == [3, 3]
+    assert [log.graphs_captured for log in result.logs.values()] == [2, 2]
 
 
 def test_an_idle_rank_that_skips_its_dummy_batch_deadlocks_in_sync_dp_state():
