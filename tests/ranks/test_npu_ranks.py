@@ -18,18 +18,6 @@ from sim.vllm_ranks import PerRankGlobals, module_slot
 
 
 @pytest.fixture
-def two_npus() -> Iterator[Any]:
-    from sim import facade
-
-    facade.install(quiet=True)
-    try:
-        yield facade.configure_devices([{}, {}])
-    finally:
-        facade.configure()
-        facade.uninstall()
-
-
-@pytest.fixture
 def process_global() -> Iterator[types.ModuleType]:
     module = types.ModuleType("ascendgraph_test_process_global")
     module.value = "process"  # type: ignore[attr-defined]
@@ -72,7 +60,7 @@ def _capture_all_gather(rank: int, group: Any = None) -> tuple[Any, Any, Any]:
     return graph, x, out
 
 
-def test_ranks_on_two_simulated_npus_exchange_their_data_eagerly_and_in_replays(two_npus):
+def test_ranks_on_two_simulated_npus_exchange_their_data_eagerly_and_in_replays(two_simulated_npus):
     """Eager collectives and captured ones (met when each NPU runs its replay) move the bytes
     between the two simulated NPUs, each rank's result on its own NPU."""
     got = {}
@@ -94,7 +82,7 @@ def test_ranks_on_two_simulated_npus_exchange_their_data_eagerly_and_in_replays(
     assert got[0, "replay"] == got[1, "replay"] == [10.0, 10.0, 20.0, 20.0]
 
 
-def test_a_rank_blocked_in_a_host_collective_lets_its_npu_run_a_queued_replay(two_npus):
+def test_a_rank_blocked_in_a_host_collective_lets_its_npu_run_a_queued_replay(two_simulated_npus):
     """Rank 0 queues a replay (its captured all-gather still to run on its lagging NPU) and
     enters a host all-reduce; rank 1 replays and waits for its result, then joins the host
     all-reduce. On cards rank 0's NPU runs the replay while its host waits, so both pass; the
@@ -115,7 +103,7 @@ def test_a_rank_blocked_in_a_host_collective_lets_its_npu_run_a_queued_replay(tw
     assert got[0] == got[1] == [1.0, 1.0, 2.0, 2.0]
 
 
-def test_ranks_that_order_a_replay_and_a_host_collective_differently_are_reported_as_a_deadlock(two_npus):
+def test_ranks_that_order_a_replay_and_a_host_collective_differently_are_reported_as_a_deadlock(two_simulated_npus):
     """The limit of that model (docs/ranks.md): rank 1 enters the host all-reduce before it
     issues its replay, rank 0 after queueing its own; rank 0's NPU runs its replay as its host
     blocks and waits for rank 1's, whose host waits for rank 0's: reported as a deadlock."""
