@@ -30,6 +30,13 @@ all_to_all_single and `FabricProcessGroup.moe_distribute`; any other inside a ca
 refused by name. `FabricWorld.replaying(key)` marks collectives issued outside a capture as
 replays of the graph ``key`` (for a caller that models the replay itself).
 
+Ranks on simulated NPUs. Members whose tensors are npu tensors on different simulated NPUs
+(`sim.facade.configure_devices`, one per rank) exchange their bytes through host views of
+each member's memory, taken once its NPU has run its work up to the collective. A collective of
+host tensors (a CPU group's, as gloo's) first lets the rank's NPU run what its host queued (a
+card keeps running while its host blocks; the simulator's NPU otherwise runs queued work only
+when the host waits for it).
+
 The wait limit is HCCL's execution timeout as the process environment sets it
 (``HCCL_EXEC_TIMEOUT``, the AIV default under ``HCCL_OP_EXPANSION_MODE=AIV``), unless the
 world is given one.
