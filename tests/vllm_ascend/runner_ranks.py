@@ -200,6 +200,20 @@ class RankLog:
     syncs: int = 0  # sync_dp_state calls
     tokens: dict[str, list[int]] = field(default_factory=dict)
     graphs_captured: int = 0
+    graphs: dict[str, str] = field(default_factory=dict)  # the simulator's graph name -> what vLLM captured in it
+
+
+def captured_graphs(runner: Any) -> dict[str, str]:
+    """The FULL graphs of the runner's ``ACLGraphWrapper`` (acl_graph.py:114-151: one entry per
+    batch descriptor), by the name the simulator gives each (the ``graph:<name>`` of a replayed
+    collective): ``{"graph#1": "FULL:4"}`` (the descriptor's token count)."""
+    from vllm_ascend.compilation.acl_graph import ACLGraphWrapper
+
+    wrapper = runner.model
+    if not isinstance(wrapper, ACLGraphWrapper):
+        return {}
+    return {str(entry.aclgraph._sim.name): f"{wrapper.runtime_mode.name}:{descriptor.num_tokens}"
+            for descriptor, entry in wrapper.concrete_aclgraph_entries.items() if entry.aclgraph is not None}
 
 
 def dp_engine_loop(engine: serving.Engine, arrivals: Iterable[serving.Arrival], log: RankLog, *,
@@ -276,11 +290,12 @@ class RankRun:
     stats: Any
 
 
-def run(spec: serving.RunnerSpec, plans: Sequence[RankPlan], *, devices: Optional[Sequence[dict[str, Any]]] = None
-        ) -> RankRun:
+def run(spec: serving.RunnerSpec, plans: Sequence[RankPlan], *, devices: Optional[Sequence[dict[str, Any]]] = None,
+        logs: Optional[dict[int, RankLog]] = None) -> RankRun:
     """Every DP rank of ``plans`` as a thread on its own simulated NPU (``devices``: each NPU's
     `sim.facade.configure_devices` options), each building its worker and serving its plan in
-    lock-step; the fabric's error (mismatch, deadlock, timeout) is raised as it is."""
+    lock-step; the fabric's error (mismatch, deadlock, timeout) is raised as it is (``logs``,
+    when given, holds each rank's log however the run ends)."""
     import torch
 
     from ascendgraph.parallel.layout import ParallelLayout
@@ -293,13 +308,15 @@ def run(spec: serving.RunnerSpec, plans: Sequence[RankPlan], *, devices: Optiona
     serving.set_up_patches()
     facade.configure_devices(list(devices or [{} for _ in plans]))
     ranks = VllmRanks(ParallelLayout(dp=DP), per_rank_globals=_rank_globals())
-    logs = {rank: RankLog(rank) for rank in range(DP)}
+    logs = {} if logs is None else logs
+    logs.update({rank: RankLog(rank) for rank in range(DP)})
 
     def body(rank: int) -> None:
         torch.npu.set_device(rank)  # worker.py:406
         plan = plans[rank]
         worker = _worker(spec, rank, ranks, plan)
         logs[rank].graphs_captured = facade.device().stats().graphs_captured_total
+        logs[rank].graphs = captured_graphs(worker.runner)
         dp_engine_loop(RankEngine(worker, ranks), plan.arrivals, logs[rank], dummy_when_idle=plan.dummy_when_idle)
 
     try:
