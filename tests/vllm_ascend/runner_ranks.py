@@ -254,8 +254,11 @@ def dp_engine_loop(engine: serving.Engine, arrivals: Iterable[serving.Arrival], 
                 log.steps.append("skip")
         counter += 1
         if counter % UNFINISHED_INTERVAL == 0:
+            # the test's arrivals still to come count as work (vLLM's front-end would have queued them)
             running, _ = ParallelConfig.sync_dp_state(dp_engine_group, local_unfinished or bool(pending), False)
             log.syncs += 1
+        else:
+            running = True  # _has_global_unfinished_reqs between its all-reduces (core.py:2170-2174)
         if not running and not pending and not local_unfinished:
             break
     log.tokens = serving.tokens(engine.records)
