@@ -34,7 +34,10 @@ and vLLM Ascend's own code): a collective blocks its thread until the meeting co
 every live thread is blocked and no meeting can complete, the deadlock (or the timeout naming a
 failed straggler) is raised in every waiting thread. There, determinism comes from the
 meetings (every collective is a rendezvous, combined in rank order), not from the threads'
-interleaving.
+interleaving. Given a `RankSwitch`, `FabricThreads` runs one rank thread at a time: a thread
+holds the baton from its start until it waits in a collective (or ends), and the switch's
+``leave`` / ``enter`` run as the baton changes hands, so a caller can give each rank its own
+copy of state that its code keeps per process (vLLM's module globals: `sim.vllm_ranks`).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ import random
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generator, Mapping, Optional, Union
+from typing import Any, Callable, Generator, Mapping, Optional, Protocol, Union
 
 from ascendgraph.errors import (
     CaptureError,
@@ -56,7 +59,8 @@ from ascendgraph.errors import (
 from ascendgraph.parallel.fingerprints import EAGER, Fingerprint, check_meeting
 from ascendgraph.parallel.layout import ParallelLayout
 
-__all__ = ["Collective", "Decision", "RankHung", "Fabric", "FabricStats", "FabricThreads", "Program", "failing_rank"]
+__all__ = ["Collective", "Decision", "RankHung", "Fabric", "FabricStats", "FabricThreads", "Program", "RankSwitch",
+           "failing_rank"]
 
 HISTORY = 8  # completed collectives kept per rank for the flight record
 
@@ -373,6 +377,16 @@ class Fabric:
         return "\n".join(lines)
 
 
+class RankSwitch(Protocol):
+    """What runs as one rank thread hands the baton to another (`FabricThreads`)."""
+
+    def enter(self, rank: int) -> None:
+        """``rank``'s thread takes the baton: install its own state."""
+
+    def leave(self, rank: int) -> None:
+        """``rank``'s thread gives the baton up (it waits in a collective, or ends): keep its state."""
+
+
 class FabricThreads:
     """Ranks as threads meeting in one `Fabric` (see the module docstring).
 
@@ -380,10 +394,12 @@ class FabricThreads:
     `decide` are what a rank's thread calls (the torch.distributed backend does). The run's
     error (a mismatch, a deadlock, a timeout naming the straggler, or the first rank's own
     failure) is raised by `run`; every blocked thread is woken with it, so no thread is left
-    waiting."""
+    waiting. With a ``switch``, one rank thread runs at a time (the module docstring)."""
 
-    def __init__(self, fabric: Fabric) -> None:
+    def __init__(self, fabric: Fabric, *, switch: Optional[RankSwitch] = None) -> None:
         self.fabric = fabric
+        self.switch = switch
+        self._baton = threading.Lock()
         self._lock = threading.Lock()
         self._wake: dict[int, threading.Event] = {}
         self._results: dict[int, Any] = {}
@@ -418,10 +434,22 @@ class FabricThreads:
                         self._wake[member].set()
         if done is not None:
             return self._results.pop(rank)
+        self._give_baton(rank)
         event.wait()
+        self._take_baton(rank)
         with self._lock:
             self._raise_if_failed()
             return self._results.pop(rank)
+
+    def _take_baton(self, rank: int) -> None:
+        if self.switch is not None:
+            self._baton.acquire()
+            self.switch.enter(rank)
+
+    def _give_baton(self, rank: int) -> None:
+        if self.switch is not None:
+            self.switch.leave(rank)
+            self._baton.release()
 
     def decide(self, rank: int, decision: Decision) -> None:
         with self._lock:
@@ -461,6 +489,13 @@ class FabricThreads:
         return self.fabric.stats
 
     def _thread(self, rank: int, body: Callable[[], Any]) -> None:
+        self._take_baton(rank)
+        try:
+            self._run_body(rank, body)
+        finally:
+            self._give_baton(rank)
+
+    def _run_body(self, rank: int, body: Callable[[], Any]) -> None:
         try:
             result = body()
         except CollectiveError:

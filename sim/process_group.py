@@ -30,6 +30,13 @@ all_to_all_single and `FabricProcessGroup.moe_distribute`; any other inside a ca
 refused by name. `FabricWorld.replaying(key)` marks collectives issued outside a capture as
 replays of the graph ``key`` (for a caller that models the replay itself).
 
+Ranks on simulated NPUs. Members whose tensors are npu tensors on different simulated NPUs
+(`sim.facade.configure_devices`, one per rank) exchange their bytes through host views of
+each member's memory, taken once its NPU has run its work up to the collective. A collective of
+host tensors (a CPU group's, as gloo's) first lets the rank's NPU run what its host queued (a
+card keeps running while its host blocks; the simulator's NPU otherwise runs queued work only
+when the host waits for it).
+
 The wait limit is HCCL's execution timeout as the process environment sets it
 (``HCCL_EXEC_TIMEOUT``, the AIV default under ``HCCL_OP_EXPANSION_MODE=AIV``), unless the
 world is given one.
@@ -59,7 +66,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 from ascendgraph.errors import ConfigError
 from ascendgraph.parallel.fingerprints import EAGER, default_collective_timeout_s, graph_how
 from ascendgraph.parallel.layout import MAX_WORLD_SIZE, ParallelLayout
-from sim.fabric import Collective, Decision, Fabric, FabricStats, FabricThreads
+from sim.fabric import Collective, Decision, Fabric, FabricStats, FabricThreads, RankSwitch
 from sim.recorder import CaptureRecorder
 
 __all__ = ["BACKEND_NAME", "FROM_ENVIRONMENT", "FromEnvironment", "FabricProcessGroup", "FabricWorld", "register"]
@@ -128,6 +135,36 @@ def _dtype(t: torch.Tensor) -> str:
 _Combine = Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor]], Any]
 
 
+def _on_host(source: torch.Tensor, target: torch.Tensor, op: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (input, output) a meeting combines: for npu tensors, host views of their memory once
+    their simulated NPU has run its work up to the collective (`sim.npu_device.settled_host_view`),
+    so members on different simulated NPUs (one per rank) exchange data as HCCL does between
+    cards; other tensors as they are."""
+    if source.device.type != "npu" and target.device.type != "npu":
+        return source, target
+    from sim import npu_device
+
+    what = f"{op} of the ascendgraph backend"
+    host_source = npu_device.settled_host_view(source, what) if source.device.type == "npu" else source
+    if target is source:
+        return host_source, host_source
+    return host_source, npu_device.settled_host_view(target, what) if target.device.type == "npu" else target
+
+
+def _device_runs_while_host_blocks(what: str) -> None:
+    """A collective of host tensors (a CPU group's, as gloo's) blocks the rank's host while its
+    NPU keeps running: the rank's simulated NPU (`sim.npu_device`, when one is attached) runs what
+    its host queued before (a graph replay whose captured collectives meet the peers'), which the
+    simulator otherwise runs only when the host waits for the device. Without it a rank whose
+    replay is still queued would sit in the next DP sync while its peer's replay waits for that
+    replay's collective: a deadlock no card has. (A program whose ranks order a device
+    collective and a host one differently is reported as a deadlock a card could pass:
+    docs/ranks.md.)"""
+    from sim import npu_device
+
+    npu_device.run_queued_work(f"{what}: the host blocks, the NPU runs its queued work")
+
+
 def _pairs(combine: _Combine) -> Callable[[Mapping[int, Any]], Mapping[int, None]]:
     """A one-tensor combine as the fabric calls it: payloads (input, output) by rank."""
     def run(payloads: Mapping[int, Any]) -> Mapping[int, None]:
@@ -162,7 +199,7 @@ class _CapturedCollective:
             raise RuntimeError(f"simulator: a graph holding {self.op} of the ascendgraph backend is replayed after "
                                "its FabricWorld.run ended; replay it inside the run (docs/ranks.md)")
         out = torch.empty(self.out_shape, dtype=self.dtype, device=x.device)
-        self.group._meet(self.op, x, (x, out), _pairs(self.combine), how=self.how, params=self.params)
+        self.group._meet(self.op, x, _on_host(x, out, self.op), _pairs(self.combine), how=self.how, params=self.params)
         return out
 
 
@@ -209,6 +246,8 @@ class FabricProcessGroup(dist.ProcessGroup):
               members: Optional[tuple[int, ...]] = None, group: Optional[str] = None, how: Optional[str] = None,
               params: tuple[tuple[str, int], ...] = ()) -> Any:
         shape = tuple(tensor.shape) if tensor is not None else ()
+        if tensor is None or tensor.device.type == "cpu":
+            _device_runs_while_host_blocks(f"{op} on {self.kind}")
         call = Collective(group or self.kind, op, shape, _dtype(tensor) if tensor is not None else "none",
                           how=how or self._world.how(), site=op, params=params,
                           local_us=self._world.elapsed_us(self.global_rank), members=members or self.members,
@@ -222,7 +261,7 @@ class FabricProcessGroup(dist.ProcessGroup):
         graph and meets at each replay, as ``graph:<the graph's name>`` (module docstring)."""
         key = _capturing_graph()
         if key is None:
-            self._meet(op, source, (source, target), _pairs(combine), params=params)
+            self._meet(op, source, _on_host(source, target, op), _pairs(combine), params=params)
             return _work([target])
         captured = _CapturedCollective(self, op, tuple(target.shape), target.dtype, combine, graph_how(key), params)
         self._world.hold(captured)
@@ -422,11 +461,12 @@ class FabricWorld:
     one, so a slow rank is the straggler on the virtual clocks. ``timeout_s``: how long a member
     may wait (None: for ever); by default HCCL's execution timeout as the process environment
     sets it (``HCCL_EXEC_TIMEOUT``, ``HCCL_OP_EXPANSION_MODE``:
-    `ascendgraph.parallel.fingerprints.default_collective_timeout_s`)."""
+    `ascendgraph.parallel.fingerprints.default_collective_timeout_s`). ``switch``: run one rank
+    thread at a time, calling it as the baton changes hands (`sim.fabric.RankSwitch`)."""
 
     def __init__(self, world_size: int, *, seed: int = 0,
                  timeout_s: Union[float, None, FromEnvironment] = FROM_ENVIRONMENT,
-                 clock: Optional[Callable[[int], float]] = None) -> None:
+                 clock: Optional[Callable[[int], float]] = None, switch: Optional[RankSwitch] = None) -> None:
         if isinstance(world_size, bool) or not isinstance(world_size, int) or not 1 <= world_size <= MAX_WORLD_SIZE:
             raise ConfigError(f"FabricWorld world_size must be an integer from 1 to {MAX_WORLD_SIZE} (the ranks the "
                               f"simulator steps), got {world_size!r}", key="world_size")
@@ -436,7 +476,7 @@ class FabricWorld:
                                                      expansion_mode=os.environ.get("HCCL_OP_EXPANSION_MODE", ""))
         self.timeout_s = timeout_s
         self.fabric = Fabric(ParallelLayout(dp=world_size), seed=seed, timeout_s=timeout_s)
-        self.threads = FabricThreads(self.fabric)
+        self.threads = FabricThreads(self.fabric, switch=switch)
         self._clock = clock
         self._last_us: dict[int, float] = {}
         self._held: list[_CapturedCollective] = []

@@ -18,6 +18,15 @@ vLLM's class, built without its ``__init__`` (which creates the CPU group with t
 ``gloo`` backend, a real network group) and given the fabric's groups; no device communicator
 (the collectives under test call ``torch.distributed`` on the groups directly).
 
+Whole model runners as ranks (tests/vllm_ascend/runner_ranks.py) need more: vLLM and vLLM
+Ascend keep other per-process state in module globals (the forward context, the current
+config, vLLM Ascend's config, graph parameters, cos/sin caches and streams of the process's
+NPU...), which functions read with ``global``, so a proxy cannot stand in. `PerRankGlobals`
+gives each rank its own copy of such globals: given to `VllmRanks`, the rank threads run one
+at a time (`sim.fabric.RankSwitch`: a thread runs until it waits in a collective), and as a
+thread takes over, its copies are put in place and the previous thread's are kept aside. Each
+rank starts from the value a fresh process has (``Slot.fresh``).
+
 vLLM is imported lazily: this module is for environments that have it (``make vllm-ascend``,
 the bench's vLLM row).
 """
@@ -25,8 +34,10 @@ the bench's vLLM row).
 from __future__ import annotations
 
 import contextlib
+import importlib
 import threading
-from typing import Any, Callable, Iterator, Optional, Union
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
@@ -35,7 +46,7 @@ from ascendgraph.parallel.layout import ParallelLayout
 from sim.fabric import FabricStats
 from sim.process_group import FROM_ENVIRONMENT, FabricWorld, FromEnvironment
 
-__all__ = ["VllmRanks", "GROUP_GLOBALS"]
+__all__ = ["VllmRanks", "GROUP_GLOBALS", "PerRankGlobals", "Slot", "module_slot"]
 
 # vLLM parallel_state global -> our group kind
 GROUP_GLOBALS = {"_WORLD": "world", "_DP": "dp", "_PP": "pp", "_TP": "tp", "_EP": "ep"}
@@ -61,14 +72,75 @@ class _ThreadGroup:
         setattr(self._mine(), name, value)
 
 
+@dataclass(frozen=True)
+class Slot:
+    """One piece of per-process state: how to read it, write it, and what a fresh process holds."""
+
+    name: str
+    get: Callable[[], Any]
+    put: Callable[[Any], None]
+    fresh: Callable[[], Any]
+
+
+def _none() -> None:
+    return None
+
+
+def module_slot(module: str, attribute: str, fresh: Callable[[], Any] = _none) -> Slot:
+    """A module global (``module.attribute``) as a `Slot`; ``fresh`` makes a fresh process's value."""
+    def get() -> Any:
+        return getattr(importlib.import_module(module), attribute)
+
+    def put(value: Any) -> None:
+        setattr(importlib.import_module(module), attribute, value)
+
+    return Slot(f"{module}.{attribute}", get, put, fresh)
+
+
+class PerRankGlobals:
+    """Each rank's own copy of ``slots`` (module docstring); a `sim.fabric.RankSwitch`."""
+
+    def __init__(self, slots: Sequence[Slot]) -> None:
+        self.slots = tuple(slots)
+        self._values: dict[int, dict[str, Any]] = {}
+        self._saved: Optional[dict[str, Any]] = None
+
+    def enter(self, rank: int) -> None:
+        values = self._values.setdefault(rank, {slot.name: slot.fresh() for slot in self.slots})
+        for slot in self.slots:
+            slot.put(values[slot.name])
+
+    def leave(self, rank: int) -> None:
+        self._values[rank] = {slot.name: slot.get() for slot in self.slots}
+
+    def value(self, rank: int, name: str) -> Any:
+        """``rank``'s value of the slot ``name`` as it left it."""
+        return self._values[rank][name]
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        """The process's own values are put back when the run ends."""
+        saved = {slot.name: slot.get() for slot in self.slots}
+        try:
+            yield
+        finally:
+            for slot in self.slots:
+                slot.put(saved[slot.name])
+
+
 class VllmRanks:
-    """A ``layout`` of ranks as threads, each with vLLM's groups on the fabric."""
+    """A ``layout`` of ranks as threads, each with vLLM's groups on the fabric; with
+    ``per_rank_globals``, one rank thread runs at a time, each with its own copy of those
+    globals (module docstring)."""
 
     def __init__(self, layout: ParallelLayout, *, seed: int = 0,
                  timeout_s: Union[float, None, FromEnvironment] = FROM_ENVIRONMENT,
-                 clock: Optional[Callable[[int], float]] = None) -> None:
+                 clock: Optional[Callable[[int], float]] = None,
+                 per_rank_globals: Optional[PerRankGlobals] = None) -> None:
         self.layout = layout
-        self.world = FabricWorld(layout.world_size, seed=seed, timeout_s=timeout_s, clock=clock)
+        self.per_rank_globals = per_rank_globals
+        self.world = FabricWorld(layout.world_size, seed=seed, timeout_s=timeout_s, clock=clock,
+                                 switch=per_rank_globals)
         self._local = threading.local()
 
     # -- per rank thread ----------------------------------------------------------------
@@ -81,10 +153,16 @@ class VllmRanks:
         return self._local.engine_dp
 
     def _coordinator(self, kind: str, rank: int, device: torch.device) -> Any:
+        return self.coordinator(kind, [list(g) for g in self.layout.groups(kind)], rank, device)
+
+    def coordinator(self, kind: str, all_groups: Sequence[Sequence[int]], rank: int, device: torch.device) -> Any:
+        """A vLLM ``GroupCoordinator`` for ``rank`` of the groups ``all_groups`` (every rank makes
+        every group, in the same order, as vLLM does), fingerprinted as ``kind:device`` /
+        ``kind:cpu``; built without its ``__init__`` (module docstring), no device communicator."""
         from vllm.distributed.parallel_state import GroupCoordinator
 
-        all_groups = [list(g) for g in self.layout.groups(kind)]
-        mine = list(self.layout.group(kind, rank))
+        all_groups = [list(g) for g in all_groups]
+        mine = next(g for g in all_groups if rank in g)
         device_group = cpu_group = None
         for ranks in all_groups:  # every rank creates every group, in the same order, as vLLM does
             d = dist.new_group(ranks, group_desc=f"{kind}:device")
@@ -134,5 +212,6 @@ class VllmRanks:
             finally:
                 self._local.groups = None
 
-        with self._globals():
+        installed = self.per_rank_globals.installed() if self.per_rank_globals is not None else contextlib.nullcontext()
+        with self._globals(), installed:
             return self.world.run(with_groups)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any, Iterator
 
 import pytest
 
@@ -78,3 +79,17 @@ def worker_compile_cache(_isolated_ascendgraph_cache: None, _worker_compile_dir:
     root.mkdir(parents=True, exist_ok=True)
     (root / "compile").symlink_to(_worker_compile_dir, target_is_directory=True)
     return _worker_compile_dir
+
+
+@pytest.fixture
+def two_simulated_npus() -> Iterator[Any]:
+    """The torch_npu facade installed with two simulated NPUs, ``npu:0`` and ``npu:1``
+    (`sim.facade.configure_devices`); their FacadeRuntimes. One NPU and no facade afterwards."""
+    from sim import facade
+
+    facade.install(quiet=True)
+    try:
+        yield facade.configure_devices([{}, {}])
+    finally:
+        facade.configure()
+        facade.uninstall()

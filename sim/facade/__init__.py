@@ -37,9 +37,10 @@ import os
 import sys
 from typing import Any, Optional
 
-from sim.facade.runtime import FacadeRuntime, configure, configured, runtime
+from sim.facade.runtime import FacadeRuntime, configure, configure_devices, configured, runtime, runtime_at
 
-__all__ = ["install", "uninstall", "is_installed", "configure", "configured", "runtime", "device", "check_memory",
+__all__ = ["install", "uninstall", "is_installed", "configure", "configure_devices", "configured", "runtime",
+           "runtime_at", "device", "check_memory",
            "NOTICE_VARIABLE", "notice_text", "real_torch_npu_location"]
 
 NOTICE_VARIABLE = "ASCENDGRAPH_NPU_FACADE"  # set once the notice was printed (inherited by subprocesses)
@@ -100,7 +101,8 @@ def install(*, quiet: bool = False) -> None:
     if hasattr(torch, "npu"):
         _saved["torch.npu attribute"] = torch.npu
     modules.put_in_place()
-    npu_device.attach(lambda index: runtime().device)  # npu:<index> is the facade's simulated NPU
+    npu_device.attach(lambda index: runtime_at(index).device)  # npu:<index> is the facade's simulated NPU <index>
+    npu_device.extension().set_device_count(runtime_at(0).device_count)
     from sim.facade.kernels import HOST_TENSOR_ARGUMENTS, NAMESPACE
 
     for name, arguments in HOST_TENSOR_ARGUMENTS.items():

@@ -1,11 +1,15 @@
-"""The facade's process-wide state: one `SimDevice` standing in for NPU 0, and the
-rules torch_npu's runtime enforces that the simulator does not model itself.
+"""The facade's process-wide state: a `SimDevice` standing in for NPU 0 (and, after
+`configure_devices`, one for each further NPU), and the rules torch_npu's runtime enforces
+that the simulator does not model itself.
 
 Theory of operation. torch_npu is process-wide (one runtime, streams and graphs shared
 by every caller), so the facade is too: `runtime()` returns the `FacadeRuntime` whose
-``device`` backs every facade call. `configure()` replaces it with a fresh device (a
-test per device, a fault plan, a profile such as an old HDK), so state never leaks
-between tests that ask for a fresh one.
+``device`` backs every facade call, the one of the calling thread's current NPU (NPU 0
+unless the thread called ``torch.npu.set_device``: torch_npu's current device is per
+thread). `configure()` replaces it with a fresh device (a test per device, a fault plan, a
+profile such as an old HDK), so state never leaks between tests that ask for a fresh one;
+`configure_devices()` makes several, as the NPUs of one host (simulated ranks as threads,
+each on its own NPU).
 
 What the facade adds on top of the simulator:
 
@@ -33,7 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Mapping, Optional, Sequence
 
 import torch
 from ascendgraph.dynamo_gate import LazyDynamoDispatchMode
@@ -139,15 +143,15 @@ class TaskGroupGuard(LazyDynamoDispatchMode):
 class FacadeRuntime:
     """The simulated NPU behind the facade, plus torch_npu's process-wide state."""
 
-    def __init__(self, **device_options: Any) -> None:
+    def __init__(self, *, index: int = 0, **device_options: Any) -> None:
         from sim import npu_device
         from sim.npu_device.device_type import NpuDeviceType
 
         options = {**FACADE_DEVICE_DEFAULTS, **device_options}
         options.setdefault("profile", DEFAULT_PROFILE)
-        # The facade's simulated NPU backs the npu torch device: tensors say where they live
-        # (npu: device memory; cpu: host memory, pinned or not).
-        device_type = NpuDeviceType(npu_device.enable().extension)
+        # The facade's simulated NPU backs the npu torch device ``npu:<index>``: tensors say
+        # where they live (npu: device memory; cpu: host memory, pinned or not).
+        device_type = NpuDeviceType(npu_device.enable().extension, index)
         self.device = SimDevice(**options)
         self.device.device_type = device_type
         self.device.host_memory = device_type.host_memory
@@ -155,12 +159,20 @@ class FacadeRuntime:
         generation = next((g for g in DEVICE_NAMES if profile.name == g or profile.name.startswith(g + "-")), None)
         self.device_name = DEVICE_NAMES[generation] if generation else str(profile.soc)
         self.generation = generation or str(profile.name)
-        self.device_count = 1
-        self.current_index = 0
+        self.device_count = 1  # `configure_devices` sets every NPU's count
         self.default_capture_stream: Optional[SimStream] = None  # torch.npu.graph's class-wide stream
         self._guards: dict[str, TaskGroupGuard] = {}
         self.open_super_kernel_scopes: list[Optional[str]] = []
         self.lock = threading.RLock()
+
+    # -- the current NPU: per thread, as torch_npu's (aclrtSetDevice) and the npu device guard's
+    @property
+    def current_index(self) -> int:
+        return _current_index()
+
+    @current_index.setter
+    def current_index(self, index: int) -> None:
+        _set_current_index(index)
 
     # -- memory: the device's caching allocator (sim.memory), plus the growth of shared pools
     def allocated_bytes(self) -> int:
@@ -252,11 +264,39 @@ class FacadeRuntime:
 
 
 _LOCK = threading.RLock()  # re-entered: retiring an NPU runs its queued work, which asks for the runtime
-_RUNTIME: Optional[FacadeRuntime] = None
+_RUNTIME: Optional[FacadeRuntime] = None  # NPU 0
+_MORE: list[FacadeRuntime] = []  # NPUs 1..n-1 after `configure_devices`
+_THREAD = threading.local()  # .index: the calling thread's current NPU (torch_npu's is per thread)
+
+
+def _current_index() -> int:
+    return int(getattr(_THREAD, "index", 0))
+
+
+def _set_current_index(index: int) -> None:
+    _THREAD.index = int(index)
 
 
 def runtime() -> FacadeRuntime:
-    """The runtime in use (created on first use with the default A2 profile)."""
+    """The runtime of the calling thread's current NPU (`torch.npu.set_device`; NPU 0 unless
+    `configure_devices` made more; created on first use with the default A2 profile)."""
+    with _LOCK:
+        index = _current_index()
+        if 0 < index <= len(_MORE):
+            return _MORE[index - 1]
+        return _zero()
+
+
+def runtime_at(index: int) -> FacadeRuntime:
+    """The runtime of NPU ``index`` (``npu:<index>``), whichever thread asks."""
+    with _LOCK:
+        runtimes = [_zero()] + _MORE
+        if not 0 <= index < len(runtimes):
+            raise RuntimeError("Invalid device id")  # the npu device's own text (sim/npu_device/csrc)
+        return runtimes[index]
+
+
+def _zero() -> FacadeRuntime:
     global _RUNTIME
     with _LOCK:
         if _RUNTIME is None:
@@ -264,18 +304,56 @@ def runtime() -> FacadeRuntime:
         return _RUNTIME
 
 
+def _retire_all() -> None:
+    global _RUNTIME
+    for rt in ([_RUNTIME] if _RUNTIME is not None else []) + _MORE:
+        rt.retire()  # its modes would stay on torch's stacks for the whole process
+    _MORE.clear()
+
+
+def _announce_count(count: int) -> None:
+    """The npu device's device count (its index check), when the facade's npu device is in use."""
+    from sim import npu_device
+
+    if npu_device.enabled():
+        npu_device.extension().set_device_count(count)
+
+
 def configure(**device_options: Any) -> FacadeRuntime:
     """A fresh simulated NPU for the facade (SimDevice options: profile, faults, stream_limit,
     seed ...): the whole NPU is new (current stream, torch.npu.graph's capture stream, pools,
     suspended replays, graphs), and what the previous one left open (a capture, a task group, a
     task update) is closed first, its modes taken off torch's mode stacks. Graphs, streams and
-    events of the previous one must not be used again."""
+    events of the previous one must not be used again. One NPU: the ones `configure_devices`
+    made beside NPU 0 are retired too."""
     global _RUNTIME
     with _LOCK:
-        if _RUNTIME is not None:
-            _RUNTIME.retire()  # its modes would stay on torch's stacks for the whole process
+        _retire_all()
         _RUNTIME = FacadeRuntime(**device_options)
+        _announce_count(1)
+        _set_current_index(0)
         return _RUNTIME
+
+
+def configure_devices(options: Sequence[Mapping[str, Any]]) -> list[FacadeRuntime]:
+    """Fresh simulated NPUs ``npu:0`` .. ``npu:<n-1>``, one per entry of ``options`` (each
+    entry: `configure`'s options for that NPU, e.g. a fault plan on one of them), as the NPUs
+    of one host: ``torch.npu.device_count()`` is n, and each thread's ``torch.npu.set_device(i)``
+    makes NPU i the one its facade calls and npu tensors use (the current device is per
+    thread, as torch_npu's is). What the previous NPUs left open is closed first (`configure`)."""
+    global _RUNTIME
+    if not options:
+        raise ValueError("configure_devices needs the options of at least one NPU")
+    with _LOCK:
+        _retire_all()
+        runtimes = [FacadeRuntime(index=i, **dict(entry)) for i, entry in enumerate(options)]
+        for rt in runtimes:
+            rt.device_count = len(runtimes)
+        _RUNTIME = runtimes[0]
+        _MORE.extend(runtimes[1:])
+        _announce_count(len(runtimes))
+        _set_current_index(0)
+        return runtimes
 
 
 @contextlib.contextmanager
@@ -285,7 +363,7 @@ def configured(**device_options: Any) -> Iterator[FacadeRuntime]:
     it was (``--npu-facade-process-wide``)."""
     global _RUNTIME
     with _LOCK:
-        previous = _RUNTIME
+        previous, previous_more = _RUNTIME, list(_MORE)
     fresh = configure(**device_options)
     try:
         yield fresh
@@ -293,3 +371,5 @@ def configured(**device_options: Any) -> Iterator[FacadeRuntime]:
         with _LOCK:
             fresh.retire()
             _RUNTIME = previous
+            _MORE[:] = previous_more
+            _announce_count(1 + len(previous_more))

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Union, cast
 
 import torch
 
+from sim.npu_device import simulator
 from sim.npu_device.build import NpuDeviceBuildError, load_extension
 from sim.npu_device.driver import Driver, NoSimulatedNpu
 from sim.npu_device.fallback import running_on_device
@@ -200,6 +201,34 @@ def weak_alias(tensor: torch.Tensor) -> torch.Tensor:
         what = f"shape {tuple(tensor.shape)}, {str(tensor.dtype).replace('torch.', '')}"
         token = state.driver.new_weak_token(owner, tensor, what)
     return state.extension.weak_alias(tensor, token)
+
+
+def settled_host_view(tensor: torch.Tensor, what: str) -> torch.Tensor:
+    """A CPU tensor over ``tensor``'s memory (an npu tensor's bytes live in host memory the
+    simulator owns), owning nothing, once the simulated NPU holding it has run its work up to
+    this point: when that NPU is running queued work right now (a graph replay reached the call),
+    what came before has run; otherwise the host waits for its current stream first (``what``
+    names the wait). For the simulator's own data movement between simulated NPUs (a collective
+    of the fabric's torch.distributed backend, sim.process_group); the caller keeps ``tensor``."""
+    state = _device()
+    if tensor.device.type != DEVICE_TYPE:
+        raise TypeError(f"settled_host_view expects an npu tensor, got one on {tensor.device}")
+    device = state.driver.owner(tensor.untyped_storage().data_ptr()) or state.driver.device(tensor.device.index or 0)
+    if not simulator.device_is_running_work(device):
+        simulator.host_read(device, what)
+    (alias,), _, _ = state.extension.cpu_aliases([tensor], False)
+    return alias
+
+
+def run_queued_work(what: str) -> None:
+    """The calling thread's current simulated NPU runs its queued work (every stream) now, as a
+    card keeps running while the host blocks (``what``: the blocking call). Nothing when no
+    simulated NPU is attached or when its queued work is what is running right now."""
+    if _DEVICE is None or not _DEVICE.driver.attached:
+        return
+    device = _DEVICE.driver.device(int(_DEVICE.extension.current_device()))
+    if not simulator.device_is_running_work(device):
+        simulator.flush(device, None, reason=what)
 
 
 def is_weak_alias(tensor: torch.Tensor) -> bool:

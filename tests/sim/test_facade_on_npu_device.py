@@ -79,3 +79,36 @@ def test_a_python_custom_op_on_npu_tensors_is_seen_as_the_ops_it_issues(npu: Any
     assert "ascendgraph_pydevop.double_into.default" not in mode.ops
     assert "aten.mul.Tensor" in mode.ops and "aten.copy_.default" in mode.ops
     assert out.cpu().tolist() == [2.0, 2.0, 2.0]
+
+
+def test_each_thread_works_on_the_npu_it_set_as_its_own(two_simulated_npus: Any) -> None:
+    """Two threads, each after ``torch.npu.set_device(i)``: its npu tensors are ``npu:i``, its
+    memory and its graph are NPU i's, and the other thread's current device is untouched
+    (torch_npu's current device is per thread)."""
+    import threading
+
+    seen: dict[int, Any] = {}
+
+    def rank(index: int) -> None:
+        from sim import facade
+
+        torch.npu.set_device(index)
+        x = torch.ones(4, device="npu")
+        graph = torch.npu.NPUGraph()
+        with torch.npu.graph(graph):
+            y = x + index
+        graph.replay()
+        seen[index] = (x.device, y.device, y.cpu().tolist(), facade.device() is two_simulated_npus[index].device,
+                       torch.npu.current_device())
+
+    threads = [threading.Thread(target=rank, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert seen[0] == (torch.device("npu", 0), torch.device("npu", 0), [1.0] * 4, True, 0)
+    assert seen[1] == (torch.device("npu", 1), torch.device("npu", 1), [2.0] * 4, True, 1)
+    assert [rt.device.stats().graphs_captured_total for rt in two_simulated_npus] == [1, 1]
+    assert torch.npu.device_count() == 2 and torch.npu.current_device() == 0
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.ones(2, device="npu:0") + torch.ones(2, device="npu:1")

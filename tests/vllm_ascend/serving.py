@@ -29,7 +29,7 @@ import tempfile
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import harness
 
@@ -75,40 +75,46 @@ class RunnerSpec:
                           additional_config=self.additional_config)
 
 
-_MODEL_DIR: list[Path] = []
+_MODEL_DIRS: dict[str, Path] = {}
 
 
-def model_dir() -> Path:
-    if not _MODEL_DIR:
-        directory = Path(tempfile.mkdtemp(prefix="vllm-ascend-runner-llama-"))
-        (directory / "config.json").write_text(json.dumps(RUNNER_MODEL))
-        _MODEL_DIR.append(directory)
-    return _MODEL_DIR[0]
+def model_dir(model: Optional[dict[str, Any]] = None) -> Path:
+    """A directory holding ``model`` (default: `RUNNER_MODEL`) as its ``config.json``."""
+    text = json.dumps(RUNNER_MODEL if model is None else model, sort_keys=True)
+    if text not in _MODEL_DIRS:
+        directory = Path(tempfile.mkdtemp(prefix="vllm-ascend-runner-model-"))
+        (directory / "config.json").write_text(text)
+        _MODEL_DIRS[text] = directory
+    return _MODEL_DIRS[text]
 
 
-_MODEL_CONFIGS: dict[bool, Any] = {}
+_MODEL_CONFIGS: dict[tuple[Path, bool], Any] = {}
 
 
-def _model_config(enforce_eager: bool) -> Any:
+def _model_config(enforce_eager: bool, directory: Path) -> Any:
     """vLLM's ModelConfig of the tiny model (inspected once per process, then copied: VllmConfig
     writes into the one it is given)."""
-    if enforce_eager not in _MODEL_CONFIGS:
+    key = (directory, enforce_eager)
+    if key not in _MODEL_CONFIGS:
         from vllm.config import ModelConfig
 
         with harness.environment(VLLM_PLUGINS=harness.INSPECTION_PLUGINS, HF_HUB_OFFLINE="1"):
-            _MODEL_CONFIGS[enforce_eager] = ModelConfig(
-                model=str(model_dir()), skip_tokenizer_init=True, dtype="bfloat16", seed=0,
+            _MODEL_CONFIGS[key] = ModelConfig(
+                model=str(directory), skip_tokenizer_init=True, dtype="bfloat16", seed=0,
                 max_model_len=1024, enforce_eager=enforce_eager)
-    return copy.deepcopy(_MODEL_CONFIGS[enforce_eager])
+    return copy.deepcopy(_MODEL_CONFIGS[key])
 
 
-def runner_config(spec: RunnerSpec) -> Any:
+def runner_config(spec: RunnerSpec, *, model: Optional[dict[str, Any]] = None, parallel_config: Any = None,
+                  additional_config: Optional[dict[str, Any]] = None) -> Any:
     """The VllmConfig a worker of ``spec`` receives (NPUPlatform.check_and_update_config runs in
-    its constructor, as in vLLM's engine)."""
-    from vllm.config import (CacheConfig, CompilationConfig, LoadConfig, ObservabilityConfig, SchedulerConfig,
-                             VllmConfig)
+    its constructor, as in vLLM's engine). ``model`` (a ``config.json``'s content, default
+    `RUNNER_MODEL`), ``parallel_config`` (vLLM's ParallelConfig, default one rank) and
+    ``additional_config`` (merged over the spec's) serve the DP ranks of runner_ranks.py."""
+    from vllm.config import (CacheConfig, CompilationConfig, LoadConfig, ObservabilityConfig, ParallelConfig,
+                             SchedulerConfig, VllmConfig)
 
-    model_config = _model_config(spec.enforce_eager)
+    model_config = _model_config(spec.enforce_eager, model_dir(model))
     model_config.max_model_len = spec.max_model_len
     compilation = CompilationConfig(cudagraph_mode=spec.mode, cudagraph_capture_sizes=list(spec.capture_sizes))
     scheduler = SchedulerConfig(max_num_seqs=spec.max_num_seqs, max_num_batched_tokens=spec.max_num_batched_tokens,
@@ -117,24 +123,21 @@ def runner_config(spec: RunnerSpec) -> Any:
     with harness.environment(PYTORCH_NPU_ALLOC_CONF=os.environ.get("PYTORCH_NPU_ALLOC_CONF")):  # platform.py:1208-1227
         return VllmConfig(model_config=model_config,
                           cache_config=CacheConfig(block_size=BLOCK_SIZE, num_gpu_blocks_override=spec.num_blocks),
+                          parallel_config=parallel_config or ParallelConfig(),
                           scheduler_config=scheduler, load_config=LoadConfig(load_format="dummy"),
                           compilation_config=compilation,
                           observability_config=ObservabilityConfig(cudagraph_metrics=True),
-                          additional_config=dict(spec.additional_config))
+                          additional_config={**dict(spec.additional_config), **(additional_config or {})})
 
 
 # --------------------------------------------------------------------------- process state
 _PROCESS: dict[str, Any] = {}
 
 
-def _set_up_process(config: Any) -> None:
-    """What NPUWorker.__init__ and _init_worker_distributed_environment do once per worker
-    process (worker.py:117-131, 1053-1066), with gloo for the one rank's groups: vLLM Ascend's
-    GroupCoordinator builds HCCL options and hands the backend to torch.distributed.new_group
-    (patch/worker/patch_distributed.py:133-172), and the simulator registers no HCCL backend."""
-    from vllm.config import set_current_vllm_config
-
-    if "distributed" in _PROCESS:
+def set_up_patches() -> None:
+    """What NPUWorker.__init__ does once per worker process before its groups (worker.py:117-124):
+    vLLM Ascend's patches and custom ops."""
+    if "patches" in _PROCESS:
         return
     # vLLM's compile cache and AOT compilation (on by default for torch >= 2.10, vllm/envs.py:
     # 344-353): with them torch 2.13's AOTAutograd cache expects an OutputCode from the forward
@@ -156,6 +159,19 @@ def _set_up_process(config: Any) -> None:
 
     enable_custom_op()
     ops.register_dummy_fusion_op()  # worker.py:124
+    _PROCESS["patches"] = True
+
+
+def _set_up_process(config: Any) -> None:
+    """What NPUWorker.__init__ and _init_worker_distributed_environment do once per worker
+    process (worker.py:117-131, 1053-1066), with gloo for the one rank's groups: vLLM Ascend's
+    GroupCoordinator builds HCCL options and hands the backend to torch.distributed.new_group
+    (patch/worker/patch_distributed.py:133-172), and the simulator registers no HCCL backend."""
+    from vllm.config import set_current_vllm_config
+
+    if "distributed" in _PROCESS:
+        return
+    set_up_patches()
     from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
     from vllm_ascend.batch_invariant import init_batch_invariance
     from vllm_ascend.distributed.parallel_state import init_ascend_model_parallel
@@ -232,9 +248,12 @@ def model_runner_class() -> Any:
 
 # --------------------------------------------------------------------------- the worker
 class Worker:
-    """NPUModelRunner set up as NPUWorker sets it up, on the facade's current simulated NPU."""
+    """NPUModelRunner set up as NPUWorker sets it up, on the facade's simulated NPU ``npu:<index>``
+    (the DP ranks of runner_ranks.py give their own ``config``, ``index`` and ``set_up``: the
+    distributed set-up in place of `_set_up_process`; ``runner_class``: a planted subclass)."""
 
-    def __init__(self, spec: RunnerSpec) -> None:
+    def __init__(self, spec: RunnerSpec, *, config: Any = None, index: int = 0,
+                 set_up: Optional[Callable[[Any], None]] = None, runner_class: Optional[type] = None) -> None:
         import torch
         from vllm.config import set_current_vllm_config
         from vllm.utils.torch_utils import set_random_seed
@@ -244,23 +263,23 @@ class Worker:
         from vllm_ascend.utils import register_ascend_customop
 
         self.spec = spec
-        self.config = runner_config(spec)
+        self.config = runner_config(spec) if config is None else config
         register_ascend_customop(self.config)  # worker.py:127
         init_ascend_config(self.config)  # worker.py:129
-        _set_up_process(self.config)
+        (set_up or _set_up_process)(self.config)
         reset_process_state()
-        self.device = torch.device("npu:0")
+        self.device = torch.device(f"npu:{index}")
         with set_current_vllm_config(self.config):
             torch.npu.set_device(self.device)  # worker.py:406
             torch.npu.empty_cache()  # worker.py:416
             set_random_seed(self.config.model_config.seed)  # worker.py:455
-            init_workspace_manager(self.device, 1)  # worker.py:466-467
+            init_workspace_manager(self.device, 1)  # worker.py:466-467 (one micro-batch)
             from vllm_ascend.worker.model_runner_v1 import NPUModelRunner
 
             from sim.facade import triton_kernels
 
             triton_kernels.install()  # the runner's Triton launches as simulator kernels
-            self.runner = NPUModelRunner(self.config, self.device)  # worker.py:476
+            self.runner = (runner_class or NPUModelRunner)(self.config, self.device)  # worker.py:476
             self.runner.load_model()  # worker.py:697-711
             specs = self.runner.get_kv_cache_spec()  # worker.py:946-958
             # vLLM's engine turns the workers' specs and memory into one KV cache config
