@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import gc
 import logging
 import os
 import sys
@@ -472,9 +473,17 @@ def import_torch_whole() -> None:
 
 def _import_torch_whole() -> None:
     _check_working_directory()
+    fresh = "torch" not in sys.modules
     with _interrupts_deferred():
         import numpy  # noqa: F401  (before torch: its C++ start-up imports numpy)
         import torch  # noqa: F401
+    if fresh:
+        # The objects importing torch made (modules, functions, classes: about 110,000) live as
+        # long as the process. Frozen, the cyclic garbage collector no longer walks them in every
+        # full collection of the run (measured: half of the run's 0.55 s of full collections).
+        # Only when this call imported torch: a process that had torch already (a test calling
+        # `main`) keeps its collector as it was.
+        gc.freeze()
 
 
 def _run_command(command: "Command", args: argparse.Namespace, wants_json: bool = False) -> int:

@@ -1,0 +1,62 @@
+"""The console script and Python's cyclic garbage collector (ascendgraph/cli/app.py
+`_import_torch_whole`, ascendgraph/cli/__init__.py `main`): a process that imports torch for a
+command freezes what the import made, and the console script freezes everything once the
+command returned (CPython's shutdown collection then walks nothing). A process that calls
+`main(argv)` itself (a test, a notebook) keeps its collector as it was."""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+import textwrap
+
+from ascendgraph.cli import app, main
+
+# The count of objects importing torch leaves (about 110,000 with torch 2.13): any real import
+# of torch is far above this floor, a forgotten freeze stays at 0.
+FROZEN_BY_THE_TORCH_IMPORT = 50_000
+
+
+def _python(code: str) -> str:
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_a_command_that_imports_torch_freezes_what_the_import_made():
+    out = _python("""
+        import gc, sys
+        from ascendgraph.cli import app
+        assert "torch" not in sys.modules
+        app.import_torch_whole()
+        print(gc.get_freeze_count())
+    """)
+    assert int(out) > FROZEN_BY_THE_TORCH_IMPORT
+
+
+def test_a_process_that_had_torch_already_keeps_its_collector():
+    import torch  # noqa: F401  (as in any test process calling main)
+
+    before = gc.get_freeze_count()
+    app.import_torch_whole()
+    assert gc.get_freeze_count() == before
+
+
+def test_the_console_script_freezes_every_object_once_the_command_returned():
+    out = _python("""
+        import gc, sys
+        from ascendgraph.cli import main
+        sys.argv = ["ascendgraph", "explain", "--json"]
+        code = main()
+        print(code, gc.get_freeze_count())
+    """)
+    code, frozen = out.splitlines()[-1].split()
+    assert code == "0" and int(frozen) > 0
+
+
+def test_main_called_with_arguments_leaves_the_collector_alone(capsys):
+    before = gc.get_freeze_count()
+    assert main(["explain", "--json"]) == 0
+    capsys.readouterr()
+    assert gc.get_freeze_count() == before
