@@ -149,29 +149,36 @@ class Engine:
             num_speculative_tokens=config.num_speculative_tokens, block_size=config.block_size,
             vocab_size=self.spec.vocab_size, seed=options.seed,
         )
-        self.model: DecoderModel = self._build_model()
-        self.kv_caches, self.reference_kv_caches = self._make_kv_caches()
-        self.graph_params = GraphParams(self.device)
-        self.capture_state = CaptureState(self.device, debug=options.debug, stream_budget=self.stream_limit,
-                                          graph_params=self.graph_params)
-        self.pass_manager = options.pass_manager or PassManager.for_resolution(self.resolution)
-        self.backend: Optional[AscendGraphBackend] = None
-        if mode is not GraphMode.NONE:
-            self.backend = AscendGraphBackend(mode=mode, attention_split=self.resolution.attention_split,
-                                              capture_state=self.capture_state, pass_manager=self.pass_manager,
-                                              debug=options.debug)
-        self.compiled = CompiledModel(self.model, self.backend, traced_key=self._traced_key(),
-                                      cache=self.pass_manager.cache)
-        self.observers: list[StepObserver] = []
-        # npugraph_ex (issue 10): static-kernel builds are installed on the device, super kernel
-        # optimises each captured FULL graph, and kernels per step are counted for the report.
-        self.static_kernels = attach_static_kernels(self.pass_manager, self.device)
-        self.super_kernel = attach_super_kernel(self.resolution.super_kernel, self.device, self.capture_state)
-        self.kernel_counter = KernelCounter.attach(self.device, self.observers, check_eager=options.check_eager)
-        self._compose_stages()
-        # torch's intra-op thread count is process-global: join the policy last (nothing above
-        # may fail with it changed); the last engine to close gives the caller's value back.
+        # torch's intra-op thread count is process-global: join the policy before the model is
+        # built (its weights are drawn and cast with the engine's count: two threads on a busy
+        # two-core machine made the build of tiny 0.8 s of CPU instead of 0.17 s); anything
+        # below that fails gives the caller's count back at once. The last engine to close
+        # gives it back too.
         self._threads = acquire_threads(self, options.num_threads)
+        try:
+            self.model: DecoderModel = self._build_model()
+            self.kv_caches, self.reference_kv_caches = self._make_kv_caches()
+            self.graph_params = GraphParams(self.device)
+            self.capture_state = CaptureState(self.device, debug=options.debug, stream_budget=self.stream_limit,
+                                              graph_params=self.graph_params)
+            self.pass_manager = options.pass_manager or PassManager.for_resolution(self.resolution)
+            self.backend: Optional[AscendGraphBackend] = None
+            if mode is not GraphMode.NONE:
+                self.backend = AscendGraphBackend(mode=mode, attention_split=self.resolution.attention_split,
+                                                  capture_state=self.capture_state, pass_manager=self.pass_manager,
+                                                  debug=options.debug)
+            self.compiled = CompiledModel(self.model, self.backend, traced_key=self._traced_key(),
+                                          cache=self.pass_manager.cache)
+            self.observers: list[StepObserver] = []
+            # npugraph_ex (issue 10): static-kernel builds are installed on the device, super kernel
+            # optimises each captured FULL graph, and kernels per step are counted for the report.
+            self.static_kernels = attach_static_kernels(self.pass_manager, self.device)
+            self.super_kernel = attach_super_kernel(self.resolution.super_kernel, self.device, self.capture_state)
+            self.kernel_counter = KernelCounter.attach(self.device, self.observers, check_eager=options.check_eager)
+            self._compose_stages()
+        except BaseException:
+            self._threads.release()
+            raise
 
     def _build_model(self) -> DecoderModel:
         """The model with seeded weights. A meta-tensor device (planning: `ascendgraph plan`) gets

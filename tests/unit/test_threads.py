@@ -103,3 +103,31 @@ def test_resolve_reads_omp_num_threads():
     assert threads.resolve_num_threads("auto", {"OMP_NUM_THREADS": "4"}) is None
     assert threads.resolve_num_threads(None, {}) is None
     assert threads.resolve_num_threads(5, {}) == 5
+
+
+def test_the_model_is_built_with_the_engines_thread_count(outside_threads, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    seen: list[int] = []
+    build = Engine._build_model
+
+    def recording(self):
+        seen.append(torch.get_num_threads())
+        return build(self)
+
+    monkeypatch.setattr(Engine, "_build_model", recording)
+    _engine(2).close()
+    assert seen == [2], "the weights were drawn and cast with the caller's count, not the engine's"
+
+
+def test_an_engine_that_fails_after_joining_gives_the_count_back_at_once(outside_threads, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+
+    def broken(self):
+        raise RuntimeError("planted: the KV caches cannot be made")
+
+    monkeypatch.setattr(Engine, "_make_kv_caches", broken)
+    with pytest.raises(RuntimeError, match="planted") as info:
+        _engine(2)
+    # the traceback still holds the half-built engine: the lease must not wait for it to be collected
+    assert info.value.__traceback__ is not None
+    assert threads.live_request() is None and torch.get_num_threads() == outside_threads
