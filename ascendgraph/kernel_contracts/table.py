@@ -74,10 +74,16 @@ _ALIASES = {
 }
 
 
+# kernel -> its rules in table order: every checked kernel call looks its rules up (thousands
+# per run), so once here rather than a scan of the whole table per call.
+_RULES_BY_KERNEL: dict[str, tuple[KernelRule, ...]] = {
+    kernel: tuple(rule for rule in RULES if rule.kernel == kernel) for kernel in KERNELS
+}
+
+
 def rules_for(kernel: str) -> tuple[KernelRule, ...]:
     """The rules of one kernel (overloads and the workspace query share the base kernel's)."""
-    name = _ALIASES.get(kernel, kernel)
-    return tuple(rule for rule in RULES if rule.kernel == name)
+    return _RULES_BY_KERNEL.get(_ALIASES.get(kernel, kernel), ())
 
 
 def violations(kernel: str, arguments: Mapping[str, Any]) -> list[KernelRule]:

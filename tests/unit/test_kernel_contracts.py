@@ -451,3 +451,12 @@ def test_both_fused_attentions_name_the_longest_kv_length_when_the_block_table_i
         rule = next(r for r in kc.rules_for(kernel) if r.name == f"{prefix}block_table_columns")
         assert rule.applies(arguments) and not rule.holds(arguments)
         assert rule.describe(arguments) == "block_table has 2 columns but the longest KV length (300) needs 3 blocks of 128"
+
+
+def test_rules_for_answers_each_kernel_its_rules_in_table_order():
+    from ascendgraph.kernel_contracts import table
+
+    for kernel in (*table.KERNELS, *table._ALIASES, "no_such_kernel"):
+        base = table._ALIASES.get(kernel, kernel)
+        assert table.rules_for(kernel) == tuple(rule for rule in table.RULES if rule.kernel == base)
+    assert table.rules_for("no_such_kernel") == ()
