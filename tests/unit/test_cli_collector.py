@@ -60,3 +60,33 @@ def test_main_called_with_arguments_leaves_the_collector_alone(capsys):
     assert main(["explain", "--json"]) == 0
     capsys.readouterr()
     assert gc.get_freeze_count() == before
+
+
+_CLI_RUN = """
+    import json, sys
+    from ascendgraph.cli import app
+    code = app.main(["run", "--num-layers", "1", "--max-num-seqs", "4", "--max-num-batched-tokens", "16",
+                     "--compilation-config", '{"cudagraph_capture_sizes": [1, 2, 4]}', "--requests", "2",
+                     "--quiet", "--json"])
+    print(json.dumps({"code": code, "dynamo": "torch._dynamo" in sys.modules}))
+"""
+
+
+def test_a_warm_cli_run_with_the_collector_frozen_still_never_imports_dynamo(tmp_path):
+    """The freeze hides torch's objects from gc.get_objects(): the deferral of torch's Dynamo
+    guards (ascendgraph.dynamo_gate) must have seen them first."""
+    import json
+    import os
+
+    env = {**os.environ, "ASCENDGRAPH_CACHE_DIR": str(tmp_path)}
+
+    def run() -> dict:
+        done = subprocess.run([sys.executable, "-c", textwrap.dedent(_CLI_RUN)], capture_output=True, text=True,
+                              env=env, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    first = run()
+    assert first["code"] == 0 and first["dynamo"]  # it traced
+    second = run()  # the traced entry the first run stored
+    assert second == {"code": 0, "dynamo": False}
