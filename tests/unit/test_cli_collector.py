@@ -90,3 +90,9 @@ def test_a_warm_cli_run_with_the_collector_frozen_still_never_imports_dynamo(tmp
     assert first["code"] == 0 and first["dynamo"]  # it traced
     second = run()  # the traced entry the first run stored
     assert second == {"code": 0, "dynamo": False}
+
+
+def test_a_test_process_collects_young_garbage_less_often_and_froze_what_collection_made():
+    """The root conftest's collector settings (YOUNG_GENERATION_THRESHOLD): this test runs under them."""
+    assert gc.get_threshold()[0] == 10_000
+    assert gc.get_freeze_count() > 0  # the imported modules and the collected items
