@@ -11,7 +11,7 @@ import subprocess
 import sys
 import textwrap
 
-from ascendgraph.cli import app, main
+from ascendgraph.cli import YOUNG_GENERATION_THRESHOLD, app, main
 
 # The count of objects importing torch leaves (about 110,000 with torch 2.13): any real import
 # of torch is far above this floor, a forgotten freeze stays at 0.
@@ -49,15 +49,21 @@ def test_the_console_script_freezes_every_object_once_the_command_returned():
         from ascendgraph.cli import main
         sys.argv = ["ascendgraph", "explain", "--json"]
         code = main()
-        print(code, gc.get_freeze_count())
+        print(code, gc.get_freeze_count(), gc.get_threshold()[0])
     """)
-    code, frozen = out.splitlines()[-1].split()
+    code, frozen, young = out.splitlines()[-1].split()
     assert code == "0" and int(frozen) > 0
+    assert int(young) == YOUNG_GENERATION_THRESHOLD != 700  # CPython's default
 
 
 def test_main_called_with_arguments_leaves_the_collector_alone(capsys):
-    before = gc.get_freeze_count()
-    assert main(["explain", "--json"]) == 0
+    before, thresholds = gc.get_freeze_count(), gc.get_threshold()
+    gc.set_threshold(1234, *thresholds[1:])
+    try:
+        assert main(["explain", "--json"]) == 0
+        assert gc.get_threshold()[0] == 1234
+    finally:
+        gc.set_threshold(*thresholds)
     capsys.readouterr()
     assert gc.get_freeze_count() == before
 
