@@ -149,11 +149,8 @@ class Engine:
             num_speculative_tokens=config.num_speculative_tokens, block_size=config.block_size,
             vocab_size=self.spec.vocab_size, seed=options.seed,
         )
-        # torch's intra-op thread count is process-global: join the policy before the model is
-        # built (its weights are drawn and cast with the engine's count: two threads on a busy
-        # two-core machine made the build of tiny 0.8 s of CPU instead of 0.17 s); anything
-        # below that fails gives the caller's count back at once. The last engine to close
-        # gives it back too.
+        # The process-wide torch thread count: joined before the model is built (drawn with the
+        # engine's count), given back at once if anything below fails, else by the last to close.
         self._threads = acquire_threads(self, options.num_threads)
         try:
             self.model: DecoderModel = self._build_model()
