@@ -212,3 +212,24 @@ def test_loading_the_plugins_imports_neither_torch_nor_the_simulator() -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
     assert {"ascendgraph.testing.plugin", "ascendgraph_npu_facade"} <= {ep.value for ep in entry_points(group="pytest11")}
+
+
+FREEZE_PROBE = (
+    "import gc\n\n"
+    "def test_probe(request):\n"
+    "    frozen = gc.get_freeze_count()\n"
+    "    if request.config.getoption('--npu-facade'):\n"
+    "        assert frozen > 50_000, frozen  # torch and the simulator, imported by the plugin\n"
+    "    else:\n"
+    "        assert frozen == 0, frozen\n"
+)
+
+
+def test_the_facade_plugin_freezes_what_importing_torch_and_the_simulator_made_and_only_under_the_switch(
+        tmp_path: Path) -> None:
+    project = tmp_path / "theirs"
+    project.mkdir()
+    (project / "test_probe.py").write_text(FREEZE_PROBE)
+    for switch in ((), ("--npu-facade",)):
+        done = _pytest(project, *switch)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
