@@ -58,9 +58,9 @@ def _report(site: Path, imports: str, value: Optional[str]) -> dict:
 
 def test_without_ascendgraph_torch_autoloads_the_fake_backend(fake_backend: Path) -> None:
     # The control: the fake backend is what torch_npu would be.
-    assert _report(fake_backend, "", None) == {
-        "variable": "absent", "autoloaded": True, "loader": "SourceFileLoader",
-        "finders": _report(fake_backend, "", None)["finders"]}
+    report = _report(fake_backend, "", None)
+    assert report == {"variable": "absent", "autoloaded": True, "loader": "SourceFileLoader",
+                      "finders": report["finders"]}  # the finders are whatever the interpreter has
 
 
 @pytest.mark.parametrize("imports", ["import ascendgraph", "import ascendgraph.cli", "import hw"])
