@@ -273,13 +273,13 @@ def test_every_kernel_fallback_is_in_the_report_and_none_is_captured(npu: Any, c
     npu.router.fallbacks.clear()
     npu.router._broken[api.NPU_RMS_NORM] = "torch_npu.npu_rms_norm failed to load (OSError: nnal)"
     try:
-        code = cli.main(["run", "--device", "npu", "--requests", "2", "--json", "--dtype", "bfloat16",
+        code = cli.main(["run", "--device", "npu", "--num-layers", "1", "--requests", "2", "--json", "--dtype", "bfloat16",
                          "--compilation-config", json.dumps({"cudagraph_mode": "NONE"})])
         report = json.loads(capsys.readouterr().out)
         assert code == 0, report["error"]
         assert "rms_norm" in report["kernel_fallbacks"] and "nnal" in report["kernel_fallbacks"]["rms_norm"]
         assert any("kernel fallback: ascendgraph::rms_norm" in w for w in report["warnings"])
-        code = cli.main(["run", "--device", "npu", "--requests", "2", "--json", "--dtype", "bfloat16",
+        code = cli.main(["run", "--device", "npu", "--num-layers", "1", "--requests", "2", "--json", "--dtype", "bfloat16",
                          "--compilation-config", json.dumps({"cudagraph_mode": "PIECEWISE",
                                                              "cudagraph_capture_sizes": [1, 2]})])
         report = json.loads(capsys.readouterr().out)
