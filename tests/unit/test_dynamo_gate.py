@@ -55,14 +55,37 @@ def test_a_run_from_the_traced_cache_never_imports_dynamo_and_reports_the_same(t
     assert second["report"] == json.loads(json.dumps(first["report"]))
 
 
-def test_the_meta_size_estimate_imports_no_dynamo_and_still_covers_the_build():
-    found = _python("""
-        import json, sys
-        from ascendgraph.models.build import ModelOptions, estimate_build_bytes
-        from ascendgraph.models.presets import PRESETS
-        estimate = estimate_build_bytes(PRESETS["tiny"], ModelOptions())
-        print(json.dumps({"estimate": estimate, "dynamo": "torch._dynamo" in sys.modules}))
-    """)
+# Two process-level claims, checked in order in one fresh interpreter (each reads its own part):
+# the meta size estimate alone (no simulator imported yet), then the simulator's modes and
+# kernels. Dynamo is looked for after each, so the first cannot hide what the second imports.
+_PROBES = """
+    import json, sys
+    from ascendgraph.models.build import ModelOptions, estimate_build_bytes
+    from ascendgraph.models.presets import PRESETS
+    estimate = estimate_build_bytes(PRESETS["tiny"], ModelOptions())
+    found = {"estimate": {"estimate": estimate, "dynamo": "torch._dynamo" in sys.modules}}
+
+    import torch
+    import sim
+    from ascendgraph import ops
+    from sim.recorder import EagerTracker
+    device = sim.SimDevice()
+    x = torch.ones(2, 8)
+    with EagerTracker(device):
+        y = ops.rms_norm(x, torch.ones(8), 1e-6)
+    meta = torch.arange(0, 8, 2, dtype=torch.float64, device="meta")  # a torch._refs kernel
+    found["simulator"] = {"dynamo": "torch._dynamo" in sys.modules, "shape": list(y.shape), "meta": list(meta.shape)}
+    print(json.dumps(found))
+"""
+
+
+@pytest.fixture(scope="module")
+def probes() -> dict:
+    return _python(_PROBES)
+
+
+def test_the_meta_size_estimate_imports_no_dynamo_and_still_covers_the_build(probes: dict) -> None:
+    found = probes["estimate"]
     assert not found["dynamo"]
     spec = PRESETS["tiny"]
     model = build_model(spec)
@@ -72,22 +95,8 @@ def test_the_meta_size_estimate_imports_no_dynamo_and_still_covers_the_build():
     assert found["estimate"] == estimate_build_bytes(spec, ModelOptions()) == allocated + 2 * largest
 
 
-def test_the_simulator_s_modes_kernels_and_torch_meta_kernels_run_without_dynamo():
-    found = _python("""
-        import json, sys
-        import torch
-        import sim
-        from ascendgraph import ops
-        from sim.recorder import EagerTracker
-        device = sim.SimDevice()
-        x = torch.ones(2, 8)
-        with EagerTracker(device):
-            y = ops.rms_norm(x, torch.ones(8), 1e-6)
-        meta = torch.arange(0, 8, 2, dtype=torch.float64, device="meta")  # a torch._refs kernel
-        print(json.dumps({"dynamo": "torch._dynamo" in sys.modules, "shape": list(y.shape),
-                          "meta": list(meta.shape)}))
-    """)
-    assert found == {"dynamo": False, "shape": [2, 8], "meta": [4]}
+def test_the_simulator_s_modes_kernels_and_torch_meta_kernels_run_without_dynamo(probes: dict) -> None:
+    assert probes["simulator"] == {"dynamo": False, "shape": [2, 8], "meta": [4]}
 
 
 def test_torch_s_wrapper_still_has_the_shape_the_gate_relies_on():
