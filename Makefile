@@ -28,7 +28,7 @@ run: $(STAMP)
 test: $(STAMP) npu-device
 	$(PY) -m pytest -n auto --dist worksteal
 
-# The type checker over ascendgraph/, sim/ and hw/ ([tool.mypy] in pyproject.toml); .ci/run runs it.
+# The type checker over ascendgraph/, ascendgraph_npu_facade/, sim/ and hw/ ([tool.mypy] in pyproject.toml); .ci/run runs it.
 typecheck: $(STAMP)
 	$(PY) -m mypy
 
