@@ -1,16 +1,11 @@
 """The CPU simulator backend: ``get_device("sim")`` (entry point ``sim = "sim:BACKEND"``).
 
-Importing the package registers the CPU reference kernels of the ``ascendgraph`` ops.
+Importing the package registers the CPU reference kernels of the ``ascendgraph`` ops. The one
+exception is the facade's launcher process, ``python -m sim.facade -- CMD``, which only starts
+CMD and imports nothing heavy (`sim.launcher_process`); CMD imports the package whole.
 """
 
-from typing import cast
-
-from ascendgraph.device import Device, DeviceBackend
-from sim.device import KernelRecord, SimDevice, SimPoolHandle
-from sim.faults import FaultPlan
-from sim.kernels import register_cpu_kernels
-from ascendgraph.dynamo_gate import defer_torch_dynamo_guards
-from sim.profiles import PROFILES, SimProfile, get_profile, load_profile
+from sim.launcher_process import is_facade_launcher
 
 __all__ = [
     "BACKEND",
@@ -25,29 +20,14 @@ __all__ = [
     "register_cpu_kernels",
 ]
 
-register_cpu_kernels()
-# torch's meta kernels in Python (shape-only warm-ups call them) need not import Dynamo.
-defer_torch_dynamo_guards()
+if not is_facade_launcher():
+    from sim.backend import BACKEND
+    from sim.device import KernelRecord, SimDevice, SimPoolHandle
+    from sim.faults import FaultPlan
+    from sim.kernels import register_cpu_kernels
+    from ascendgraph.dynamo_gate import defer_torch_dynamo_guards
+    from sim.profiles import PROFILES, SimProfile, get_profile, load_profile
 
-
-def _create(**options: object) -> Device:
-    # SimDevice checks its options itself (ConfigError naming a bad one); its graph() takes its own
-    # SimGraph (from new_graph()), narrower than the protocol's Graph
-    return cast(Device, SimDevice(**options))  # type: ignore[arg-type]  # the options are checked by SimDevice
-
-
-def _check_options(*, profile: object = None, faults: object = None, **_other: object) -> None:
-    """What `SimDevice` would refuse in its profile and fault plan, without building a device."""
-    if profile is not None:
-        get_profile(profile)  # type: ignore[arg-type]  # get_profile reports a bad value as a ConfigError naming it
-    if isinstance(faults, str):
-        FaultPlan.parse(faults)
-
-
-BACKEND = DeviceBackend(
-    name="sim",
-    create=_create,
-    check_options=_check_options,
-    availability=lambda: (True, "CPU simulator"),
-    description="CPU simulator of torch_npu graph capture/replay (ascendgraph issue 3)",
-)
+    register_cpu_kernels()
+    # torch's meta kernels in Python (shape-only warm-ups call them) need not import Dynamo.
+    defer_torch_dynamo_guards()

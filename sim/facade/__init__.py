@@ -37,7 +37,10 @@ import os
 import sys
 from typing import Any, Optional
 
-from sim.facade.runtime import FacadeRuntime, configure, configure_devices, configured, runtime, runtime_at
+from sim.launcher_process import is_facade_launcher
+
+if not is_facade_launcher():  # the launcher process only starts CMD (sim.launcher_process)
+    from sim.facade.runtime import FacadeRuntime, configure, configure_devices, configured, runtime, runtime_at
 
 __all__ = ["install", "uninstall", "is_installed", "configure", "configure_devices", "configured", "runtime",
            "runtime_at", "device", "check_memory",
@@ -50,13 +53,11 @@ _installed = False
 
 def real_torch_npu_location() -> Optional[str]:
     """Where an installed torch_npu lives (None when there is none), without importing it."""
-    from sim.facade.modules import is_facade
-
     module = sys.modules.get("torch_npu")
-    if module is not None and not is_facade(module):
-        return getattr(module, "__file__", None) or "an imported torch_npu"
     if module is not None:
-        return None
+        from sim.facade.modules import is_facade
+
+        return None if is_facade(module) else getattr(module, "__file__", None) or "an imported torch_npu"
     try:
         spec = importlib.util.find_spec("torch_npu")
     except (ImportError, ValueError):
@@ -159,5 +160,3 @@ def check_memory(*, records: Any = None, workspaces: Any = None, graphs: tuple[A
 
     return check(runtime().device, records=records, workspaces=workspaces, graphs=graphs)
 
-
-FacadeRuntime = FacadeRuntime

@@ -89,3 +89,41 @@ def test_a_cmd_that_cannot_run_is_one_line_and_a_shells_status(tmp_path: Path, k
                           text=True, timeout=120)
     assert done.returncode == status
     assert done.stderr == f"sim.facade: {command}: {reason}\n"
+
+
+def test_the_launcher_process_imports_neither_torch_nor_the_simulator_and_cmd_gets_both() -> None:
+    # -X importtime lists on stderr every module the launcher process imports (CMD's own list
+    # would follow on the same stderr; CMD here prints what it has on stdout instead).
+    probe = "import sys, torch_npu; print('torch' in sys.modules, 'sim.device' in sys.modules)"
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "sim.facade", "--", sys.executable, "-c", probe],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    assert {"sim", "sim.facade", "sim.launcher_process"} <= imported
+    assert not imported & {"torch", "sim.device", "sim.kernels", "sim.facade.runtime", "ascendgraph"}
+    assert done.stdout.split() == ["True", "True"]  # CMD imports torch_npu (the facade) whole
+
+
+@pytest.mark.parametrize(("orig_argv", "module"), [
+    (["python", "-m", "sim.facade", "--", "x"], "sim.facade"),
+    (["python", "-msim.facade"], "sim.facade"),
+    (["python", "-W", "error", "-X", "importtime", "-m", "sim.facade.__main__"], "sim.facade.__main__"),
+    (["python", "-I", "-m", "pytest", "-m", "sim.facade"], "pytest"),
+    (["python", "-c", "import sim", "-m", "sim.facade"], None),
+    (["python", "script.py", "-m", "sim.facade"], None),
+    (["python"], None),
+])
+def test_the_module_run_with_dash_m_is_read_as_the_interpreter_reads_it(orig_argv: list[str],
+                                                                         module: object) -> None:
+    from sim.launcher_process import module_after_dash_m
+
+    assert module_after_dash_m(orig_argv) == module
+
+
+def test_importing_sim_in_any_other_process_registers_the_cpu_kernels() -> None:
+    # The launcher's exception is for `-m sim.facade` only: `-c "import sim"` imports it whole.
+    probe = ("import sim, torch; print(hasattr(sim, 'BACKEND'), "
+             "round(torch.ops.ascendgraph.rms_norm(torch.ones(2, 4), torch.ones(4), 1e-6).sum().item(), 3))")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["True", "8.0"]
