@@ -16,6 +16,7 @@ import pytest
 import ascendgraph.testing.fixtures  # noqa: F401  (imported before any in-process inner session)
 import ascendgraph.testing.scenarios  # noqa: F401
 from ascendgraph.testing import plugin
+from tests.inner_pytest import UNUSED_PLUGINS_OFF
 
 pytest_plugins = ["pytester"]
 
@@ -50,7 +51,9 @@ def outside(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytes
 
 
 def _run(project: pytest.Pytester, *args: str) -> pytest.RunResult:
-    return project.runpytest_inprocess(*PLUGIN_ARGS, *STRICT, *args)
+    # pytester restores sys.modules after each inline run, so a plugin the inner session loads is
+    # imported (and assertion-rewritten) again by every case: UNUSED_PLUGINS_OFF spares that.
+    return project.runpytest_inprocess(*PLUGIN_ARGS, *STRICT, *UNUSED_PLUGINS_OFF, *args)
 
 
 def test_the_npu_marker_is_registered_for_a_project_that_declares_none(outside: pytest.Pytester) -> None:
@@ -124,7 +127,6 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from tests.inner_pytest import UNUSED_PLUGINS_OFF  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 THEIR_CONFTEST = (
