@@ -12,6 +12,7 @@ import pytest
 import ascendgraph.testing.scenarios  # noqa: F401  (imported before any in-process inner session)
 from ascendgraph.cli.app import main
 from ascendgraph.tools.scenario import ScenarioError, load_scenario
+from tests.inner_pytest import UNUSED_PLUGINS_OFF
 
 pytest_plugins = ["pytester"]
 
@@ -86,7 +87,7 @@ def test_pytest_collection_reports_the_bad_file_in_one_line(pytester):
     (folder / "bad_json.toml").write_text(
         "description = 'x'\n[config]\ncompilation_config = \"{bad json\"\n[expect]\noutcome = 'ok'\n"
     )
-    result = pytester.runpytest_inprocess(*_plugin_args(), "-p", "no:cacheprovider", "scenarios")
+    result = pytester.runpytest_inprocess(*_plugin_args(), *UNUSED_PLUGINS_OFF, "-p", "no:cacheprovider", "scenarios")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*bad_json.toml: [[]config[]] compilation_config: --compilation-config: invalid JSON*"])
     assert "Traceback" not in result.stdout.str()

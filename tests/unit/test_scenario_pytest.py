@@ -137,7 +137,7 @@ def run_inner(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_scenario_files_are_collected_one_item_each_named_after_the_file(pytester):
     write_project(pytester.path)
-    result = pytester.runpytest_inprocess(*PLUGIN, "--collect-only", "-q", "scenarios")
+    result = pytester.runpytest_inprocess(*UNUSED_PLUGINS_OFF, *PLUGIN, "--collect-only", "-q", "scenarios")
     result.stdout.fnmatch_lines([
         "scenarios/refused_replay.toml::refused_replay",
         "scenarios/typo.toml::typo",
@@ -148,7 +148,7 @@ def test_scenario_files_are_collected_one_item_each_named_after_the_file(pyteste
 
 def test_the_scenario_marker_selects_and_deselects_scenario_items(pytester):
     write_project(pytester.path)
-    result = pytester.runpytest_inprocess(*PLUGIN, "--collect-only", "-q", "-m", "not scenario")
+    result = pytester.runpytest_inprocess(*UNUSED_PLUGINS_OFF, *PLUGIN, "--collect-only", "-q", "-m", "not scenario")
     result.stdout.fnmatch_lines(["test_marker.py::test_second_capture_is_refused", "*6/9 tests collected (3 deselected)*"])
 
 
