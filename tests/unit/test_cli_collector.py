@@ -68,34 +68,34 @@ def test_main_called_with_arguments_leaves_the_collector_alone(capsys):
     assert gc.get_freeze_count() == before
 
 
-_CLI_RUN = """
+CLI_RUN_ARGS = ["run", "--num-layers", "1", "--max-num-seqs", "4", "--max-num-batched-tokens", "16",
+                "--compilation-config", '{"cudagraph_capture_sizes": [1, 2, 4]}', "--requests", "2", "--quiet", "--json"]
+_CLI_RUN = f"""
     import json, sys
     from ascendgraph.cli import app
-    code = app.main(["run", "--num-layers", "1", "--max-num-seqs", "4", "--max-num-batched-tokens", "16",
-                     "--compilation-config", '{"cudagraph_capture_sizes": [1, 2, 4]}', "--requests", "2",
-                     "--quiet", "--json"])
-    print(json.dumps({"code": code, "dynamo": "torch._dynamo" in sys.modules}))
+    code = app.main({CLI_RUN_ARGS!r})
+    print(json.dumps({{"code": code, "dynamo": "torch._dynamo" in sys.modules}}))
 """
 
 
-def test_a_warm_cli_run_with_the_collector_frozen_still_never_imports_dynamo(tmp_path):
+def test_a_warm_cli_run_with_the_collector_frozen_still_never_imports_dynamo(tmp_path, monkeypatch, capsys):
     """The freeze hides torch's objects from gc.get_objects(): the deferral of torch's Dynamo
-    guards (ascendgraph.dynamo_gate) must have seen them first."""
+    guards (ascendgraph.dynamo_gate) must have seen them first. The cold run that stores the
+    traced entry runs here (as in tests/unit/test_dynamo_gate.py): only the warm run needs a
+    fresh process of its own."""
     import json
-    import os
 
-    env = {**os.environ, "ASCENDGRAPH_CACHE_DIR": str(tmp_path)}
+    from ascendgraph.compile.cache import CACHE_SUBDIR, TRACED_SUBDIR
 
-    def run() -> dict:
-        done = subprocess.run([sys.executable, "-c", textwrap.dedent(_CLI_RUN)], capture_output=True, text=True,
-                              env=env, timeout=600)
-        assert done.returncode == 0, done.stderr[-3000:]
-        return json.loads(done.stdout.strip().splitlines()[-1])
-
-    first = run()
-    assert first["code"] == 0 and first["dynamo"]  # it traced
-    second = run()  # the traced entry the first run stored
-    assert second == {"code": 0, "dynamo": False}
+    monkeypatch.setenv("ASCENDGRAPH_CACHE_DIR", str(tmp_path))
+    traced = tmp_path / CACHE_SUBDIR / TRACED_SUBDIR
+    assert app.main(CLI_RUN_ARGS) == 0
+    capsys.readouterr()
+    assert list(traced.glob("*.pkl"))  # it traced and stored the entry
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(_CLI_RUN)], capture_output=True, text=True,
+                          timeout=600)  # the test's environment: the cache the run above filled
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"code": 0, "dynamo": False}
 
 
 def test_a_test_process_collects_young_garbage_less_often_and_froze_what_collection_made():
