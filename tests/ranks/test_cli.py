@@ -147,7 +147,8 @@ def test_a_world_beyond_what_finishes_in_a_minute_is_refused(capsys):
 # The generated multi-rank workload (ascendgraph/runtime/ranks.py, BURST_GAP / RANK_STAGGER): DP
 # rank 1 holds requests none of which is schedulable for its first steps (zero-token steps) and
 # each rank is idle once its requests are done, so the idle policies act through `ascendgraph run`.
-GENERATED = ["--device", "sim", "--num-layers", "1", "--model", "tiny-moe", "-dp", "2", "--json"]
+# Four requests per rank (two bursts of two) show all of it; the default 16 only make longer runs.
+GENERATED = ["--device", "sim", "--num-layers", "1", "--model", "tiny-moe", "-dp", "2", "--requests", "4", "--json"]
 DECODE_ONLY = ["--compilation-config", '{"cudagraph_mode": "FULL_DECODE_ONLY"}']
 
 
