@@ -435,7 +435,8 @@ _RANDOM_INITIALISERS = frozenset({
 
 
 class _SkipRandomInitialisers(torch.overrides.TorchFunctionMode):
-    """Skips random initialisers: a meta tensor has no values to draw. Besides, torch's meta
+    """Skips random initialisers: a meta tensor has no values to draw, and `build_model`
+    overwrites every parameter (`_initialise`). Besides, torch's meta
     path for ``normal_`` runs through ``torch._refs``, whose first call imports ``torch._dynamo``
     (about 1.3 s) in a run that otherwise never needs it (ascendgraph/dynamo_gate.py)."""
 
@@ -514,7 +515,10 @@ def build_model(
             f"intermediate_size {spec.intermediate_size}, vocab_size {spec.vocab_size})",
             BUILD_MEMORY_FIX,
         )
-    model = DecoderModel(spec, options)
+    # torch's own initialisers (nn.Linear's kaiming_uniform_, ...) are skipped: _initialise
+    # overwrites every parameter, and they cost a quarter of a small model's build.
+    with _SkipRandomInitialisers():
+        model = DecoderModel(spec, options)
     _initialise(model, seed)
     for module in model.modules():
         if isinstance(module, W8A8Linear):  # quantised variants: int8-valued weights + scales

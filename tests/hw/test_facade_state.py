@@ -1,11 +1,14 @@
 """The facade keeps torch_npu's state where graph code depends on it (docs/facade.md,
 "Deviations from torch_npu"): weak references that do not own their storage, reserved vs
 allocated memory as a caching allocator reports them, RNG captured as torch_npu 2.13 does,
-super kernel only on Atlas A3, and declared strictness that says "simulator"."""
+super kernel only on Atlas A3, and declared strictness that says "simulator".
+
+A tensor's block goes back to the allocator when its last reference goes (``del``), as torch
+frees it on a card: no test here collects garbage first, so a reference cycle in the facade
+that kept a freed tensor's storage alive would fail them."""
 
 from __future__ import annotations
 
-import gc
 from typing import Any
 
 import pytest
@@ -33,7 +36,6 @@ def test_a_weak_reference_is_a_plain_npu_tensor_that_does_not_keep_its_storage_a
     weak.mul_(2)
     torch.testing.assert_close(x.cpu(), torch.arange(1.0, 9.0) * 2)  # and writes reach the owner
     del x
-    gc.collect()
     assert not readable(weak)  # the weak reference alone did not keep the storage
 
 
@@ -41,7 +43,6 @@ def test_a_read_through_a_dead_weak_reference_is_detected(torch_npu: Any) -> Non
     from sim.pool_memory import DeadWeakReference
 
     weak = torch_npu._C._weak_ref_tensor(torch.ones(4, dtype=torch.bfloat16, device="npu"))
-    gc.collect()
     with pytest.raises(DeadWeakReference, match="simulator: .*use-after-free"):
         weak + 1
     with pytest.raises(DeadWeakReference):
@@ -59,7 +60,6 @@ def test_a_weak_reference_to_memory_handed_out_again_is_detected(torch_npu: Any)
     weak = torch_npu._C._weak_ref_tensor(x)
     address = x.data_ptr()
     del x
-    gc.collect()
     y = torch.full((64,), 7.0, device="npu")
     assert y.data_ptr() == address  # the same block, handed out again
     with pytest.raises(DeadWeakReference, match="freed and handed to another tensor"):
@@ -71,7 +71,6 @@ def test_a_weak_reference_lives_as_long_as_any_owner_of_the_storage(torch_npu: A
     view = x[2:]
     weak = torch_npu._C._weak_ref_tensor(x)
     del x
-    gc.collect()
     assert readable(weak)  # the view still owns the storage, as on a card
     torch.testing.assert_close((weak[2:] + 0).cpu(), view.cpu())
 
@@ -89,12 +88,10 @@ def test_a_weak_reference_to_a_capture_allocation_lives_as_long_as_the_graph(tor
         weak = torch_npu._C._weak_ref_tensor(scratch)
         y = x * 2
     del scratch
-    gc.collect()
     assert readable(weak)  # the graph's pool holds the block
     weak.fill_(3.0)
     assert weak.tolist() == [3.0]
     graph.reset()
-    gc.collect()
     assert not readable(weak)  # reset gave the pool's blocks back
     del y
 
@@ -106,7 +103,6 @@ def test_memory_reserved_keeps_what_the_allocator_held_until_empty_cache(torch_n
     allocated = npu.memory_allocated()
     assert allocated - start >= 1 << 20 and npu.memory_reserved() >= allocated
     del x
-    gc.collect()
     assert npu.memory_allocated() == start
     assert npu.memory_reserved() >= allocated  # the freed block stays cached (reserved) ...
     npu.empty_cache()
@@ -191,7 +187,6 @@ def test_a_weak_reference_read_after_the_capture_handed_its_block_to_another_ten
             weak = torch_npu._C._weak_ref_tensor(first)
             address = first.data_ptr()
             del first
-            gc.collect()
             second = x * 3  # handed the freed block
             assert second.data_ptr() == address
             weak + 1  # reads the second tensor's bytes through the first one's weak reference
