@@ -79,6 +79,7 @@ __all__ = ["OpRecord", "ControlRecord", "TaskGroup", "Capture", "Update"]
 Tensor = torch.Tensor
 _dispatch_stack_len = torch._C._len_torch_dispatch_stack
 NO_COPY, COPY_ONE, COPY_MANY = 0, 1, 2
+_UNBOUND = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format})
 
 
 # What may not sit between task_group_begin and task_group_end (only single-operator kernel
@@ -158,24 +159,6 @@ def modes_off() -> Any:
     return _disable_current_modes() if _dispatch_stack_len() else contextlib.nullcontext()
 
 
-def _flatten_returns(func: Any, out: Any) -> tuple:
-    count = len(func._schema.returns)
-    if count == 0:
-        return ()
-    if count == 1:
-        return (out,)
-    return tuple(out)
-
-
-def _pack_returns(func: Any, values: list) -> Any:
-    count = len(func._schema.returns)
-    if count == 0:
-        return None
-    if count == 1:
-        return values[0]
-    return tuple(values)
-
-
 def materialize(
     info: OpInfo, args: tuple, kwargs: dict, allocate: Callable[[Tensor], Tensor]
 ) -> Optional[tuple[Any, list]]:
@@ -189,7 +172,10 @@ def materialize(
         meta_out = meta_outputs(func, args, kwargs)
         if meta_out is NO_META:
             return None
-        metas = _flatten_returns(func, meta_out)
+        if info.return_count == 1 and type(meta_out) is Tensor and info.return_alias[0] is None:
+            real = allocate(meta_out)  # the common case: one fresh tensor
+            return real, [real]
+        metas = info.flatten_returns(meta_out)
         values: list[Any] = []
         dests: list[Any] = []
         for index, meta in enumerate(metas):
@@ -208,7 +194,7 @@ def materialize(
             else:
                 values.append(meta)  # None or a host scalar
                 dests.append(None)
-    return _pack_returns(func, values), dests
+    return info.pack_returns(values), dests
 
 
 class Capture:
@@ -278,9 +264,11 @@ class Capture:
 
     # -- ops
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        info = self.device.op_info(func)
+        device = self.device
+        info = device.op_info(func)
         kind = info.kind
-        route = self.device.device_type.route(func, args, kwargs) if self.device.device_type is not None else None
+        device_type = device.device_type
+        route = device_type.route(func, args, kwargs) if device_type is not None else None
         if route is not None:  # host work runs now; a copy the host waits for cannot be captured
             if route == HOST_WORK:
                 return func(*args, **kwargs)
@@ -327,15 +315,16 @@ class Capture:
         raise reject(kind, info.func, self.graph.name)
 
     def _allocate(self, meta: Tensor) -> Tensor:
-        if self.device.device_type is not None:  # its allocator takes a raw block of this pool (allocate_raw)
-            return self.device.device_type.allocate_like(meta)
+        device = self.device
+        if device.device_type is not None:  # its allocator takes a raw block of this pool (allocate_raw)
+            return device.device_type.allocate_like(meta)
         nbytes = meta.untyped_storage().nbytes() if meta.numel() else 0
-        self.device.captures.malloc(self, nbytes)
+        device.captures.malloc(self, nbytes)
         if self.on_arena and nbytes:
-            real = self.pool.arena.allocate(meta, self.memory, self.device.virtual_clock.next_stamp(), self.stream.stream_id,
-                                            index=len(self.records))
+            real = self.pool.arena.allocate(meta, self.memory, device.virtual_clock.next_stamp(), self.stream.stream_id,
+                                            index=len(self.records), nbytes=nbytes)
         else:
-            real = torch.empty_strided(meta.size(), meta.stride(), dtype=meta.dtype, device=self.device.torch_device)
+            real = torch.empty_strided(meta.size(), meta.stride(), dtype=meta.dtype, device=device.torch_device)
             self.pool_blocks.append(real.untyped_storage())
         if self.poison and (real.is_floating_point() or real.is_complex()):
             real.fill_(math.nan)
@@ -360,14 +349,20 @@ class Capture:
         a block the captured code frees is handed out again inside this capture."""
         if self.live:
             pool_checks.check_op(self.memory, func, args, kwargs, len(self.records))
-            args = self._bind(args)
-            kwargs = {key: self._bind(value) for key, value in kwargs.items()}
-            dests = [self._bind(dest) for dest in dests]
-        self.records.append(OpRecord(func, args, dict(kwargs), dests, self.device.current_stream().stream_id))
+            bind = self._bind
+            args = bind(args)
+            kwargs = {key: bind(value) for key, value in kwargs.items()} if kwargs else {}
+            dests = [bind(dest) for dest in dests]
+        else:
+            kwargs = dict(kwargs)
+        self.records.append(OpRecord(func, args, kwargs, dests, self.device.current_stream().stream_id))
 
     def _bind(self, value: Any) -> Any:
         """``value`` with every tensor on a live block of the pool replaced by the block's program alias."""
-        if type(value) is Tensor:
+        cls = type(value)
+        if cls in _UNBOUND:  # host values: nothing to bind (most arguments)
+            return value
+        if cls is Tensor:
             storage = value.untyped_storage()
             allocation = self.live.get(storage.data_ptr())
             if allocation is None:
@@ -379,7 +374,7 @@ class Capture:
                 return value
             return allocation.program_alias(value)
         if isinstance(value, tuple):
-            return tuple(self._bind(v) for v in value)
+            return tuple([self._bind(v) for v in value])
         if isinstance(value, list):
             return [self._bind(v) for v in value]
         return value
@@ -393,7 +388,7 @@ class Capture:
 
     def _record(self, info: OpInfo, args: tuple, kwargs: dict) -> Any:
         kernels.on_capture(self.device.contracts, self.graph.name, info.func, args, kwargs)
-        collective = collective_group(info.func, args, kwargs)
+        collective = collective_group(info.func, args, kwargs) if info.collective else None
         if collective is not None:  # the graph holds the group's streams (sim.budget)
             self.device.captures.collective(self, info.func, collective[0])
         made = materialize(info, args, kwargs, self._allocate)
@@ -411,7 +406,7 @@ class Capture:
         with torch._C.DisableTorchFunction(), modes_off():
             out = func(*args, **kwargs)
         dests: list[Any] = []
-        for value in _flatten_returns(func, out):
+        for value in info.flatten_returns(out):
             if isinstance(value, Tensor) and value.untyped_storage().data_ptr() not in inputs:
                 self.fresh_bytes += value.untyped_storage().nbytes()
                 self.pool_blocks.append(value.untyped_storage())

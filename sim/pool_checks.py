@@ -90,8 +90,14 @@ def check_op(memory: GraphMemory, func: Any, args: tuple, kwargs: dict, index: i
     for weak in weak_writes:
         _weak_write(memory, weak, func, index)
 
+_HOST_VALUES = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
+                          torch.memory_format})
+
+
 def _check_value(memory: GraphMemory, func: Any, value: Any, role: str, index: int, check_strong: bool,
                  weak_writes: list, strong_writes: list) -> None:
+    if type(value) in _HOST_VALUES:  # no tensor: nothing to check (most arguments)
+        return
     if isinstance(value, (list, tuple)):
         for item in value:
             _check_value(memory, func, item, role, index, check_strong, weak_writes, strong_writes)

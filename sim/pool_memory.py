@@ -459,9 +459,11 @@ class PoolArena:
         segment = block.segment
         owner.writes(allocation)
         owner.allocations.append(allocation)
-        note = f"{owner.name}'s allocation at op {index} ({nbytes} bytes)"
-        for previous in self.content_of(segment).take(allocation.start, allocation.start + allocation.size, allocation):
-            previous.overwritten.setdefault(owner.serial, (index, note))
+        displaced = self.content_of(segment).take(allocation.start, allocation.start + allocation.size, allocation)
+        if displaced:
+            note = f"{owner.name}'s allocation at op {index} ({nbytes} bytes)"
+            for previous in displaced:
+                previous.overwritten.setdefault(owner.serial, (index, note))
         if self.last_stamp.get(segment, 0) < stamp:
             self.last_stamp[segment] = stamp
         owner.stamp = max(owner.stamp, stamp)
@@ -469,9 +471,12 @@ class PoolArena:
         return allocation
 
     def allocate(self, like: torch.Tensor, owner: GraphMemory, stamp: int, stream_id: int = 0,
-                 index: int = 0) -> torch.Tensor:
-        """A tensor shaped like ``like`` (a meta tensor) on a block of this pool, handed to ``owner``."""
-        allocation = self.take(like.untyped_storage().nbytes(), owner, stamp, stream_id, index=index)
+                 index: int = 0, nbytes: Optional[int] = None) -> torch.Tensor:
+        """A tensor shaped like ``like`` (a meta tensor) on a block of this pool, handed to
+        ``owner`` (``nbytes``: ``like``'s storage bytes, when the caller has them)."""
+        if nbytes is None:
+            nbytes = like.untyped_storage().nbytes()
+        allocation = self.take(nbytes, owner, stamp, stream_id, index=index)
         user = allocation._keep
         allocation._keep = None
         assert user is not None

@@ -43,13 +43,27 @@ class SimPoolHandle:
 
 
 class SimPool:
-    __slots__ = ("handle", "shared", "footprints", "_arena")
+    __slots__ = ("handle", "shared", "footprints", "_arena", "_largest")
 
     def __init__(self, handle: SimPoolHandle, shared: bool) -> None:
         self.handle = handle
         self.shared = shared
+        # graph token -> footprint; change it through `hold` / `drop` (they keep `bytes` current)
         self.footprints: dict[int, int] = {}
         self._arena: Optional[PoolArena] = None
+        self._largest: Optional[int] = 0  # max(footprints), None when it must be recomputed
+
+    def hold(self, token: int, nbytes: int) -> None:
+        """A graph's footprint in the pool."""
+        self.footprints[token] = nbytes
+        if self._largest is not None and nbytes > self._largest:
+            self._largest = nbytes
+
+    def drop(self, token: int) -> None:
+        """A graph's footprint goes."""
+        nbytes = self.footprints.pop(token, None)
+        if nbytes is not None and nbytes == self._largest:
+            self._largest = None
 
     @property
     def has_arena(self) -> bool:
@@ -82,7 +96,12 @@ class SimPool:
 
     @property
     def bytes(self) -> int:
-        return max(self.footprints.values(), default=0)
+        """The pool's cost: its largest footprint (kept up to date, as every capture's
+        allocation asks for it)."""
+        largest = self._largest
+        if largest is None:
+            largest = self._largest = max(self.footprints.values(), default=0)
+        return largest
 
 
 class GraphPools:
@@ -122,12 +141,12 @@ class GraphPools:
         if not pool.shared:
             self._pools[pool.handle.pool_id] = pool
         token = next(self._tokens)
-        pool.footprints[token] = nbytes
+        pool.hold(token, nbytes)
         return token
 
     def release(self, pool: SimPool, token: int) -> None:
         """A graph's footprint goes (reset or freed); a private pool without graphs goes too."""
-        pool.footprints.pop(token, None)
+        pool.drop(token)
         pool.trim()
         if not pool.shared and not pool.footprints:
             self._pools.pop(pool.handle.pool_id, None)

@@ -145,7 +145,8 @@ _HOST_SYNC_HINTS = {
 class OpInfo:
     """How capture treats one OpOverload (see the module table)."""
 
-    __slots__ = ("func", "kind", "return_alias", "arg_names", "arg_defaults", "mutating", "launches_kernel")
+    __slots__ = ("func", "kind", "return_alias", "arg_names", "arg_defaults", "mutating", "launches_kernel",
+                 "return_count", "written", "collective")
 
     def __init__(self, func: Any, kind: int) -> None:
         schema = func._schema
@@ -155,6 +156,13 @@ class OpInfo:
         self.mutating = bool(schema.is_mutable)
         self.arg_names = tuple(a.name for a in schema.arguments)
         self.arg_defaults = tuple(a.default_value if a.has_default_value() else None for a in schema.arguments)
+        self.return_count = len(schema.returns)
+        # positions of the arguments the schema says the op writes (``Tensor(a!)``)
+        self.written = tuple(index for index, a in enumerate(schema.arguments)
+                             if a.alias_info is not None and a.alias_info.is_write)
+        # whether `ascendgraph.ops.collective_group` may name a group for a call of it (its op names)
+        self.collective = (getattr(func, "namespace", None) == ag_ops.NAMESPACE
+                           and func.__name__.split(".")[0] in ag_ops.COLLECTIVE_OP_NAMES)
         alias_sets: dict[Any, int] = {}
         for index, argument in enumerate(schema.arguments):
             if argument.alias_info is not None:
@@ -175,6 +183,20 @@ class OpInfo:
         if index < len(args):
             return args[index]
         return kwargs.get(self.arg_names[index], self.arg_defaults[index])
+
+    def flatten_returns(self, out: Any) -> tuple:
+        """The op's returned value as one item per schema return."""
+        count = self.return_count
+        if count == 1:
+            return (out,)
+        return () if count == 0 else tuple(out)
+
+    def pack_returns(self, values: list) -> Any:
+        """One value per schema return, packed as the op returns them."""
+        count = self.return_count
+        if count == 1:
+            return values[0]
+        return None if count == 0 else tuple(values)
 
 
 def launches_kernel(kind: int) -> bool:
@@ -387,6 +409,9 @@ def _is_python_device_op(func: Any, args: Any, kwargs: dict) -> bool:
 
 
 _COMPOSITE_IMPLICIT: dict[Any, bool] = {}  # OpOverload -> has a CompositeImplicitAutograd kernel (pure)
+# OpOverloads a mode hands to `handle` as they come: no CompositeImplicitAutograd kernel and not in
+# a Python device-op namespace (both fixed per op; a wrapper op is still looked up first, per call).
+_PLAIN_OPS: set[Any] = set()
 
 
 def _decomposes(func: Any) -> bool:
@@ -416,6 +441,8 @@ class _Mode(LazyDynamoDispatchMode):
         if impl is not None:
             with reentered(self), wrapper_reentry():
                 return impl(*args, **kwargs)
+        if func in _PLAIN_OPS:  # most ops: neither a Python device op nor a decomposing one
+            return self.handle(func, args, kwargs)
         if _is_python_device_op(func, args, kwargs):
             # A Python custom op on npu tensors (vLLM's attention, GEMM and rotary ops, registered
             # for the accelerator's key by vllm.utils.torch_utils.direct_register_custom_op) is no
@@ -432,6 +459,8 @@ class _Mode(LazyDynamoDispatchMode):
                 result = func.decompose(*args, **kwargs)
             if result is not NotImplemented:
                 return result
+        elif getattr(func, "namespace", None) not in PYTHON_DEVICE_OP_NAMESPACES:
+            _PLAIN_OPS.add(func)  # both answers depend on the op alone from now on
         return self.handle(func, args, kwargs)
 
     def handle(self, func: Any, args: Any, kwargs: dict) -> Any:  # pragma: no cover - abstract
@@ -509,6 +538,9 @@ _SYNC_NAMES = {
 }
 
 
+_TENSOR_TO = torch.Tensor.to
+
+
 def _moves_to_host(args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
     candidates = list(args[1:]) + [kwargs.get("device")]
     for value in candidates:
@@ -534,7 +566,7 @@ class HostSyncGuard(TorchFunctionMode):
             return func(*args, **kwargs)
         if func in _SYNC_METHODS:
             raise self.on_sync(_SYNC_NAMES.get(func, getattr(func, "__name__", str(func))))
-        if func is torch.Tensor.to and _moves_to_host(args, kwargs):
+        if func is _TENSOR_TO and _moves_to_host(args, kwargs):
             raise self.on_sync("Tensor.to('cpu')")
         return func(*args, **kwargs)
 

@@ -29,12 +29,17 @@ MOVED_ADDRESS = (
 )
 
 
+_HOST_VALUES = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device})
+
+
 def tensors_in(values: Any) -> list[Tensor]:
     """The tensors in nested tuples, lists and dicts."""
     found: list[Tensor] = []
     stack = [values]
     while stack:
         value = stack.pop()
+        if type(value) in _HOST_VALUES:  # sizes and scalars: most items
+            continue
         if isinstance(value, Tensor):
             found.append(value)
         elif isinstance(value, (list, tuple)):

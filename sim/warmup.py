@@ -152,9 +152,7 @@ class WarmupMode(_Mode):
 
     def _writes_outside(self, info: OpInfo, args: tuple, kwargs: dict) -> bool:
         """Whether a mutating op writes into a tensor that existed before the warm-up."""
-        for index, argument in enumerate(info.func._schema.arguments):
-            if argument.alias_info is None or not argument.alias_info.is_write:
-                continue
+        for index in info.written:
             for tensor in _tensors(info.argument(index, args, kwargs)):
                 key = _storage_key(tensor)
                 if key is not None and key not in self._fresh:
