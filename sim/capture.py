@@ -373,6 +373,8 @@ class Capture:
             if allocation.user_storage() is not storage:
                 return value
             return allocation.program_alias(value)
+        if (cls is tuple or cls is list) and all(type(v) in _UNBOUND for v in value):
+            return value if cls is tuple else list(value)  # sizes, host lengths: nothing to bind
         if isinstance(value, tuple):
             return tuple([self._bind(v) for v in value])
         if isinstance(value, list):

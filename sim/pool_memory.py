@@ -157,21 +157,23 @@ REUSED_AT_GRAPH_END = (
 
 
 def _alias(segment: Segment, start: int, nbytes: int) -> torch.UntypedStorage:
-    """A storage over ``nbytes`` of ``segment`` at ``start`` that keeps the segment alive."""
+    """A storage over ``nbytes`` of ``segment`` at ``start`` that keeps the segment alive (made
+    outside a capture or tracker under way: the simulator's own bookkeeping)."""
     view = (ctypes.c_uint8 * nbytes).from_address(segment.address + start)
     view.segment = segment.memory  # type: ignore[attr-defined]  # the memory outlives every alias
-    with torch._C.DisableTorchFunction(), _quiet():
+    with torch._C.DisableTorchFunction():
+        if _dispatch_stack_len():
+            with _disable_current_modes():
+                return torch.frombuffer(view, dtype=torch.uint8).untyped_storage()
         return torch.frombuffer(view, dtype=torch.uint8).untyped_storage()
-
-
-def _quiet() -> Any:
-    """Keep the simulator's own bookkeeping out of a capture or tracker under way."""
-    return _disable_current_modes() if _dispatch_stack_len() else contextlib.nullcontext()
 
 
 def tensor_on(storage: torch.UntypedStorage, like: torch.Tensor) -> torch.Tensor:
     """A tensor over ``storage`` with ``like``'s dtype, offset, shape and strides."""
-    with torch._C.DisableTorchFunction(), _quiet():
+    with torch._C.DisableTorchFunction():
+        if _dispatch_stack_len():
+            with _disable_current_modes():
+                return torch.empty(0, dtype=like.dtype).set_(storage, like.storage_offset(), like.size(), like.stride())
         return torch.empty(0, dtype=like.dtype).set_(storage, like.storage_offset(), like.size(), like.stride())
 
 

@@ -179,7 +179,10 @@ class GraphPools:
     @property
     def bytes(self) -> int:
         """What the pools cost: the sum over pools of their largest live footprint."""
-        return sum(pool.bytes for pool in self.all())
+        pools = self.all()
+        if len(pools) == 1:  # the engine's one shared pool: asked at every capture allocation
+            return pools[0].bytes
+        return sum(pool.bytes for pool in pools)
 
     def held_without_graphs(self) -> int:
         """Bytes of blocks still held in private pools whose graphs all went (the caching

@@ -258,8 +258,13 @@ def to_meta(value: Any) -> Any:
     if isinstance(value, torch.device):
         return _META
     if isinstance(value, (list, tuple)):
+        if all(type(v) in _PLAIN_SCALARS for v in value):  # host sizes and lengths: nothing to convert
+            return type(value)(value)
         return type(value)(to_meta(v) for v in value)
     return value
+
+
+_PLAIN_SCALARS = frozenset({int, float, bool, type(None)})
 
 
 # --------------------------------------------------------------------------- meta outputs, memoised
