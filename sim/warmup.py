@@ -21,7 +21,8 @@ alias / host work /    runs as issued (no kernel; an allocation is the allocator
 allocation             state a warm-up exists to set up)
 checked custom kernel  its contract is checked and its shape marked initialised on
                        every live device (`sim.kernels.on_eager_launch`, what the CPU
-                       kernel does first when it runs) — then handled as below
+                       kernel does first when it runs; once per call signature in a
+                       warm-up) — then handled as below
 factory kernel         (no tensor argument: ``zeros``, ``full``, ``arange``) runs for real:
                        a constant that code may read as a value, and cheap
 kernel                 *shape-only*: its outputs are computed on the meta device
@@ -63,7 +64,7 @@ from torch.utils._python_dispatch import _len_torch_dispatch_stack
 
 from sim import kernels
 from sim.capture import materialize
-from sim.recorder import ALIAS, ALLOC, HOST, OP, OpInfo, _Mode, classify
+from sim.recorder import ALIAS, ALLOC, HOST, OP, OpInfo, _Mode, call_signature, classify
 
 if TYPE_CHECKING:  # pragma: no cover
     from sim.device import SimDevice
@@ -126,6 +127,7 @@ class WarmupMode(_Mode):
         self.executed = 0
         self.marked = 0
         self._ops: dict[Any, OpInfo] = {}
+        self._launched: dict[tuple, bool] = {}  # (policy, call signature) -> a checked kernel (`_launch`)
         # Storages made inside this warm-up (shape-only outputs, allocations): writes into
         # them may be skipped. A storage alive before the warm-up never has one of these
         # addresses (an address is not reused while its storage lives).
@@ -159,6 +161,25 @@ class WarmupMode(_Mode):
                     return True
         return False
 
+    def _launch(self, func: Any, args: tuple, kwargs: dict) -> bool:
+        """`sim.kernels.on_eager_launch`, once per call signature and contract policy in this
+        warm-up: the contract is a function of the arguments' sizes, strides, dtypes and host
+        values (`sim.recorder.call_signature`), and marking a shape initialised again changes
+        nothing (the layers of a forward issue the same kernels at the same shapes)."""
+        key = call_signature(func, args, kwargs)
+        if key is not None:
+            key = (id(kernels.current_policy()), key)
+            try:
+                known = self._launched.get(key)
+            except TypeError:  # a symbolic size
+                key, known = None, None
+            if known is not None:
+                return known
+        checked = kernels.on_eager_launch(func, args, kwargs)
+        if key is not None:
+            self._launched[key] = checked
+        return checked
+
     def _run(self, func: Any, args: tuple, kwargs: dict) -> Any:
         self.executed += 1
         return func(*args, **kwargs)
@@ -181,7 +202,7 @@ class WarmupMode(_Mode):
             # NO_TENSOR: a factory (zeros, full, arange): a constant code may read, cheap to make.
             # ELSEWHERE: meta tensors (the planner): nothing to save.
             return self._run(func, args, kwargs)
-        if kernels.on_eager_launch(func, args, kwargs):
+        if self._launch(func, args, kwargs):
             self.marked += 1
         if info.mutating and self._writes_outside(info, args, kwargs):
             return self._run(func, args, kwargs)

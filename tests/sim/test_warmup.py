@@ -113,6 +113,39 @@ def test_checked_kernels_are_contract_checked_and_marked_for_exactly_the_shapes_
         capture(4)  # never warmed up at this shape
 
 
+def test_a_kernel_call_repeated_at_the_same_signature_is_checked_once_per_warm_up(monkeypatch):
+    """The layers of a forward issue the same kernels at the same shapes: the contract check and
+    the marking run once per call signature (sizes, strides, dtypes, host values) and warm-up;
+    a call that differs in any of them is checked again, and every launch is still counted."""
+    from sim import kernels
+
+    checked: list[tuple] = []
+    real = kernels.on_eager_launch
+
+    def counting(func, args, kwargs):
+        checked.append(tuple(args[0].shape))
+        return real(func, args, kwargs)
+
+    monkeypatch.setattr(kernels, "on_eager_launch", counting)
+    device = sim.SimDevice()
+    weight = torch.ones(64, dtype=torch.bfloat16)
+    x, y = torch.randn(2, 64).to(torch.bfloat16), torch.randn(4, 64).to(torch.bfloat16)
+    with device.warmup_scope() as mode:
+        for _ in range(4):  # four layers
+            A.rms_norm(x, weight, 1e-6)
+        A.rms_norm(x, weight, 1e-5)  # another host value
+        A.rms_norm(y, weight, 1e-6)  # another shape
+        with pytest.raises(KernelContractError, match="npu_rms_norm"):
+            A.rms_norm(torch.randn(64).to(torch.bfloat16), weight, 1e-6)
+    assert checked[:3] == [(2, 64), (2, 64), (4, 64)] and set(checked[3:]) == {(64,)}  # a refusal is never remembered
+    assert mode.marked == 6
+    assert {("rms_norm", (2, 64), torch.bfloat16), ("rms_norm", (4, 64), torch.bfloat16)} <= device.contracts.initialised
+    before = len(checked)
+    with device.warmup_scope():  # a new warm-up checks again
+        A.rms_norm(x, weight, 1e-6)
+    assert checked[before:] == [(2, 64)]
+
+
 def _engine(device: sim.SimDevice, warmups: int, mode: str = "FULL", layers: int = 1) -> Engine:
     config = GraphConfig.from_vllm_args(
         num_layers=layers, max_num_seqs=4, max_num_batched_tokens=16,
