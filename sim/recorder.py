@@ -289,6 +289,7 @@ class NoSignature(Exception):
     """An argument whose signature a memo cannot take (an opaque object)."""
 
 
+_TENSOR = torch.Tensor
 _TENSOR_TYPES: dict[type, bool] = {}  # type -> is a torch.Tensor (subclass): one isinstance per type
 # Host values whose equality does not tell their types apart (1 == 1.0 == True, yet an int, a
 # float and a bool scalar promote differently): their signature carries the type.
@@ -308,6 +309,8 @@ def _signature(value: Any) -> Any:
     sizes, strides, storage offset and dtype; a host value itself (numbers with their type);
     lists and tuples item by item. Anything else raises NoSignature."""
     cls = type(value)
+    if cls is _TENSOR:  # the most common argument
+        return (value.shape, value.stride(), value.storage_offset(), value.dtype)
     if cls in _PLAIN_HOST:
         return value
     if cls in _NUMBERS:

@@ -149,7 +149,9 @@ class WarmupMode(_Mode):
 
     def _allocate(self, meta: Tensor) -> Tensor:
         real = torch.empty_strided(meta.size(), meta.stride(), dtype=meta.dtype, device="cpu")
-        self._note_fresh(real)
+        pointer = real.untyped_storage().data_ptr()  # `_note_fresh` for one CPU tensor
+        if pointer:
+            self._fresh.add(pointer)
         return real
 
     def _writes_outside(self, info: OpInfo, args: tuple, kwargs: dict) -> bool:
