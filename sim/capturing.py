@@ -154,16 +154,18 @@ class Captures:
         device.fault("malloc", size_bytes=nbytes)
         pool = capture.pool
         pools = device.pools
-        projected = pools.bytes - pool.bytes + max(pool.bytes, capture.fresh_bytes + nbytes)
+        held = pool.bytes
+        projected = pools.bytes - held + max(held, capture.fresh_bytes + nbytes)
         device_pool = device.memory.pool  # what the device's own pool holds counts too (sim.memory)
         limit = device.profile.memory_bytes
+        if projected + device_pool.reserved_bytes <= limit:
+            return
+        device_pool.release_cached()
         if projected + device_pool.reserved_bytes > limit:
-            device_pool.release_cached()
-        if projected + device_pool.reserved_bytes > limit:
-            held = f" and the device pool {device_pool.reserved_bytes}" if device_pool.reserved_bytes else ""
+            also = f" and the device pool {device_pool.reserved_bytes}" if device_pool.reserved_bytes else ""
             raise torch.OutOfMemoryError(
                 TEXT_NPU_OOM.format(size=f"{nbytes / 2**20:.2f} MiB")
-                + f" (graph pools would hold {projected} bytes{held} of the {limit} the device has)"
+                + f" (graph pools would hold {projected} bytes{also} of the {limit} the device has)"
             )
 
     def pool_bytes_now(self) -> int:
