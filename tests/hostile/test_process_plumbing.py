@@ -22,6 +22,20 @@ COMMAND = [sys.executable, "-m", "ascendgraph"]
 pytestmark = pytest.mark.usefixtures("worker_compile_cache")
 
 
+@pytest.fixture(autouse=True)
+def _children_take_ctrl_c_as_from_a_terminal():
+    """A shell without job control starts background commands with SIGINT ignored, and an
+    ignored signal stays ignored across exec: a test run started that way (``.ci/run &`` in a
+    script, ``nohup``) would give every child here an ignored Ctrl-C, which no process can see.
+    The children get Python's own handler, as a command started from a terminal has."""
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    if previous is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _env() -> dict[str, str]:
     root = str(Path(ascendgraph.cli.__file__).resolve().parents[2])
     return {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}

@@ -197,6 +197,39 @@ def test_process_state_names_what_changed(monkeypatch):
     assert before.differences(ProcessState.capture()) == []
 
 
+def test_what_torch_writes_on_a_first_dynamo_import_is_not_the_runs_doing_and_anything_else_is():
+    # A run whose traced graph is not cached imports Dynamo, whose import stores
+    # TORCHINDUCTOR_CACHE_DIR in the environment (ascendgraph.tools.scenario.state.SET_BY_TORCH_ON_IMPORT).
+    environ = {"PATH": "/bin"}
+    fresh = ProcessState({"os.environ": environ}, frozenset())
+    imported = ProcessState({"os.environ": {**environ, "TORCHINDUCTOR_CACHE_DIR": "/tmp/x"}}, frozenset({"torch._dynamo"}))
+    assert fresh.differences(imported) == []
+    # already imported before the run, or set by the run beside it: the run's doing
+    was_imported = ProcessState({"os.environ": environ}, frozenset({"torch._dynamo"}))
+    assert was_imported.differences(imported) == ["os.environ changed: TORCHINDUCTOR_CACHE_DIR=None->'/tmp/x'"]
+    both = ProcessState({"os.environ": {**environ, "TORCHINDUCTOR_CACHE_DIR": "/tmp/x", "OTHER": "1"}},
+                        frozenset({"torch._dynamo"}))
+    assert fresh.differences(both) == ["os.environ changed: OTHER=None->'1'"]
+    # a value the run changed (not set for the first time) is the run's doing
+    preset = ProcessState({"os.environ": {**environ, "TORCHINDUCTOR_CACHE_DIR": "/mine"}}, frozenset())
+    assert preset.differences(imported) == ["os.environ changed: TORCHINDUCTOR_CACHE_DIR='/mine'->'/tmp/x'"]
+
+
+def test_a_scenario_process_imports_no_dynamo_when_the_traced_graph_is_cached(tmp_path):
+    import subprocess
+    import sys
+
+    path = write(tmp_path, "description = 'x'\n" + ENGINE_CONFIG + "[expect]\noutcome = 'ok'\ngraphs_captured = 3\n")
+    probe = ("import sys\nfrom ascendgraph.tools.scenario import load_scenario, run_scenario\n"
+             f"result = run_scenario(load_scenario({str(path)!r}))\n"
+             "print(result.passed, result.mismatches, 'torch._dynamo' in sys.modules)\n")
+    env = {**os.environ, "ASCENDGRAPH_CACHE_DIR": str(tmp_path / "cache")}
+    cold = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+    warm = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+    assert cold.stdout.split() == ["True", "[]", "True"], cold.stderr[-2000:]  # traced: Dynamo imported, state clean
+    assert warm.stdout.split() == ["True", "[]", "False"], warm.stderr[-2000:]
+
+
 # --------------------------------------------------------------------------- engine runs (2 layers, 1 size)
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import gc
 import os
 import random
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 
@@ -65,15 +66,38 @@ PROCESS_STATE: Mapping[str, Callable[[], Any]] = {
 }
 
 
+# Environment variables torch writes itself, once per process, when one of its modules is
+# first imported: not a run's doing when that import happened during the run (a run whose
+# traced graph is not cached imports Dynamo). name -> (the module, where torch sets it).
+SET_BY_TORCH_ON_IMPORT: Mapping[str, tuple[str, str]] = {
+    "TORCHINDUCTOR_CACHE_DIR": (
+        "torch._dynamo",
+        "torch/_inductor/runtime/cache_dir_utils.py cache_dir() stores its default in os.environ",
+    ),
+}
+
+
+def _first_imported_during(before: "ProcessState", after: "ProcessState", variable: str) -> bool:
+    """Whether ``variable`` appeared because its torch module was first imported in between."""
+    entry = SET_BY_TORCH_ON_IMPORT.get(variable)
+    if entry is None:
+        return False
+    module = entry[0]
+    return module not in before.imported and module in after.imported and variable not in before.values["os.environ"]
+
+
 @dataclass(frozen=True)
 class ProcessState:
     """A snapshot of the process-wide state a run must leave as it found it."""
 
     values: Mapping[str, Any]
+    # which of the SET_BY_TORCH_ON_IMPORT modules were imported (not state a run must restore)
+    imported: frozenset[str] = field(default_factory=frozenset)
 
     @classmethod
     def capture(cls) -> "ProcessState":
-        return cls({name: read() for name, read in PROCESS_STATE.items()})
+        modules = frozenset(module for module, _ in SET_BY_TORCH_ON_IMPORT.values() if module in sys.modules)
+        return cls({name: read() for name, read in PROCESS_STATE.items()}, modules)
 
     def differences(self, later: "ProcessState") -> list[str]:
         changed = []
@@ -83,7 +107,10 @@ class ProcessState:
                 continue
             if name == "os.environ":
                 before, after = before or {}, after or {}
-                keys = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+                keys = sorted(k for k in set(before) | set(after)
+                              if before.get(k) != after.get(k) and not _first_imported_during(self, later, k))
+                if not keys:
+                    continue
                 changed.append(f"os.environ changed: {', '.join(f'{k}={before.get(k)!r}->{after.get(k)!r}' for k in keys)}")
             elif name in ("torch global RNG state", "python random state"):
                 changed.append(f"{name} changed (something drew from the global generator)")
@@ -93,12 +120,9 @@ class ProcessState:
 
 
 def _warm_imports() -> None:
-    """Import what a first run would import lazily: some modules set state once on import
-    (torch._dynamo sets TORCHINDUCTOR_CACHE_DIR — even a device action can pull it in),
-    and that is not a run's doing."""
-    import torch._dynamo  # noqa: F401
-    import torch._functorch.aot_autograd  # noqa: F401
-
+    """Import the engine and the simulator backend before the run. Dynamo is not imported here
+    (1.3 s, which a run from the traced-graph cache never pays): what its first import writes
+    into the environment is told apart by `SET_BY_TORCH_ON_IMPORT`."""
     import ascendgraph.runtime.engine  # noqa: F401
     from ascendgraph.device import backend_availability
 
