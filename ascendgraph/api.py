@@ -194,6 +194,14 @@ def run(
     and its default dtype float32 (else ConfigError). ``ascendgraph/caller_state.py`` lists
     exactly what is kept; ``TORCH_DEVICE_BACKEND_AUTOLOAD`` is set only while torch's first
     import runs (``ascendgraph/torch_autoload.py``)."""
+    from ascendgraph.caller_state import collector_tuned_for_a_run
+
+    with collector_tuned_for_a_run():  # the caller's collector thresholds put back afterwards
+        return _run(config_or_args, device=device, requests=requests, seed=seed, **options)
+
+
+def _run(config_or_args: ConfigOrArgs, *, device: Any, requests: Optional[int], seed: int,
+         **options: Any) -> "Report":
     from dataclasses import fields
 
     from ascendgraph.runtime import engine

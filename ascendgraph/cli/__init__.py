@@ -14,6 +14,8 @@ import os
 import sys
 from typing import Any, Optional, Sequence
 
+from ascendgraph.caller_state import RUN_YOUNG_GENERATION_THRESHOLD
+
 __all__ = ["main"]
 
 INTERRUPTED = 130  # 128 + SIGINT (ascendgraph.cli.streams.INTERRUPTED, not imported here: see above)
@@ -21,8 +23,9 @@ INTERRUPTED = 130  # 128 + SIGINT (ascendgraph.cli.streams.INTERRUPTED, not impo
 
 # The console script's young generation (CPython's default: 700 allocations). A run keeps most
 # of what it allocates (captured graphs, their records): with the default, the collector ran
-# about 900 young and 6 full collections of one `ascendgraph run`, 0.45 s of CPU.
-YOUNG_GENERATION_THRESHOLD = 10_000
+# about 900 young and 6 full collections of one `ascendgraph run`, 0.45 s of CPU. The same as
+# `ascendgraph.run` uses while it runs (ascendgraph/caller_state.py, which imports nothing heavy).
+YOUNG_GENERATION_THRESHOLD = RUN_YOUNG_GENERATION_THRESHOLD
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

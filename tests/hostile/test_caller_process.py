@@ -30,6 +30,37 @@ def test_run_leaves_the_environment_and_threads_as_it_found_them():
     assert {t for t in threading.enumerate() if t.is_alive()} - threads == set()  # no tqdm monitor left
 
 
+def test_run_tunes_the_collector_only_while_it_runs(monkeypatch):
+    # ascendgraph.caller_state.collector_tuned_for_a_run: the young generation at 10,000 during
+    # the run (imports included), the caller's thresholds back afterwards, also after a failure.
+    import gc
+
+    from ascendgraph.caller_state import RUN_YOUNG_GENERATION_THRESHOLD
+    from ascendgraph.runtime import engine
+
+    seen = []
+    real = engine.run
+
+    def spy(*args, **kwargs):
+        seen.append(gc.get_threshold())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "run", spy)
+    caller = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 11, 12)
+        assert run(SMALL_RUN, requests=1).exit_code == 0
+        assert seen == [(RUN_YOUNG_GENERATION_THRESHOLD, 11, 12)] and gc.get_threshold() == (700, 11, 12)
+        with pytest.raises(ConfigError):
+            run(SMALL_RUN, requests=1, no_such_option=1)
+        assert gc.get_threshold() == (700, 11, 12)
+        gc.set_threshold(50_000, 11, 12)  # a caller's larger young generation is kept as it is
+        run(SMALL_RUN, requests=1)
+        assert seen[-1] == (50_000, 11, 12) and gc.get_threshold() == (50_000, 11, 12)
+    finally:
+        gc.set_threshold(*caller)
+
+
 @pytest.mark.parametrize("device", ["meta"])
 def test_a_default_device_other_than_the_cpu_is_a_config_error(device):
     import torch
