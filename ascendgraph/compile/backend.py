@@ -104,14 +104,18 @@ class AscendGraphBackend:
         def fw_compiler(aten_graph: fx.GraphModule, aten_inputs: list[Any]) -> Callable[..., Any]:
             runnable = self._compile_aten(aten_graph, aten_inputs)
             if sources is not None and self.on_traced is not None and _needs_no_runtime_wrapper(aten_inputs, sources):
-                self.on_traced(TracedGraph(aten_graph, tuple(sources), dict(self.artifacts[-1].pass_run.matches)))
+                self.on_traced(TracedGraph(aten_graph, tuple(sources), dict(self.artifacts[-1].pass_run.matches),
+                                           self.pass_manager.reader_state()))
             return runnable
 
         return aot_module_simplified(graph_module, example_inputs, fw_compiler=fw_compiler)  # type: ignore[arg-type]  # torch's AOTDispatchCompiler protocol names its parameters differently; called positionally
 
     def wrap_traced(self, traced: TracedGraph, seconds: float) -> Callable[..., Any]:
         """Split and wrap a graph from the compile cache (lowered and passed already): what
-        `_compile_aten` does after the passes. Counts as the pass manager's cache hit."""
+        `_compile_aten` does after the passes, the graph readers handed what they read of it
+        (the static-kernel build). Counts as the pass manager's cache hit. ValueError, before
+        anything is changed, when the entry keeps nothing usable for a graph reader."""
+        self.pass_manager.read_cached(traced.readers)
         run = PassRun(matches=dict(traced.matches), seconds=seconds)
         self.pass_manager.runs.append(run)
         self.pass_manager.cache_status = "hit"
@@ -262,12 +266,17 @@ class CompiledModel:
         cache = self.cache if self.cache is not None else CompileCache()
         traced = load_traced(cache, self.traced_key)
         if traced is not None:
-            self._cached_sources = tuple(parse_source(s) for s in traced.sources)
-            self._cached_call = self.backend.wrap_traced(traced, time.perf_counter() - start)
-            self.traced_cache = "hit"
-            self.compile_seconds += time.perf_counter() - start
-            log.debug("compile cache: traced graph %s hit", self.traced_key[:12])
-            return
+            try:
+                call = self.backend.wrap_traced(traced, time.perf_counter() - start)
+            except ValueError as exc:  # what a graph reader needs is not in the entry: trace instead
+                log.warning("compile cache: traced graph %s not used (%s); tracing instead", self.traced_key[:12], exc)
+            else:
+                self._cached_sources = tuple(parse_source(s) for s in traced.sources)
+                self._cached_call = call
+                self.traced_cache = "hit"
+                self.compile_seconds += time.perf_counter() - start
+                log.debug("compile cache: traced graph %s hit", self.traced_key[:12])
+                return
         self.traced_cache = "miss"
         key = self.traced_key
         self.backend.on_traced = lambda graph: None if store_traced(cache, key, graph) else None

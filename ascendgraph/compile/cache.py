@@ -32,7 +32,9 @@ the input graph's code     the aten graph Dynamo + aot_autograd produced: model 
 =========================  ==============================================================
 
 Only pure graph rewrites are cached (`CACHEABLE_PASSES`); a pass list with anything else
-(the static-kernel build installs kernels on the device) is never cached. A graph with
+(the static-kernel build installs kernels on the device) is never cached here. A traced-graph
+entry (below) may also hold the passes that only read the graph (`GRAPH_READERS`): it keeps
+what they read, and a hit hands that back to them. A graph with
 ``call_module`` / ``get_attr`` nodes is not stored (the pickled form would not carry the
 modules). Any failure to read or write the cache is a miss, logged at debug level: the
 cache can only make a run faster, never change what it computes. Cached graphs are
@@ -48,7 +50,7 @@ import logging
 import os
 import pickle
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -58,7 +60,7 @@ from torch import fx
 from ascendgraph.cache_temporaries import sweep_once
 from ascendgraph.readers import cache_miss, read_cache_entry, user_cache_root, write_output
 
-__all__ = ["CACHE_FORMAT", "CACHE_SUBDIR", "CACHEABLE_PASSES", "CachedGraph", "CompileCache", "cache_key",
+__all__ = ["CACHE_FORMAT", "CACHE_SUBDIR", "CACHEABLE_PASSES", "GRAPH_READERS", "traceable", "CachedGraph", "CompileCache", "cache_key",
            "TracedGraph", "traced_key", "load_traced", "store_traced", "parse_source", "resolve_source"]
 
 log = logging.getLogger(__name__)
@@ -71,6 +73,11 @@ CACHE_ENV = "ASCENDGRAPH_CACHE_DIR"
 CACHEABLE_PASSES: dict[str, str] = {
     "FusionPass": "pattern replacement: the output graph is all it produces",
     "NoopEliminationPass": "drops no-op views: the output graph is all it produces",
+}
+# Stages that read the graph and act elsewhere, never changing it. A traced entry keeps what such
+# a stage read (`reader_state`); a hit hands it back (`read_cached`), and the stage acts again.
+GRAPH_READERS: dict[str, str] = {
+    "StaticKernelStage": "reads the fixed-shape launches at each size; builds (or reuses) and installs their kernels",
 }
 _PASSES_DIR = Path(__file__).resolve().parent / "passes"
 _source_digest_memo: Optional[str] = None
@@ -89,6 +96,9 @@ def _source_digest() -> str:
 
 def _pass_token(graph_pass: Any) -> str:
     parts = [type(graph_pass).__name__, str(getattr(graph_pass, "name", ""))]
+    token = getattr(graph_pass, "cache_token", None)  # a graph reader's settings (its sizes and flags)
+    if token is not None:
+        parts.append(f"settings={token}")
     for family in getattr(graph_pass, "families", ()) or ():
         parts.append(f"family={family.name}")
         parts.extend(f"pattern={pattern.name}" for pattern in family.patterns())
@@ -98,6 +108,11 @@ def _pass_token(graph_pass: Any) -> str:
 def cacheable(passes: Sequence[Any]) -> bool:
     """Whether every pass is a pure graph rewrite (and there is at least one)."""
     return bool(passes) and all(type(p).__name__ in CACHEABLE_PASSES for p in passes)
+
+
+def traceable(passes: Sequence[Any]) -> bool:
+    """Whether a traced-graph entry may hold this pass list: rewrites and graph readers only."""
+    return all(type(p).__name__ in CACHEABLE_PASSES or type(p).__name__ in GRAPH_READERS for p in passes)
 
 
 def cache_key(graph_module: fx.GraphModule, passes: Sequence[Any]) -> str:
@@ -190,7 +205,7 @@ def _store_entry(directory: Path, key: str, document: dict[str, Any], what: str)
 # needs nothing of aot_autograd's runtime wrapper (no input mutation, one output that aliases
 # nothing, one graph input per Dynamo input), which `AscendGraphBackend` checks.
 
-TRACED_FORMAT = 1
+TRACED_FORMAT = 2  # 2: the graph readers' state
 TRACED_SUBDIR = "traced"  # $ASCENDGRAPH_CACHE_DIR/compile/traced/<key>.pkl
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
 _package_digest_memo: Optional[str] = None
@@ -256,6 +271,8 @@ class TracedGraph:
     module: fx.GraphModule
     sources: tuple[str, ...]
     matches: dict[str, int]
+    # per graph-reader pass name, what it read (plain lists and numbers: `GRAPH_READERS`)
+    readers: dict[str, Any] = field(default_factory=dict)
 
 
 def load_traced(cache: "CompileCache", key: str) -> Optional[TracedGraph]:
@@ -279,7 +296,10 @@ def load_traced(cache: "CompileCache", key: str) -> Optional[TracedGraph]:
         for source in sources:
             parse_source(source)
         matches = {str(k): int(v) for k, v in document["matches"].items()}
-        return TracedGraph(module, sources, matches)
+        readers = document["readers"]
+        if not isinstance(readers, dict) or not all(isinstance(k, str) for k in readers):
+            raise ValueError("the graph readers' state is not a mapping of pass names")
+        return TracedGraph(module, sources, matches, dict(readers))
     except Exception as exc:  # a broken entry is a miss with one warning, never an error
         cache_miss(path, "traced-graph cache entry", f"{path}: {type(exc).__name__}: {str(exc)[:200]}")
         return None
@@ -295,7 +315,7 @@ def store_traced(cache: "CompileCache", key: str, traced: TracedGraph) -> bool:
         log.debug("compile cache: not storing a traced graph: %s", exc)
         return False
     document = {"format": TRACED_FORMAT, "key": key, "module": traced.module, "sources": list(traced.sources),
-                "matches": dict(traced.matches)}
+                "matches": dict(traced.matches), "readers": dict(traced.readers)}
     # Pickled with fx's plain tracer, not make_fx's: loading re-traces the graph's code, and
     # make_fx's tracer (torch 2.13 proxy_tensor.py `_should_save_eager_input_vals`) reads
     # torch._higher_order_ops.triton_kernel_wrap, a module only Dynamo's import loads.

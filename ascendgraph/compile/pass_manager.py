@@ -19,7 +19,7 @@ import importlib
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Optional, Protocol, Sequence, runtime_checkable
 
 from torch import fx
 
@@ -96,6 +96,26 @@ class PassManager:
     def matches(self) -> dict[str, int]:
         """Per-pass match counts of the first compiled graph ({} before any compile)."""
         return dict(self.runs[0].matches) if self.runs else {name: 0 for name in self.pass_names}
+
+    def reader_state(self) -> dict[str, Any]:
+        """What the graph-reader passes read of the last graph (`ascendgraph.compile.cache.GRAPH_READERS`),
+        as plain data a traced-graph entry keeps."""
+        from ascendgraph.compile.static_kernel import StaticKernelStage, signatures_to_plain
+
+        return {p.name: signatures_to_plain(p.signatures) for p in self.passes if isinstance(p, StaticKernelStage)}
+
+    def read_cached(self, state: dict[str, Any]) -> None:
+        """Hand the graph readers what a traced-graph entry kept for them; ValueError when it
+        lacks a reader of this pass list or holds something else (the caller traces instead)."""
+        from ascendgraph.compile.static_kernel import StaticKernelStage, signatures_from_plain
+
+        readers = [p for p in self.passes if isinstance(p, StaticKernelStage)]
+        missing = [p.name for p in readers if p.name not in state]
+        if missing:
+            raise ValueError(f"the traced entry keeps nothing for {', '.join(missing)}")
+        parsed = [(p, signatures_from_plain(state[p.name])) for p in readers]
+        for reader, signatures in parsed:
+            reader.apply(signatures)
 
     def __call__(self, graph_module: fx.GraphModule) -> PassRun:
         start = time.perf_counter()

@@ -57,6 +57,8 @@ __all__ = [
     "CACHE_DIR_ENV",
     "NOT_STATIC",
     "KernelSignature",
+    "signatures_to_plain",
+    "signatures_from_plain",
     "StaticKernelBuild",
     "StaticKernelStage",
     "static_sizes",
@@ -183,6 +185,29 @@ def _concrete(value: Any, num_tokens: int) -> Any:
     return int(value)
 
 
+def signatures_to_plain(signatures: Optional[Sequence[KernelSignature]]) -> Optional[list[list[Any]]]:
+    """Signatures as plain lists (what a cache entry stores: no class of ours in the pickle)."""
+    if signatures is None:
+        return None
+    return [[s.op, [list(shape) for shape in s.input_shapes], list(s.input_dtypes), s.num_tokens] for s in signatures]
+
+
+def signatures_from_plain(plain: Any) -> Optional[list[KernelSignature]]:
+    """The inverse of `signatures_to_plain`; ValueError for anything else."""
+    if plain is None:
+        return None
+    if not isinstance(plain, list):
+        raise ValueError(f"static-kernel signatures: expected a list, got {type(plain).__name__}")
+    signatures = []
+    for entry in plain:
+        if not (isinstance(entry, list) and len(entry) == 4 and isinstance(entry[0], str)
+                and isinstance(entry[1], list) and isinstance(entry[2], list) and type(entry[3]) is int):
+            raise ValueError(f"static-kernel signature: not [op, shapes, dtypes, num_tokens]: {entry!r}"[:200])
+        shapes = tuple(tuple(int(d) for d in shape) for shape in entry[1])
+        signatures.append(KernelSignature(entry[0], shapes, tuple(str(d) for d in entry[2]), entry[3]))
+    return signatures
+
+
 def collect_signatures(graph_module: fx.GraphModule, sizes: Iterable[int]) -> list[KernelSignature]:
     """The kernel launches of ``graph_module`` at each size, in first-seen order (no duplicates)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -289,6 +314,10 @@ class StaticKernelStage:
     listeners: list[Callable[[StaticKernelBuild], None]] = field(default_factory=list)
     name: str = "static_kernel"
     fuses: bool = False
+    # The launches the last graph read gave (None: none read yet, or no size to build for): what
+    # a traced-graph cache entry keeps of this stage, whose cached graph has no fake values to
+    # read them from again (ascendgraph.compile.cache GRAPH_READERS).
+    signatures: Optional[list[KernelSignature]] = None
 
     @classmethod
     def for_resolution(cls, resolution: "Resolution", cache_dir: Optional[Path] = None) -> "StaticKernelStage":
@@ -309,11 +338,26 @@ class StaticKernelStage:
     def build(self) -> Optional[StaticKernelBuild]:
         return self.builds[0] if self.builds else None
 
+    @property
+    def cache_token(self) -> str:
+        """What the signatures depend on besides the graph: part of a traced-graph cache key."""
+        return json.dumps({"sizes": list(self.sizes), "flags": self.flags}, sort_keys=True)
+
     def __call__(self, graph_module: fx.GraphModule) -> int:
         if not self.sizes:
             log.info("static kernel: no capture size in the decode range; nothing to build")
             return 0
-        signatures = collect_signatures(graph_module, self.sizes)
+        self.signatures = collect_signatures(graph_module, self.sizes)
+        self.apply(self.signatures)
+        return 0
+
+    def apply(self, signatures: Optional[list[KernelSignature]]) -> None:
+        """Build (or reuse) and install the kernels of ``signatures``: the stage's work after
+        reading a graph, also what a traced-graph cache hit runs (None: nothing to build)."""
+        if signatures is None:
+            log.info("static kernel: no capture size in the decode range; nothing to build")
+            return
+        self.signatures = signatures
         try:
             build = build_static_kernels(signatures, sizes=self.sizes, flags=self.flags, cache_dir=self.cache_dir)
         except OSError as exc:
@@ -321,11 +365,10 @@ class StaticKernelStage:
                 "static kernel build failed (%s); running without static kernels — set %s to a writable directory",
                 exc, CACHE_DIR_ENV,
             )
-            return 0
+            return
         self.builds.append(build)
         for listener in self.listeners:
             listener(build)
-        return 0
 
 
 def attach_static_kernels(pass_manager: "PassManager", device: Device) -> Optional[StaticKernelStage]:

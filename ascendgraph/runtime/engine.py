@@ -243,11 +243,12 @@ class Engine:
 
     def _traced_key(self) -> Optional[str]:
         """The compile cache's key for this engine's traced graph (None: not cached). Only when
-        the pass manager uses the cache and every pass is a pure graph rewrite."""
-        from ascendgraph.compile.cache import cacheable, traced_key
+        the pass manager uses the cache and every pass is a pure graph rewrite or a graph reader
+        (the static-kernel build: `ascendgraph.compile.cache.GRAPH_READERS`)."""
+        from ascendgraph.compile.cache import traceable, traced_key
 
         passes = list(self.pass_manager.passes)
-        if self.backend is None or not self.pass_manager.use_cache or (passes and not cacheable(passes)):
+        if self.backend is None or not self.pass_manager.use_cache or not traceable(passes):
             return None
         model_spec = repr((self.spec, self.resolution.attention_backend, str(self.dtype), self.options.quantization,
                            self.config.tensor_parallel_size))

@@ -183,3 +183,77 @@ def test_the_engine_builds_once_reuses_silently_and_captures_cheaper_static_kern
     assert report.extensions["static_kernel"]["kernels"] == len(build.kernels)
     for engine in (plain, static, reused):
         engine.close()
+
+
+@pytest.mark.filterwarnings("ignore:Starting static kernel compilation")
+def test_a_static_kernel_engine_takes_its_traced_graph_from_the_cache_and_installs_the_same_kernels(
+        tmp_path, monkeypatch):
+    # The static-kernel stage only reads the graph (ascendgraph.compile.cache.GRAPH_READERS): the
+    # traced entry keeps the launches it read, and a hit builds (reuses) and installs from them
+    # without Dynamo. Other capture sizes are another entry.
+    from ascendgraph.compile.backend import AscendGraphBackend
+    from ascendgraph.compile.cache import TRACED_SUBDIR
+
+    monkeypatch.setenv("ASCENDGRAPH_CACHE_DIR", str(tmp_path))
+    calls: list[int] = []
+    original = AscendGraphBackend.__call__
+    monkeypatch.setattr(AscendGraphBackend, "__call__",
+                        lambda self, gm, inputs: calls.append(1) or original(self, gm, inputs))
+    first = _engine(tmp_path, static=True)
+    first.capture()
+    assert first.compiled.traced_cache == "miss" and calls == [1]
+    again = _engine(tmp_path, static=True)
+    again.capture()
+    assert again.compiled.traced_cache == "hit" and calls == [1], "the second engine traced again"
+    assert again.static_kernels.build.reused and again.static_kernels.build.kernels == first.static_kernels.build.kernels
+    assert [t.op_type for t in _full_graph_tasks(again)] == [t.op_type for t in _full_graph_tasks(first)]
+    assert "mm_static_kernel" in {t.op_type for t in _full_graph_tasks(again)}
+    again.serve()
+    assert again.report().ok and again.report().max_abs_diff_vs_eager == 0.0
+    assert len(list((tmp_path / "compile" / TRACED_SUBDIR).glob("*.pkl"))) == 1
+
+    config = GraphConfig.from_vllm_args(
+        compilation_config={"cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": [1, 2]},
+        additional_config={"ascend_compilation_config": {"enable_static_kernel": True}},
+        num_layers=2, max_num_seqs=4, max_num_batched_tokens=16,
+    )
+    other = Engine(config, EngineOptions(device="sim", workload_spec=WorkloadSpec(num_requests=1, seed=0),
+                                         dtype="bfloat16", num_threads=1))
+    other.capture()
+    assert other.compiled.traced_cache == "miss" and other.static_kernels.build.sizes == (1, 2)
+    for engine in (first, again, other):
+        engine.close()
+
+
+@pytest.mark.filterwarnings("ignore:Starting static kernel compilation")
+def test_a_traced_entry_without_what_the_static_stage_read_is_traced_again(tmp_path, monkeypatch, caplog):
+    import pickle
+
+    from ascendgraph.compile.cache import TRACED_SUBDIR
+
+    monkeypatch.setenv("ASCENDGRAPH_CACHE_DIR", str(tmp_path))
+    first = _engine(tmp_path, static=True)
+    first.capture()
+    [entry] = (tmp_path / "compile" / TRACED_SUBDIR).glob("*.pkl")
+    document = pickle.loads(entry.read_bytes())
+    document["readers"] = {}  # an entry that kept nothing for the static stage
+    entry.write_bytes(pickle.dumps(document))
+    with caplog.at_level("WARNING", logger="ascendgraph"):
+        again = _engine(tmp_path, static=True)
+        again.capture()
+    assert again.compiled.traced_cache == "miss" and again.static_kernels.build.kernels == first.static_kernels.build.kernels
+    assert "not used (the traced entry keeps nothing for static_kernel); tracing instead" in caplog.text
+    for engine in (first, again):
+        engine.close()
+
+
+def test_signatures_round_trip_as_plain_lists_and_anything_else_is_refused():
+    from ascendgraph.compile.static_kernel import KernelSignature, signatures_from_plain, signatures_to_plain
+
+    signatures = [KernelSignature("aten.mm.default", ((4, 8), (8, 16)), ("torch.bfloat16", "torch.bfloat16"), 4)]
+    plain = signatures_to_plain(signatures)
+    assert json.loads(json.dumps(plain)) == plain and signatures_from_plain(plain) == signatures
+    assert signatures_to_plain(None) is None and signatures_from_plain(None) is None
+    for bad in ({}, [["aten.mm.default", [], []]], [[1, [], [], 4]], [["op", [], [], "4"]]):
+        with pytest.raises(ValueError):
+            signatures_from_plain(bad)
