@@ -187,10 +187,12 @@ def test_the_engine_builds_once_reuses_silently_and_captures_cheaper_static_kern
 
 @pytest.mark.filterwarnings("ignore:Starting static kernel compilation")
 def test_a_static_kernel_engine_takes_its_traced_graph_from_the_cache_and_installs_the_same_kernels(
-        tmp_path, monkeypatch):
+        tmp_path, monkeypatch, caplog):
     # The static-kernel stage only reads the graph (ascendgraph.compile.cache.GRAPH_READERS): the
     # traced entry keeps the launches it read, and a hit builds (reuses) and installs from them
-    # without Dynamo. Other capture sizes are another entry.
+    # without Dynamo. An entry without them is traced again; other capture sizes are another entry.
+    import pickle
+
     from ascendgraph.compile.backend import AscendGraphBackend
     from ascendgraph.compile.cache import TRACED_SUBDIR
 
@@ -210,7 +212,17 @@ def test_a_static_kernel_engine_takes_its_traced_graph_from_the_cache_and_instal
     assert "mm_static_kernel" in {t.op_type for t in _full_graph_tasks(again)}
     again.serve()
     assert again.report().ok and again.report().max_abs_diff_vs_eager == 0.0
-    assert len(list((tmp_path / "compile" / TRACED_SUBDIR).glob("*.pkl"))) == 1
+
+    [entry] = (tmp_path / "compile" / TRACED_SUBDIR).glob("*.pkl")
+    document = pickle.loads(entry.read_bytes())
+    document["readers"] = {}  # an entry that kept nothing for the static stage
+    entry.write_bytes(pickle.dumps(document))
+    with caplog.at_level("WARNING", logger="ascendgraph"):
+        broken = _engine(tmp_path, static=True)
+        broken.capture()
+    assert broken.compiled.traced_cache == "miss" and calls == [1, 1]
+    assert broken.static_kernels.build.kernels == first.static_kernels.build.kernels
+    assert "not used (the traced entry keeps nothing for static_kernel); tracing instead" in caplog.text
 
     config = GraphConfig.from_vllm_args(
         compilation_config={"cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": [1, 2]},
@@ -221,29 +233,8 @@ def test_a_static_kernel_engine_takes_its_traced_graph_from_the_cache_and_instal
                                          dtype="bfloat16", num_threads=1))
     other.capture()
     assert other.compiled.traced_cache == "miss" and other.static_kernels.build.sizes == (1, 2)
-    for engine in (first, again, other):
-        engine.close()
-
-
-@pytest.mark.filterwarnings("ignore:Starting static kernel compilation")
-def test_a_traced_entry_without_what_the_static_stage_read_is_traced_again(tmp_path, monkeypatch, caplog):
-    import pickle
-
-    from ascendgraph.compile.cache import TRACED_SUBDIR
-
-    monkeypatch.setenv("ASCENDGRAPH_CACHE_DIR", str(tmp_path))
-    first = _engine(tmp_path, static=True)
-    first.capture()
-    [entry] = (tmp_path / "compile" / TRACED_SUBDIR).glob("*.pkl")
-    document = pickle.loads(entry.read_bytes())
-    document["readers"] = {}  # an entry that kept nothing for the static stage
-    entry.write_bytes(pickle.dumps(document))
-    with caplog.at_level("WARNING", logger="ascendgraph"):
-        again = _engine(tmp_path, static=True)
-        again.capture()
-    assert again.compiled.traced_cache == "miss" and again.static_kernels.build.kernels == first.static_kernels.build.kernels
-    assert "not used (the traced entry keeps nothing for static_kernel); tracing instead" in caplog.text
-    for engine in (first, again):
+    assert len(list((tmp_path / "compile" / TRACED_SUBDIR).glob("*.pkl"))) == 2
+    for engine in (first, again, broken, other):
         engine.close()
 
 
