@@ -54,9 +54,12 @@ def test_run_tunes_the_collector_only_while_it_runs(monkeypatch):
         with pytest.raises(ConfigError):
             run(SMALL_RUN, requests=1, no_such_option=1)
         assert gc.get_threshold() == (700, 11, 12)
+        from ascendgraph.caller_state import collector_tuned_for_a_run
+
         gc.set_threshold(50_000, 11, 12)  # a caller's larger young generation is kept as it is
-        run(SMALL_RUN, requests=1)
-        assert seen[-1] == (50_000, 11, 12) and gc.get_threshold() == (50_000, 11, 12)
+        with collector_tuned_for_a_run():
+            assert gc.get_threshold() == (50_000, 11, 12)
+        assert gc.get_threshold() == (50_000, 11, 12)
     finally:
         gc.set_threshold(*caller)
 
