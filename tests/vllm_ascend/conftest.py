@@ -49,6 +49,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                           "alive that weak references would have served (sim/memory_ledger.py)")
 
 
+@pytest.fixture
+def fresh_simulated_npu() -> None:
+    """The test starts on a fresh simulated NPU (`sim.facade.configure`), as the modules that build
+    their runners with tests/vllm_ascend/serving.py do: an earlier test on this worker may have
+    left work queued on its NPU (under `-n 2` without loadfile, a replay waiting on an event
+    nobody records reached a DP-rank module's first host collective: GraphHang), which the
+    test's first host collective would otherwise run. The DP-rank modules use it."""
+    from sim import facade
+
+    facade.configure()
+
+
 @pytest.fixture(autouse=True)
 def _check_graph_memory(request: pytest.FixtureRequest) -> Iterator[None]:
     yield

@@ -32,15 +32,7 @@ from ascendgraph.parallel.layout import ParallelLayout  # noqa: E402
 from sim.vllm_ranks import VllmRanks  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _fresh_npu() -> None:
-    """Each test starts on a fresh simulated NPU, as every module of tests/vllm_ascend does: an
-    earlier test on this worker may have left work queued on its NPU (under `-n 2` without
-    loadfile a replay waiting on an event nobody records reached this module's first host
-    collective: GraphHang), which the first host collective here would otherwise run."""
-    from sim import facade
-
-    facade.configure()
+pytestmark = pytest.mark.usefixtures("fresh_simulated_npu")
 
 DP = dp_ranks.A2_MC2_MIN_EP
 DECODE_4 = dp_ranks.Batch((1, 1, 1, 1))

@@ -50,15 +50,7 @@ from ascendgraph.parallel.layout import ParallelLayout  # noqa: E402
 from sim.vllm_ranks import VllmRanks  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _fresh_npu() -> None:
-    """Each test starts on a fresh simulated NPU, as every module of tests/vllm_ascend does: an
-    earlier test on this worker may have left work queued on its NPU (under `-n 2` without
-    loadfile a replay waiting on an event nobody records reached this module's first host
-    collective: GraphHang), which the first host collective here would otherwise run."""
-    from sim import facade
-
-    facade.configure()
+pytestmark = pytest.mark.usefixtures("fresh_simulated_npu")
 
 K = 3  # num_speculative_tokens: the thread of #12036 (mtp=3, one request)
 # vllm_ascend/utils.py is_hierarchical_communication_enabled: the DP all-reduce runs (two EP
