@@ -60,7 +60,7 @@ from torch import fx
 from ascendgraph.cache_temporaries import sweep_once
 from ascendgraph.readers import cache_miss, read_cache_entry, user_cache_root, write_output
 
-__all__ = ["CACHE_FORMAT", "CACHE_SUBDIR", "CACHEABLE_PASSES", "GRAPH_READERS", "traceable", "CachedGraph", "CompileCache", "cache_key",
+__all__ = ["CACHE_FORMAT", "CACHE_SUBDIR", "CACHEABLE_PASSES", "GRAPH_READERS", "graph_readers", "traceable", "CachedGraph", "CompileCache", "cache_key",
            "TracedGraph", "traced_key", "load_traced", "store_traced", "parse_source", "resolve_source"]
 
 log = logging.getLogger(__name__)
@@ -113,6 +113,12 @@ def cacheable(passes: Sequence[Any]) -> bool:
 def traceable(passes: Sequence[Any]) -> bool:
     """Whether a traced-graph entry may hold this pass list: rewrites and graph readers only."""
     return all(type(p).__name__ in CACHEABLE_PASSES or type(p).__name__ in GRAPH_READERS for p in passes)
+
+
+def graph_readers(passes: Sequence[Any]) -> list[Any]:
+    """The passes of ``passes`` that only read the graph (`GRAPH_READERS`): each has
+    ``read_state()`` (plain data) and ``resume(state)``."""
+    return [p for p in passes if type(p).__name__ in GRAPH_READERS]
 
 
 def cache_key(graph_module: fx.GraphModule, passes: Sequence[Any]) -> str:

@@ -100,22 +100,21 @@ class PassManager:
     def reader_state(self) -> dict[str, Any]:
         """What the graph-reader passes read of the last graph (`ascendgraph.compile.cache.GRAPH_READERS`),
         as plain data a traced-graph entry keeps."""
-        from ascendgraph.compile.static_kernel import StaticKernelStage, signatures_to_plain
+        from ascendgraph.compile.cache import graph_readers
 
-        return {p.name: signatures_to_plain(p.signatures) for p in self.passes if isinstance(p, StaticKernelStage)}
+        return {p.name: p.read_state() for p in graph_readers(self.passes)}
 
     def read_cached(self, state: dict[str, Any]) -> None:
         """Hand the graph readers what a traced-graph entry kept for them; ValueError when it
-        lacks a reader of this pass list or holds something else (the caller traces instead)."""
-        from ascendgraph.compile.static_kernel import StaticKernelStage, signatures_from_plain
+        lacks a reader of this pass list (the caller traces instead)."""
+        from ascendgraph.compile.cache import graph_readers
 
-        readers = [p for p in self.passes if isinstance(p, StaticKernelStage)]
+        readers = graph_readers(self.passes)
         missing = [p.name for p in readers if p.name not in state]
         if missing:
             raise ValueError(f"the traced entry keeps nothing for {', '.join(missing)}")
-        parsed = [(p, signatures_from_plain(state[p.name])) for p in readers]
-        for reader, signatures in parsed:
-            reader.apply(signatures)
+        for reader in readers:
+            reader.resume(state[reader.name])
 
     def __call__(self, graph_module: fx.GraphModule) -> PassRun:
         start = time.perf_counter()

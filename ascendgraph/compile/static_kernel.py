@@ -351,6 +351,14 @@ class StaticKernelStage:
         self.apply(self.signatures)
         return 0
 
+    def read_state(self) -> Optional[list[list[Any]]]:
+        """What this graph reader read, as plain data a traced-graph entry keeps."""
+        return signatures_to_plain(self.signatures)
+
+    def resume(self, state: Any) -> None:
+        """Act on what a traced-graph entry kept (`read_state`); ValueError for anything else."""
+        self.apply(signatures_from_plain(state))
+
     def apply(self, signatures: Optional[list[KernelSignature]]) -> None:
         """Build (or reuse) and install the kernels of ``signatures``: the stage's work after
         reading a graph, also what a traced-graph cache hit runs (None: nothing to build)."""
