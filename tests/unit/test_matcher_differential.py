@@ -117,12 +117,10 @@ def _backend_graph(preset: str, dtype: torch.dtype, quantization: Any, mode: str
     from ascendgraph.compile import AscendGraphBackend, CompiledModel, PassManager
     from ascendgraph.compile.graph_wrapper import CaptureState
     from ascendgraph.config import GraphConfig
-    from ascendgraph.dispatch import BatchDescriptor
-    from ascendgraph.forward_context import AttentionMetadata, ForwardContext, set_forward_context
     from ascendgraph.models.build import build_model
     from ascendgraph.models.presets import PRESETS
-    from ascendgraph.modes import GraphMode
     from ascendgraph.resolve import resolve
+    from tests.unit.test_passes_tiny import _forward as forward
 
     recorded: list[fx.GraphModule] = []
 
@@ -140,15 +138,7 @@ def _backend_graph(preset: str, dtype: torch.dtype, quantization: Any, mode: str
         mode=resolution.mode, attention_split=resolution.attention_split, capture_state=CaptureState(device=None),
         pass_manager=PassManager(passes=[Record()], use_cache=False),
     )
-    tokens = 5
-    caches = model.make_kv_caches(2, 128)
-    metadata = AttentionMetadata(
-        num_reqs=1, num_actual_tokens=tokens, num_tokens=tokens, query_start_loc=[tokens], seq_lens=[tokens],
-        block_table=torch.tensor([[0, 1]], dtype=torch.int32), slot_mapping=torch.arange(tokens),
-    )
-    context = ForwardContext(GraphMode.NONE, BatchDescriptor(tokens), metadata, caches, model.attention_layers)
-    with torch.no_grad(), set_forward_context(context):
-        CompiledModel(model, backend)(torch.arange(tokens) % spec.vocab_size, torch.arange(tokens))
+    forward(CompiledModel(model, backend), model, 5)  # one forward of 5 tokens compiles the model
     assert recorded, "the backend handed no graph to the pass manager"
     return recorded[0]
 
