@@ -18,7 +18,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import sim  # noqa: F401  (CPU kernels of the ascendgraph ops)
 from ascendgraph.compile.passes import STREAM_LABEL_KEY, patterns
-from ascendgraph.compile.passes.fusion import FusionPass, PatternFamily
+from ascendgraph.compile.passes.fusion import FusionPass, Pattern, PatternFamily, meta_tensor
 from ascendgraph.compile.passes.matcher import trace
 from tests.inductor_reference import InductorFusionPass, inductor_trace, with_inductor
 
@@ -232,6 +232,34 @@ def test_an_intermediate_used_outside_the_match_is_refused():
         return quant[0], quant[1], normed[0] * 2
 
     counts, _ = _both(_graph(normed_beside_the_quant, x, r, w), _fusion(patterns.add_rms_norm_dynamic_quant_family(EPS)))
+    assert counts == [0]
+
+
+def _same_scale_family() -> PatternFamily:
+    """``x * s + y * s`` -> ``(x + y) * s``: the scalar workaround binds ``s`` at two places."""
+
+    def search(x, y, scale):
+        return x * scale + y * scale
+
+    def replace(x, y, scale):
+        return (x + y) * scale
+
+    pattern = Pattern("same_scale", search, replace, lambda: [meta_tensor(8, 16), meta_tensor(8, 16)],
+                      scalar_workaround={"scale": 0.375})
+    return PatternFamily("same_scale", (aten.mul.Tensor,), lambda: [pattern])
+
+
+def test_a_search_argument_binds_one_value():
+    x, y, w = _inputs((4, H), (4, H), (H,))
+    counts, _ = _both(_graph(lambda x, y: x * 0.5 + y * 0.5, x, y), _fusion(_same_scale_family()))
+    assert counts == [1]
+    counts, _ = _both(_graph(lambda x, y: x * 0.5 + y * 0.75, x, y), _fusion(_same_scale_family()))
+    assert counts == [0]
+
+    def two_tensors_where_the_norm_reads_one(x, y, w):
+        return x * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+    counts, _ = _both(_graph(two_tensors_where_the_norm_reads_one, x, y, w), _fusion(patterns.rms_norm_family(EPS)))
     assert counts == [0]
 
 

@@ -142,10 +142,6 @@ class _Outputs(_Expr):
         self.outputs = list(outputs)
 
 
-class _NoMatch(Exception):
-    """One search argument bound to two different graph values: the whole match fails."""
-
-
 # --------------------------------------------------------------------------- matching
 
 
@@ -155,6 +151,9 @@ class _Bindings:
     def __init__(self, outputs: Sequence[Optional[_Expr]]) -> None:
         self.outputs = list(outputs)
         self.bound: dict[_Expr, Any] = {}
+        # a search argument met bound to two different graph values: the whole attempt fails,
+        # no other candidate for an output is tried (inductor raises FailedMatch there)
+        self.conflict = False
 
     def match(self, expr: _Expr, value: Any) -> Optional["Match"]:
         if expr in self.bound:
@@ -173,13 +172,15 @@ class Match:
     kwargs: dict[str, Any] = field(default_factory=dict)
     nodes: list[fx.Node] = field(default_factory=list)
 
-    def extend(self, other: "Match") -> None:
-        if self.kwargs:
-            for key in self.kwargs.keys() & other.kwargs.keys():
-                if self.kwargs[key] != other.kwargs[key]:
-                    raise _NoMatch(key)
+    def extend(self, other: "Match") -> bool:
+        """Add ``other``'s nodes and bindings; False (and the attempt fails) when a search argument
+        would be bound to two different values."""
+        if self.kwargs and any(self.kwargs[k] != other.kwargs[k] for k in self.kwargs.keys() & other.kwargs.keys()):
+            self.bindings.conflict = True
+            return False
         self.nodes.extend(other.nodes)
         self.kwargs.update(other.kwargs)
+        return True
 
     def output_nodes(self) -> list[Optional[fx.Node]]:
         return [self.bindings.bound[p] if p is not None else None for p in self.bindings.outputs]
@@ -219,9 +220,8 @@ def _match_call(expr: _Call, node: Any, bindings: _Bindings) -> Optional[Match]:
     for pattern_item, value in zip(expr.items, items):
         if isinstance(pattern_item, _Expr):
             child = bindings.match(pattern_item, value)
-            if child is None:
+            if child is None or not found.extend(child):
                 return None
-            found.extend(child)
         elif isinstance(value, fx.Node) or value != pattern_item:
             return None
     found.nodes.append(node)
@@ -273,12 +273,11 @@ def _match_outputs(expr: _Outputs, node: Any, bindings: _Bindings) -> Optional[M
         child: Optional[Match] = None
         for candidate in _candidates(output, bindings, set()):
             child = bindings.match(output, candidate)
-            if child is not None:
+            if child is not None or bindings.conflict:
                 break
             bindings.bound = dict(before)  # forget what the failed candidate bound
-        if child is None:
+        if child is None or not found.extend(child):
             return None
-        found.extend(child)
     return found
 
 
@@ -346,8 +345,5 @@ class SearchPattern:
         return cls(root, outputs)
 
     def match(self, node: fx.Node) -> Optional[Match]:
-        bindings = _Bindings(self.outputs)
-        try:
-            return bindings.match(self.root, node)
-        except _NoMatch:
-            return None
+        found = _Bindings(self.outputs).match(self.root, node)
+        return None if found is None or found.bindings.conflict else found
