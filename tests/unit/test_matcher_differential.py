@@ -165,12 +165,15 @@ BACKEND_CASES = {
 
 def _backend_params() -> list[Any]:
     """Every preset in bf16 W8A8 dynamic (add_rms_norm, its dynamic quant, q/k norm + rope where the
-    preset has q/k norm) and tiny in every case by default; the other pairs with -m slow."""
+    preset has q/k norm) and tiny in the other FULL cases by default; the other pairs, and the
+    piecewise subset of the passes on the same graph, with -m slow."""
     from ascendgraph.models.presets import PRESETS
 
+    def by_default(preset: str, case: str) -> bool:
+        return case == "bf16-w8a8-dynamic" or (preset == "tiny" and case != "bf16-piecewise")
+
     return [
-        pytest.param(preset, case, id=f"{preset}-{case}",
-                     marks=() if preset == "tiny" or case == "bf16-w8a8-dynamic" else (pytest.mark.slow,))
+        pytest.param(preset, case, id=f"{preset}-{case}", marks=() if by_default(preset, case) else (pytest.mark.slow,))
         for preset in PRESETS for case in BACKEND_CASES
     ]
 
