@@ -9,12 +9,13 @@ each of its patterns the first time it meets a graph that calls one of the patte
 family's anchor ops, once per pattern name — the name carries the scalars baked into the
 pattern (``add_rms_norm[eps=1e-06]``), so a pattern is registered once per (pattern, eps).
 
-Matching is `ascendgraph.compile.passes.matcher`'s (torch.fx only; the semantics of torch's
-inductor pattern matcher, which vLLM Ascend's passes use): the search function traced once
-up front, scalars such as eps compared literally, and the few literals that depend on
-num_tokens (view sizes) treated as wildcards and checked in the pattern's own ``check``. Every match is also checked for the stream-scope rule (`same_stream_scope`);
-the fused nodes inherit the matched nodes' stream label. The pass returns how many
-matches it replaced.
+Matching is `ascendgraph.compile.passes.matcher`'s and replacing `rewrite`'s (torch.fx only,
+with the semantics of torch's inductor pattern matcher, which vLLM Ascend's passes use): the
+search function traced once up front, scalars such as eps compared literally, and the few
+literals that depend on num_tokens (view sizes) treated as wildcards and checked in the
+pattern's own ``check``. Every match is also checked for the stream-scope rule
+(`same_stream_scope`); the fused nodes inherit the matched nodes' stream label. The pass
+returns how many matches it replaced.
 """
 
 from __future__ import annotations
