@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ascendgraph-installed
 
-.PHONY: run test test-all typecheck bench parity parity-record vllm-ascend-env vllm-ascend ray mutation mutation-rules npu-device clean
+.PHONY: run test test-all bytecode typecheck bench parity parity-record vllm-ascend-env vllm-ascend ray mutation mutation-rules npu-device clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,13 +19,18 @@ $(STAMP): pyproject.toml
 npu-device: $(STAMP)
 	-$(PY) -m sim.npu_device
 
+# The project's bytecode, compiled where it is out of date (scripts/compile_bytecode.py says why:
+# with PYTHONDONTWRITEBYTECODE set, every process would compile ascendgraph from source again).
+bytecode: $(STAMP)
+	$(PY) scripts/compile_bytecode.py
+
 # The main job: graph mode end to end on the CPU simulator.
-run: $(STAMP)
+run: $(STAMP) bytecode
 	$(VENV)/bin/ascendgraph run
 
 # The default test suite (no NPU, no vLLM needed), parallel on all cores; worksteal: an idle
 # worker takes queued tests from a busy one, so no core waits on the other at the end.
-test: $(STAMP) npu-device
+test: $(STAMP) npu-device bytecode
 	$(PY) -m pytest -n auto --dist worksteal
 
 # The type checker over ascendgraph/, ascendgraph_npu_facade/, sim/ and hw/ ([tool.mypy] in pyproject.toml); .ci/run runs it.
@@ -33,7 +38,7 @@ typecheck: $(STAMP)
 	$(PY) -m mypy
 
 # Everything that runs without an NPU: the default suite plus the slow tests (10,000-example fuzzing).
-test-all: $(STAMP) npu-device
+test-all: $(STAMP) npu-device bytecode
 	$(PY) -m pytest -n auto -m 'not npu and not vllm and not vllm_ascend and not ray'
 
 # Differential tests against vLLM 0.32, in their own cached venv (docs/parity.md); what .ci/run does second.

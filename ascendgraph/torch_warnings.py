@@ -2,17 +2,21 @@
 
 A caller who runs with ``PYTHONWARNINGS=error`` (or ``python -W error``, or
 ``warnings.simplefilter("error")``) turns every warning into an exception. For ascendgraph's
-own warnings that is the caller's right, and they still honour it. But torch raises a few
-warnings from inside its own code on the paths ascendgraph takes, about torch's own
-internals: turned into exceptions, they failed every ``ascendgraph run`` and ``plan``
-(``DeprecationWarning: `torch.jit.script_method` is deprecated`` from inside torch's pattern
-matcher), and nothing the caller can change in their code would fix it.
+own warnings that is the caller's right, and they still honour it. But torch can raise
+warnings from inside its own code about torch's own internals (importing torch's inductor
+pattern matcher raises ``DeprecationWarning: `torch.jit.script_method` is deprecated``):
+turned into exceptions on one of ascendgraph's paths, they would fail every ``ascendgraph
+run`` or ``plan``, and nothing the caller can change in their code would fix it.
 
-Each such warning is a row of `FOREIGN_WARNINGS` (category, message, where torch raises it
-and on which of our paths) and is ignored only around the torch call that raises it
-(`foreign_warnings_ignored`), so a filter the caller set is back in place as soon as the
-call returns. The filter change is made under a lock and undone in the order it was made,
-so two threads calling ascendgraph at once cannot leave a filter behind.
+Each such warning reached on one of our paths is a row of `FOREIGN_WARNINGS` (category,
+message, where torch raises it and on which of our paths) and is ignored only around the
+torch call that raises it (`foreign_warnings_ignored`), so a filter the caller set is back
+in place as soon as the call returns. The filter change is made under a lock and undone in
+the order it was made, so two threads calling ascendgraph at once cannot leave a filter
+behind. None is reached now (the fusion passes match with ascendgraph's own FX matcher,
+``ascendgraph.compile.passes.matcher``, and import no inductor pass):
+tests/unit/test_caller_warnings.py runs ``run`` under ``PYTHONWARNINGS=error`` and ``plan``
+under ``-W error`` to keep it so.
 """
 
 from __future__ import annotations
@@ -36,16 +40,7 @@ class ForeignWarning:
     reached_from: str  # which of our calls reaches it
 
 
-FOREIGN_WARNINGS: tuple[ForeignWarning, ...] = (
-    ForeignWarning(
-        DeprecationWarning,
-        r"`torch\.jit\.script_method` is deprecated",
-        "torch/jit/_script.py script_method, applied at import time by torch/utils/mkldnn.py (class MkldnnLinear), "
-        "which torch/_inductor/fx_passes/pre_grad.py imports through torch/fx/experimental/optimization.py",
-        "torch._inductor.pattern_matcher.fwd_only (it imports torch._inductor.fx_passes.post_grad), called by "
-        "ascendgraph.compile.passes.fusion to trace a fusion pattern",
-    ),
-)
+FOREIGN_WARNINGS: tuple[ForeignWarning, ...] = ()
 
 _LOCK = threading.RLock()
 

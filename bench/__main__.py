@@ -4,7 +4,8 @@ Sections (``--only NAME ...`` runs a subset; names in brackets):
 
 1. [run] ``ascendgraph run`` (default: tiny, 4 layers, 35 sizes, 210 graphs, 16 requests) twice in
    fresh processes sharing a fresh cache directory: the first run (empty compile cache) and the
-   second (warm caches): wall time, CPU time and peak RSS (``bench_proc.run_measured``);
+   second (warm caches): wall time, CPU time and peak RSS (``bench_proc.run_measured``); the
+   tree's bytecode compiled first, as ``make run`` does;
 2. [sim] simulator replay vs eager vs the floor, one decoder-block op sequence at batch
    1 / 8 / 64 (`bench_sim`): replay / eager, floor / eager, and replay's fraction of the way
    from eager to the floor (no goal: retired, replay is at the floor);
@@ -25,8 +26,8 @@ Sections (``--only NAME ...`` runs a subset; names in brackets):
     steps (`bench_ranks_vllm`), in the vLLM Ascend environment (``.venv-vllm-ascend``, `make
     vllm-ascend-env`; ``ASCENDGRAPH_VLLM_ASCEND_PYTHON`` names another) under the facade
     launcher; "not measured" where that environment is missing;
-11. [suite] the default test suite (``make test``'s pytest command) in a fresh clone of the
-    working tree (no bytecode caches) — only with ``--suite``;
+11. [suite] the default test suite (``make test``'s steps after the set-up: the bytecode, then
+    pytest) in a fresh clone of the working tree (no bytecode caches) — only with ``--suite``;
 12. [ci] ``.ci/run``, all its steps — only with ``--ci``.
 
 The suite and ``.ci/run`` (minutes each) are opt-in: ``--suite`` / ``--ci`` measure them fresh
@@ -49,6 +50,7 @@ import datetime
 import json
 import os
 import platform
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -68,8 +70,11 @@ SECTIONS = ("run", "sim", "capture", "plan", "api", "facade", "scale", "modes", 
 OPT_IN_SECTIONS = ("suite", "ci")  # minutes each: measured only when asked (--suite / --ci / --only)
 PROCESS_SECTIONS = ("run", "capture", "plan", "api", "facade")  # measured in a --before tree too
 RECORDED = os.path.join(ROOT, "bench", "recorded.json")
+# `make test`'s two steps after the set-up: the project's bytecode (scripts/compile_bytecode.py),
+# then its pytest command.
 RECORD_COMMANDS: dict[str, tuple[str, ...]] = {
-    "suite": (sys.executable, "-m", "pytest", "-n", "auto", "--dist", "worksteal", "-q", "-p", "no:cacheprovider"),
+    "suite": ("bash", "-c", f"{shlex.quote(sys.executable)} scripts/compile_bytecode.py && {shlex.quote(sys.executable)} "
+              "-m pytest -n auto --dist worksteal -q -p no:cacheprovider"),
     "ci": ("bash", ".ci/run"),
 }
 RESULT_KEYS = ("schema_version", "quick", "started", "environment", "sections", "goals", "seconds")
@@ -117,8 +122,16 @@ def _proc_row(figures: Any) -> dict[str, Any]:
 # --------------------------------------------------------------------------- sections
 
 
+def compile_bytecode(root: str) -> None:
+    """The tree's bytecode, as `make run` leaves it before the run (scripts/compile_bytecode.py)."""
+    subprocess.run([sys.executable, os.path.join(root, "scripts", "compile_bytecode.py")], cwd=root, check=True,
+                   stdout=subprocess.DEVNULL)
+
+
 def section_run(quick: bool, root: str = ROOT) -> dict[str, Any]:
     args = QUICK_RUN_ARGS if quick else RUN_ARGS
+    if os.path.exists(os.path.join(root, "scripts", "compile_bytecode.py")):  # a --before tree may predate it
+        compile_bytecode(root)
     rows: dict[str, Any] = {"args": list(args)}
     with tempfile.TemporaryDirectory(prefix="ascendgraph-bench-cache-") as cache_dir:
         for name in ("first", "second"):  # a fresh compile cache, then the cache the first run filled

@@ -6,12 +6,11 @@ rewritten by the passes — so a later run of the same model, mode and passes tr
 *Pass* entries (below) are the finer-grained fallback used when a model is traced: they
 skip the passes' pattern matching for a graph seen before.
 
-Theory of operation. Every run compiles the same model the same way, and the costliest
-part of the passes is not matching but importing torch's inductor pattern matcher and
-registering the patterns (the import alone measured ~1.4 s). So the `PassManager` keys each
-graph it is handed and, on a hit, swaps in the graph the passes produced last time —
-without importing the pattern matcher at all. On a miss it runs the passes and stores
-the result.
+Theory of operation. Every run compiles the same model the same way, and the passes spend
+their time tracing: each pattern once when it is registered, each replacement once per
+match. So the `PassManager` keys each graph it is handed and, on a hit, swaps in the graph
+the passes produced last time — without tracing anything. On a miss it runs the passes and
+stores the result.
 
 Where: ``$ASCENDGRAPH_CACHE_DIR/compile/<key>.pkl`` (default ``~/.cache/ascendgraph``;
 the test suite gives every test its own directory). The key is a SHA-256 of everything

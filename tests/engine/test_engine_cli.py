@@ -120,6 +120,24 @@ def test_the_cli_defaults_match_the_engine_and_the_parser_does_not_import_torch(
     assert sp.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip() == "False"
 
 
+def test_a_first_run_fuses_without_importing_inductors_pattern_matcher(tmp_path):
+    # The fusion passes match with ascendgraph.compile.passes.matcher (torch.fx only): importing
+    # torch._inductor.pattern_matcher (and torch._inductor.lowering with it) cost a first run 0.5 s.
+    probe = (
+        "import atexit, runpy, sys\n"
+        "watched = ('torch._inductor.pattern_matcher', 'torch._inductor.lowering')\n"
+        "atexit.register(lambda: print('imported:', [m for m in watched if m in sys.modules], file=sys.stderr))\n"
+        "sys.argv = ['ascendgraph', *sys.argv[1:]]\n"
+        "runpy.run_module('ascendgraph', run_name='__main__')\n"
+    )
+    env = dict(os.environ, ASCENDGRAPH_CACHE_DIR=str(tmp_path / "empty-cache"), OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-c", probe, *SMALL, "--json"], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout)["fused_ops"]["add_rms_norm"] > 0, "the passes ran and replaced matches"
+    assert "imported: []" in done.stderr
+
+
 def test_a_named_sim_profile_is_used(capsys):
     code, out, err = _run(capsys, *SMALL, "--sim-profile", "A2-old-hdk", "--stream-limit", "3", "--json")
     assert code == 1 and json.loads(out)["error"]["type"] == "OldHdkStack"

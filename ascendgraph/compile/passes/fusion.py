@@ -1,4 +1,4 @@
-"""`FusionPass`: a set of search/replace patterns applied with torch's inductor pattern matcher.
+"""`FusionPass`: a set of search/replace patterns applied with ascendgraph's FX pattern matcher.
 
 Theory of operation. A `Pattern` is a pair of plain functions — ``search`` written the way
 the model computes something (``rms_norm(x + r, w, eps)``), ``replace`` calling the fused
@@ -9,12 +9,13 @@ each of its patterns the first time it meets a graph that calls one of the patte
 family's anchor ops, once per pattern name — the name carries the scalars baked into the
 pattern (``add_rms_norm[eps=1e-06]``), so a pattern is registered once per (pattern, eps).
 
-Matching is torch's: ``register_replacement`` with the pattern traced once up front
-(``search_fn_pattern``), scalars such as eps compared literally, and the few literals that
-depend on num_tokens (view sizes) treated as wildcards and checked in the pattern's own
-``check``. Every match is also checked for the stream-scope rule (`same_stream_scope`);
-the fused nodes inherit the matched nodes' stream label. The pass returns how many
-matches it replaced.
+Matching is `ascendgraph.compile.passes.matcher`'s and replacing `rewrite`'s (torch.fx only,
+with the semantics of torch's inductor pattern matcher, which vLLM Ascend's passes use): the
+search function traced once up front, scalars such as eps compared literally, and the few
+literals that depend on num_tokens (view sizes) treated as wildcards and checked in the
+pattern's own ``check``. Every match is also checked for the stream-scope rule
+(`same_stream_scope`); the fused nodes inherit the matched nodes' stream label. The pass
+returns how many matches it replaced.
 """
 
 from __future__ import annotations
@@ -23,23 +24,22 @@ import contextlib
 import inspect
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 from torch import fx
 from torch._ops import OpOverload
 
+from ascendgraph.compile.passes.matcher import Match, SearchPattern, trace
+from ascendgraph.compile.passes.rewrite import PatternRewriter
 from ascendgraph.compile.passes.stream_scope import STREAM_LABEL_KEY, call_labels, same_stream_scope, stream_label
 
-if TYPE_CHECKING:  # pragma: no cover
-    from torch._inductor.pattern_matcher import Match, PatternMatcherPass
-
-__all__ = ["Pattern", "PatternFamily", "FusionPass", "match_value", "meta_tensor"]
+__all__ = ["Pattern", "PatternFamily", "FusionPass", "Match", "match_value", "meta_tensor"]
 
 log = logging.getLogger(__name__)
 
 
-def _always(match: "Match") -> bool:
+def _always(match: Match) -> bool:
     return True
 
 
@@ -48,7 +48,7 @@ def meta_tensor(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor
     return torch.empty(shape, dtype=dtype, device="meta")
 
 
-def match_value(match: "Match", name: str) -> Any:
+def match_value(match: Match, name: str) -> Any:
     """The fake value (or Python scalar) bound to a search-function argument in a match."""
     value = match.kwargs.get(name)
     if isinstance(value, fx.Node):
@@ -70,7 +70,7 @@ class Pattern:
     search: Callable[..., Any]
     replace: Callable[..., Any]
     example_inputs: Callable[[], Sequence[Any]]
-    check: Callable[["Match"], bool] = _always
+    check: Callable[[Match], bool] = _always
     ignore_types: tuple[type, ...] = ()
     scalar_workaround: Optional[dict[str, float]] = None
 
@@ -82,19 +82,6 @@ class PatternFamily:
     name: str
     anchors: tuple[OpOverload, ...]
     patterns: Callable[[], Sequence[Pattern]]
-
-
-def _trace(fn: Callable[..., Any], args: Sequence[Any], get_decomp_fn: Any = None) -> fx.GraphModule:
-    """Trace a pattern function to aten without decompositions (the graphs the backend hands
-    to the passes are aot_autograd's, which keep ops such as ``mean`` whole)."""
-    from torch._inductor.pattern_matcher import fwd_only
-
-    from ascendgraph.torch_warnings import foreign_warnings_ignored
-
-    # fwd_only imports torch's post-grad passes, whose import raises torch's own
-    # `torch.jit.script_method` DeprecationWarning (ascendgraph.torch_warnings).
-    with foreign_warnings_ignored():
-        return fwd_only(fn, args, get_decomp_fn=lambda: {})
 
 
 @contextlib.contextmanager
@@ -116,7 +103,7 @@ class FusionPass:
     name: str
     families: Sequence[PatternFamily]
     registered: list[str] = field(default_factory=list)
-    _matcher: Optional["PatternMatcherPass"] = field(default=None, repr=False)
+    _matcher: Optional[PatternRewriter] = field(default=None, repr=False)
     _families_done: set[str] = field(default_factory=set, repr=False)
     _pending_label: Any = field(default=None, repr=False)
 
@@ -124,7 +111,7 @@ class FusionPass:
         self._register_for(graph_module.graph)
         if self._matcher is None:
             return 0
-        count = int(self._matcher.apply(graph_module.graph))
+        count = self._matcher.apply(graph_module.graph)
         if count:
             _promote_stream_labels(graph_module.graph)
         return count
@@ -145,35 +132,21 @@ class FusionPass:
     def _register(self, pattern: Pattern) -> None:
         if pattern.name in self.registered:
             return
-        from torch._inductor.pattern_matcher import PatternMatcherPass, fx_to_pattern, register_replacement
-
         if self._matcher is None:
-            self._matcher = PatternMatcherPass(pass_name=self.name)
+            self._matcher = PatternRewriter(self.name)
         argnames = list(inspect.signature(pattern.search).parameters)
         workaround = dict(pattern.scalar_workaround or {})
-        examples = list(pattern.example_inputs())
-        trace_args, inputs = [], iter(examples)
-        for argname in argnames:
-            trace_args.append(workaround[argname] if argname in workaround else next(inputs))
-        search_gm = _trace(pattern.search, trace_args)
-        expression = fx_to_pattern(
-            search_gm, ignore_types=pattern.ignore_types, argnames=argnames, scalar_workaround=workaround
+        examples = iter(pattern.example_inputs())
+        trace_args = [workaround[name] if name in workaround else next(examples) for name in argnames]
+        search = SearchPattern.from_graph(
+            trace(pattern.search, trace_args), argnames, ignore_types=pattern.ignore_types, scalar_workaround=workaround
         )
-        register_replacement(
-            pattern.search,
-            self._replacement(pattern),
-            examples,
-            _trace,
-            self._matcher,
-            extra_check=self._checker(pattern),
-            scalar_workaround=workaround or None,
-            search_fn_pattern=expression,
-        )
+        self._matcher.register(pattern.name, search, argnames, self._replacement(pattern), self._checker(pattern))
         self.registered.append(pattern.name)
         log.debug("pass %s: registered pattern %s", self.name, pattern.name)
 
-    def _checker(self, pattern: Pattern) -> Callable[["Match"], bool]:
-        def check(match: "Match") -> bool:
+    def _checker(self, pattern: Pattern) -> Callable[[Match], bool]:
+        def check(match: Match) -> bool:
             labels = call_labels(match.nodes)
             if not same_stream_scope(labels):
                 log.debug("pass %s: %s refused, its nodes sit on streams %s", self.name, pattern.name, labels)

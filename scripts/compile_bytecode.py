@@ -1,0 +1,42 @@
+"""Compile the project's Python bytecode into ``__pycache__`` (what ``pip install`` does for an
+installed package), for `make run`, `make test` and the benchmarks.
+
+Why: an editable install runs the modules from this tree, and with ``PYTHONDONTWRITEBYTECODE``
+set (as in many containers and CI images) Python compiles every module it imports from source
+again in every process and never keeps the result. Each ``ascendgraph`` command and each child
+process a test starts then spends about 0.2 s compiling ascendgraph and the simulator.
+``compileall`` writes the bytecode whatever that variable says; Python reads it back only while
+it matches its source (size and modification time), so an edited module is compiled from source
+again until the next run of this script, never run stale. Up to date, the script takes about
+0.15 s; from scratch about 0.6 s on two cores.
+
+Usage: ``python scripts/compile_bytecode.py`` from the repository root (quiet; exit 1 when a
+module does not compile, with compileall's message on stdout).
+"""
+
+from __future__ import annotations
+
+import compileall
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# The trees whose modules processes import: the packages, the tests' own helper modules (pytest
+# rewrites test modules and conftest files with its own cache, not these) and the benchmarks.
+BYTECODE_DIRS = ("ascendgraph", "ascendgraph_npu_facade", "sim", "hw", "tests", "bench")
+
+
+def compile_project(root: str = ROOT) -> bool:
+    """Compile every module of `BYTECODE_DIRS` under ``root`` that is out of date; False when one
+    does not compile."""
+    ok = True
+    for name in BYTECODE_DIRS:
+        path = os.path.join(root, name)
+        if os.path.isdir(path):
+            ok = compileall.compile_dir(path, quiet=1, workers=0) and ok
+    return ok
+
+
+if __name__ == "__main__":
+    sys.exit(0 if compile_project() else 1)
