@@ -30,10 +30,46 @@ half-precision dtype; everything else runs as issued. Where:
 
 Warm-ups compute nothing (`sim.warmup`) and captures record the op as issued (its meta
 outputs are the same).
+
+Two cores for one product. `ascendgraph run` leaves torch one intra-op thread
+(ascendgraph/runtime/threads.py: the simulator's many small ops are faster that way), so on
+a two-core machine one core idles while a large widened product runs. `split_chunks` picks
+the products worth splitting: torch at one intra-op thread (with more, torch's own threads
+already use the cores), at least two cores for this process and fewer tasks runnable at this
+instant than it has cores (`runnable_tasks`: on a busy machine, a pytest-xdist worker per
+core, the helper would only take turns with the caller, and the hand-off measured 2-9 %
+slower than one piece), nothing for autograd to record, and at least `SPLIT_MIN_WORK`
+float64 multiply-adds (`product_work`: the product plus the
+widening of its right operand, the larger cost of a decode batch). Such a product's output
+columns are cut into chunks (`SPLIT_CHUNK_COLUMNS` wide, two to `SPLIT_MAX_CHUNKS`); the
+calling thread computes chunks from the front while a helper thread computes chunks from the
+back, each widening its chunk of the right operand (torch releases the GIL inside its kernels
+and conversions), until none is left; the rounded chunks are concatenated. Each output
+element is the same float64 sum of the same exact products whichever columns share its call,
+so a split product has the one-piece product's values, bit for bit but for the sign of an
+exact zero, which BLAS picks by kernel (the unpadded eager reference and a padded batch
+differ the same way, and compare equal); no chunk is narrower than `SPLIT_MIN_CHUNK_COLUMNS`.
+tests/sim/test_matmul_split.py checks every form, dtype and layout, and random shapes over a
+wide dynamic range. Below the threshold the hand-off (about 60 us to start a thread) costs
+more than the second core saves (bench/bench_matmul.py measures both sides).
+
+The helper is a plain OS thread started for the one product (`_thread`, so it never appears
+in `threading.enumerate()`) that returns as soon as no chunk is left: nothing lives between
+products, so there is no pool to re-create after ``fork``, nothing to shut down, and engines
+on several Python threads each split their own products. It never changes torch's thread
+count (the engine's `ThreadLease` owns it): it asks torch for it first, which sets the new
+thread's OpenMP / MKL count to torch's one (`_helper`). On a busy machine the helper may
+start late or lose its core for a while, when another process woke after the check: the
+caller takes the chunks it has not claimed
+(`_Chunks`), so a split product waits for the helper's one chunk in progress at most, and a
+helper that never got a core leaves the caller to compute the product alone.
 """
 
 from __future__ import annotations
 
+import _thread
+import os
+import threading
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -41,7 +77,10 @@ from torch import Tensor
 
 from ascendgraph.kernel_contracts import HALF
 
-__all__ = ["WIDENED_MATMULS", "HALF_DTYPES", "widens", "widened_matmul", "widened_call"]
+__all__ = [
+    "WIDENED_MATMULS", "HALF_DTYPES", "SPLIT_MIN_WORK", "widens", "widened_matmul", "widened_call", "split_chunks",
+    "product_work", "runnable_tasks",
+]
 
 aten = torch.ops.aten
 
@@ -60,6 +99,13 @@ WIDENED_MATMULS: dict[Any, Any] = {
     aten.baddbmm.out: aten.baddbmm.default,
 }
 
+# Splitting a product across two threads (`split_chunks`; measured in bench/bench_matmul.py):
+CONVERSION_MULTIPLY_ADDS = 12  # widening one half-precision element costs about 12 float64 multiply-adds
+SPLIT_MIN_WORK = 16 * 512 * 2048  # below this a thread hand-off costs more than it saves
+SPLIT_MIN_CHUNK_COLUMNS = 64  # each chunk this many output columns or more (see the theory of operation)
+SPLIT_CHUNK_COLUMNS = 256  # the chunk width aimed at
+SPLIT_MAX_CHUNKS = 8
+
 
 def _half_dtype(args: Sequence[Any], kwargs: dict[str, Any]) -> Optional[torch.dtype]:
     """The one half-precision dtype every tensor argument (and ``out``) has, else None."""
@@ -77,18 +123,181 @@ def widens(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
     return func in WIDENED_MATMULS and _half_dtype(args, kwargs) is not None
 
 
-def widened_matmul(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-    """``func(*args, **kwargs)`` computed in float64 and rounded once (call only when `widens`)."""
+def widened_matmul(func: Any, args: Sequence[Any], kwargs: dict[str, Any], *, split: Optional[bool] = None) -> Any:
+    """``func(*args, **kwargs)`` computed in float64 and rounded once (call only when `widens`).
+
+    ``split``: None computes a large product's output columns in chunks on two threads when
+    `split_chunks` says so; True splits any well-formed product of two chunks' columns or
+    more, whatever its size and the machine; False computes in one piece. All three give the
+    same values (tests/sim/test_matmul_split.py).
+    """
     base = WIDENED_MATMULS[func]
     dtype = _half_dtype(args, kwargs)
-    wide = [value.double() if isinstance(value, Tensor) else value for value in args]
+    assert dtype is not None, "widened_matmul: call it only for a product `widens` accepts"
     out = kwargs.get("out")
     rest = {key: value for key, value in kwargs.items() if key != "out"} if kwargs else {}
+    chunks = split_chunks(args) if split is None else _chunks(args) if split else 0
+    if chunks:
+        result = _split_product(base, args, rest, dtype, chunks)
+        if out is not None:
+            out.copy_(result)
+            return out
+        return result
+    wide = [value.double() if isinstance(value, Tensor) else value for value in args]
     result = base._op(*wide, **rest)
     if out is not None:
         out.copy_(result)
         return out
     return result.to(dtype)
+
+
+def split_chunks(args: Sequence[Any]) -> int:
+    """Into how many column chunks a product is split across two threads (0: one piece).
+
+    Split when the process leaves torch one intra-op thread (`ascendgraph run`: the second
+    core idles otherwise), this process may run on two cores or more and one of them is idle
+    now (`runnable_tasks`), autograd records nothing, the operands are a well-formed product
+    (`_chunks`) and its work (`product_work`) is at least `SPLIT_MIN_WORK`.
+    """
+    chunks = _chunks(args)
+    if not chunks or product_work(args[-2].shape, args[-1].shape) < SPLIT_MIN_WORK:
+        return 0
+    if torch.is_grad_enabled() and any(value.requires_grad for value in args):
+        return 0
+    cores = len(os.sched_getaffinity(0))
+    if torch.get_num_threads() != 1 or cores < 2:
+        return 0
+    runnable = runnable_tasks()
+    if runnable is not None and runnable >= cores:
+        return 0  # no idle core now: a helper would only take turns with this thread
+    return chunks
+
+
+def runnable_tasks() -> Optional[int]:
+    """How many tasks the machine could run at this instant, the calling thread included
+    (Linux: the fourth field of /proc/loadavg, ``running/total``); None where unknown."""
+    try:
+        with open("/proc/loadavg", "rb") as handle:
+            return int(handle.read().split()[3].split(b"/")[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _chunks(args: Sequence[Any]) -> int:
+    """How many column chunks (`SPLIT_CHUNK_COLUMNS` wide, two to `SPLIT_MAX_CHUNKS`) when
+    ``args`` are a well-formed ``mm`` / ``bmm`` (``addmm`` / ``baddbmm``: a bias broadcastable
+    to the output first) of two `SPLIT_MIN_CHUNK_COLUMNS` or more; else 0 (an ill-formed call
+    runs in one piece and raises the op's own error)."""
+    if len(args) not in (2, 3) or not all(isinstance(value, Tensor) for value in args):
+        return 0
+    left, right = args[-2], args[-1]
+    if left.dim() != right.dim() or left.dim() not in (2, 3) or left.shape[-1] != right.shape[-2]:
+        return 0
+    if left.dim() == 3 and left.shape[0] != right.shape[0]:
+        return 0
+    columns = right.shape[-1]
+    if columns < 2 * SPLIT_MIN_CHUNK_COLUMNS:
+        return 0
+    if len(args) == 3 and not _broadcasts_to(args[0].shape, (*left.shape[:-1], columns)):
+        return 0
+    return max(2, min(SPLIT_MAX_CHUNKS, columns // SPLIT_CHUNK_COLUMNS))
+
+
+def product_work(left_shape: Sequence[int], right_shape: Sequence[int]) -> int:
+    """A widened product's cost in float64 multiply-adds: the product itself plus the
+    conversion of the right operand (`CONVERSION_MULTIPLY_ADDS` per element)."""
+    batch = left_shape[0] if len(left_shape) == 3 else 1
+    rows, inner, columns = left_shape[-2], left_shape[-1], right_shape[-1]
+    return batch * inner * columns * (rows + CONVERSION_MULTIPLY_ADDS)
+
+
+def _broadcasts_to(shape: Sequence[int], target: Sequence[int]) -> bool:
+    try:
+        return tuple(torch.broadcast_shapes(tuple(shape), tuple(target))) == tuple(target)
+    except RuntimeError:
+        return False
+
+
+def _split_product(base: Any, args: Sequence[Any], rest: dict[str, Any], dtype: torch.dtype, chunks: int) -> Tensor:
+    """The product rounded to ``dtype``, its output columns in ``chunks`` chunks that this
+    thread takes from the front and a helper thread from the back (`_Chunks`)."""
+    *bias, left, right = args
+    columns = right.shape[-1]
+    left_wide = left.double()  # shared by every chunk (read only)
+    width = max(SPLIT_MIN_CHUNK_COLUMNS, columns // chunks // SPLIT_MIN_CHUNK_COLUMNS * SPLIT_MIN_CHUNK_COLUMNS)
+    starts = list(range(0, columns - SPLIT_MIN_CHUNK_COLUMNS + 1, width))  # the last chunk takes the rest
+    parts = [slice(start, end) for start, end in zip(starts, [*starts[1:], columns])]
+
+    def compute(part: slice) -> Tensor:
+        wide = [b[..., part].double() if b.dim() and b.shape[-1] == columns and columns > 1 else b.double() for b in bias]
+        return base._op(*wide, left_wide, right[..., part].double(), **rest).to(dtype)
+
+    work = _Chunks(compute, parts)
+    _thread.start_new_thread(_helper, (work,))
+    return torch.cat(work.run_here(), dim=-1)
+
+
+def _helper(work: "_Chunks") -> None:
+    """A helper thread's body. Asking torch its thread count first initialises the new thread's
+    OpenMP / MKL count from torch's (one): MKL would otherwise start a thread team of its own
+    for the helper's products (its default is one thread per core)."""
+    torch.get_num_threads()
+    work.run_helper()
+
+
+class _Chunks:
+    """A split product's column chunks: the calling thread claims them from the front, the
+    helper from the back, one at a time, until none is left; so on a busy machine, where the
+    helper may start late or lose its core for a while, the caller waits for one chunk at most."""
+
+    def __init__(self, compute: Callable[[slice], Tensor], parts: list[slice]) -> None:
+        self._compute = compute
+        self._parts = parts
+        self._values: list[Optional[Tensor]] = [None] * len(parts)
+        self._front, self._back = 0, len(parts)  # the unclaimed chunks: [front, back)
+        self._helper_busy = False
+        self._error: Optional[BaseException] = None
+        self._changed = threading.Condition(threading.Lock())
+
+    def _claim(self, front: bool) -> Optional[int]:
+        with self._changed:
+            if self._front >= self._back or self._error is not None:
+                return None
+            if front:
+                self._front += 1
+                return self._front - 1
+            self._back -= 1
+            self._helper_busy = True
+            return self._back
+
+    def run_helper(self) -> None:
+        """The helper's loop: compute chunks from the back until none is left."""
+        try:
+            with torch.no_grad():
+                while (index := self._claim(front=False)) is not None:
+                    value = self._compute(self._parts[index])
+                    with self._changed:
+                        self._values[index] = value
+                        self._helper_busy = False
+                        self._changed.notify_all()
+        except BaseException as error:  # re-raised on the calling thread
+            with self._changed:
+                self._error = error
+                self._helper_busy = False
+                self._changed.notify_all()
+
+    def run_here(self) -> list[Tensor]:
+        """The caller's loop: chunks from the front, then the helper's last one awaited."""
+        while (index := self._claim(front=True)) is not None:
+            self._values[index] = self._compute(self._parts[index])
+        with self._changed:
+            while self._helper_busy:
+                self._changed.wait()
+            if self._error is not None:
+                raise self._error
+        values = [value for value in self._values if value is not None]
+        assert len(values) == len(self._values)
+        return values
 
 
 def widened_call(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Optional[Callable[..., Any]]:

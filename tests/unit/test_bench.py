@@ -250,3 +250,19 @@ def test_the_suite_is_measured_in_a_fresh_clone_without_bytecode(tmp_path):
     files = sorted(str(p.relative_to(clone)) for p in Path(clone).rglob("*") if p.is_file())
     assert files == [".gitignore", "new.py", "pkg/mod.py"]
 
+
+
+def test_the_matmul_bench_times_the_split_and_the_one_piece_product_side_by_side():
+    from bench.bench_matmul import measure
+
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        row = measure(16, 64, 256, repeats=2)
+    finally:
+        torch.set_num_threads(threads)
+    assert {"rows", "inner", "columns", "work", "split_by_default", "split_wall", "whole_wall", "split_cpu", "whole_cpu",
+            "ratio"} <= set(row)
+    assert (row["rows"], row["inner"], row["columns"]) == (16, 64, 256) and row["work"] == 64 * 256 * (16 + 12)
+    assert row["split_by_default"] is False, "a product this small stays in one piece"
+    assert row["ratio"] > 0 and row["split_wall"] > 0 and row["whole_wall"] > 0
