@@ -164,13 +164,20 @@ def split_chunks(args: Sequence[Any]) -> int:
         return 0
     if torch.is_grad_enabled() and any(value.requires_grad for value in args):
         return 0
-    cores = len(os.sched_getaffinity(0))
+    cores = _usable_cores()
     if torch.get_num_threads() != 1 or cores < 2:
         return 0
     runnable = runnable_tasks()
     if runnable is not None and runnable >= cores:
         return 0  # no idle core now: a helper would only take turns with this thread
     return chunks
+
+
+def _usable_cores() -> int:
+    """The cores this process may run on: its affinity mask on Linux, the machine's count
+    where the OS has no such mask (macOS)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
 
 
 def runnable_tasks() -> Optional[int]:

@@ -321,3 +321,14 @@ def test_a_child_forked_after_split_products_splits_too(one_thread_two_cores):
     child.start()
     child.join(timeout=60)
     assert child.exitcode == 0 and queue.get(timeout=5) is True
+
+
+def test_without_an_affinity_mask_the_machines_core_count_decides(one_thread_two_cores, monkeypatch):
+    """macOS has no os.sched_getaffinity: the split asks os.cpu_count() instead of failing."""
+    large = _prefill()
+    monkeypatch.delattr(matmul.os, "sched_getaffinity", raising=False)
+    monkeypatch.setattr(matmul, "runnable_tasks", lambda: None)
+    monkeypatch.setattr(matmul.os, "cpu_count", lambda: 2)
+    assert split_chunks(large) == 8
+    monkeypatch.setattr(matmul.os, "cpu_count", lambda: 1)
+    assert split_chunks(large) == 0
