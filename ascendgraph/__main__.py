@@ -1,7 +1,5 @@
-"""`python -m ascendgraph` runs the command line."""
+"""`python -m ascendgraph` runs the command line (as the ``ascendgraph`` script does)."""
 
-import sys
+from ascendgraph.cli import console_main
 
-from ascendgraph.cli import main
-
-sys.exit(main())
+console_main()
