@@ -107,7 +107,7 @@ def test_inference_tensors_split_to_the_same_bits():
     _same(*_both(aten.addmm.default, (bias, a, w.t())))  # inference tensors read outside inference mode
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(
     dtype=st.sampled_from(HALVES),
     batch=st.sampled_from([0, 1, 2, 5]),
