@@ -164,19 +164,17 @@ BACKEND_CASES = {
 
 
 def _backend_params() -> list[Any]:
-    """Every tiny preset (one per architecture) in bf16 W8A8 dynamic (add_rms_norm, its dynamic
-    quant, q/k norm + rope where the preset has q/k norm) and tiny in the other FULL cases by
-    default; the full-size presets (the same architectures, wider: 5 s each), the other pairs,
-    and the piecewise subset of the passes on the same graph, with -m slow."""
+    """By default, one graph per pattern family: tiny in bf16 W8A8 dynamic (add_rms_norm, its
+    dynamic quant, q/k norm + rope), tiny in float32 W8A8 (the static quant family) and tiny-mla
+    in bf16 W8A8 dynamic (MLA's norms). With -m slow (.ci/run's step 1b): every other preset and
+    case, the full-size presets (the same architectures, wider: 5 s each) and the piecewise
+    subset of the passes on the same graph."""
     from ascendgraph.models.presets import PRESETS
 
-    def by_default(preset: str, case: str) -> bool:
-        if not preset.startswith("tiny"):
-            return False
-        return case == "bf16-w8a8-dynamic" or (preset == "tiny" and case != "bf16-piecewise")
+    by_default = {("tiny", "bf16-w8a8-dynamic"), ("tiny", "fp32-w8a8"), ("tiny-mla", "bf16-w8a8-dynamic")}
 
     return [
-        pytest.param(preset, case, id=f"{preset}-{case}", marks=() if by_default(preset, case) else (pytest.mark.slow,))
+        pytest.param(preset, case, id=f"{preset}-{case}", marks=() if (preset, case) in by_default else (pytest.mark.slow,))
         for preset in PRESETS for case in BACKEND_CASES
     ]
 
