@@ -38,7 +38,8 @@ the products worth splitting: torch at one intra-op thread (with more, torch's o
 already use the cores), at least two cores for this process and fewer tasks runnable at this
 instant than it has cores (`runnable_tasks`: on a busy machine, a pytest-xdist worker per
 core, the helper would only take turns with the caller, and the hand-off measured 2-9 %
-slower than one piece), nothing for autograd to record, and at least `SPLIT_MIN_WORK`
+slower than one piece), nothing for autograd to record, host tensors (a simulated npu's ops depend on the issuing
+thread's device state), and at least `SPLIT_MIN_WORK`
 float64 multiply-adds (`product_work`: the product plus the
 widening of its right operand, the larger cost of a decode batch). Such a product's output
 columns are cut into chunks (`SPLIT_CHUNK_COLUMNS` wide, two to `SPLIT_MAX_CHUNKS`); the
@@ -154,7 +155,7 @@ def widened_matmul(func: Any, args: Sequence[Any], kwargs: dict[str, Any], *, sp
 def split_chunks(args: Sequence[Any]) -> int:
     """Into how many column chunks a product is split across two threads (0: one piece).
 
-    Split when the process leaves torch one intra-op thread (`ascendgraph run`: the second
+    Split host tensors (not the simulated npu's: `_chunks`) when the process leaves torch one intra-op thread (`ascendgraph run`: the second
     core idles otherwise), this process may run on two cores or more and one of them is idle
     now (`runnable_tasks`), autograd records nothing, the operands are a well-formed product
     (`_chunks`) and its work (`product_work`) is at least `SPLIT_MIN_WORK`.
@@ -193,9 +194,16 @@ def runnable_tasks() -> Optional[int]:
 def _chunks(args: Sequence[Any]) -> int:
     """How many column chunks (`SPLIT_CHUNK_COLUMNS` wide, two to `SPLIT_MAX_CHUNKS`) when
     ``args`` are a well-formed ``mm`` / ``bmm`` (``addmm`` / ``baddbmm``: a bias broadcastable
-    to the output first) of two `SPLIT_MIN_CHUNK_COLUMNS` or more; else 0 (an ill-formed call
-    runs in one piece and raises the op's own error)."""
+    to the output first) of host tensors of two `SPLIT_MIN_CHUNK_COLUMNS` or more; else 0 (an
+    ill-formed call runs in one piece and raises the op's own error)."""
     if len(args) not in (2, 3) or not all(isinstance(value, Tensor) for value in args):
+        return 0
+    if any(value.device.type != "cpu" for value in args):
+        # Host tensors only. A graph replay on the simulated npu (the facade) computes its
+        # products on npu tensors, whose ops consult the issuing thread's device state (context
+        # variables such as the replay in progress, the current stream and pool), which a helper
+        # thread does not share: split there, FULL-graph replays differed from eager
+        # (tests/npu/test_engine_npu.py under `--npu-facade`).
         return 0
     left, right = args[-2], args[-1]
     if left.dim() != right.dim() or left.dim() not in (2, 3) or left.shape[-1] != right.shape[-2]:

@@ -332,3 +332,11 @@ def test_without_an_affinity_mask_the_machines_core_count_decides(one_thread_two
     assert split_chunks(large) == 8
     monkeypatch.setattr(matmul.os, "cpu_count", lambda: 1)
     assert split_chunks(large) == 0
+
+
+def test_only_host_tensors_are_split(one_thread_two_cores):
+    """Device tensors (the facade's npu, here meta) keep the issuing thread's device state: one piece."""
+    large = _prefill()
+    assert split_chunks(large) == 8
+    assert split_chunks(tuple(value.to("meta") for value in large)) == 0
+    assert split_chunks((large[0].to("meta"), large[1])) == 0
