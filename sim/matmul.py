@@ -191,6 +191,9 @@ def runnable_tasks() -> Optional[int]:
         return None
 
 
+_PLAIN_TENSOR_TYPES = (Tensor, torch.nn.Parameter)  # no dispatch of their own: safe on any thread
+
+
 def _chunks(args: Sequence[Any]) -> int:
     """How many column chunks (`SPLIT_CHUNK_COLUMNS` wide, two to `SPLIT_MAX_CHUNKS`) when
     ``args`` are a well-formed ``mm`` / ``bmm`` (``addmm`` / ``baddbmm``: a bias broadcastable
@@ -198,12 +201,13 @@ def _chunks(args: Sequence[Any]) -> int:
     ill-formed call runs in one piece and raises the op's own error)."""
     if len(args) not in (2, 3) or not all(isinstance(value, Tensor) for value in args):
         return 0
-    if any(value.device.type != "cpu" for value in args):
+    if any(type(value) not in _PLAIN_TENSOR_TYPES or value.device.type != "cpu" for value in args):
         # Host tensors only. A graph replay on the simulated npu (the facade) computes its
         # products on npu tensors, whose ops consult the issuing thread's device state (context
         # variables such as the replay in progress, the current stream and pool), which a helper
         # thread does not share: split there, FULL-graph replays differed from eager
-        # (tests/npu/test_engine_npu.py under `--npu-facade`).
+        # (tests/npu/test_engine_npu.py under `--npu-facade`). Tensor subclasses the same (the
+        # graph pool's weak references read the replay in progress from a context variable).
         return 0
     left, right = args[-2], args[-1]
     if left.dim() != right.dim() or left.dim() not in (2, 3) or left.shape[-1] != right.shape[-2]:

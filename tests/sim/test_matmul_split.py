@@ -340,3 +340,15 @@ def test_only_host_tensors_are_split(one_thread_two_cores):
     assert split_chunks(large) == 8
     assert split_chunks(tuple(value.to("meta") for value in large)) == 0
     assert split_chunks((large[0].to("meta"), large[1])) == 0
+
+
+def test_tensor_subclasses_are_not_split(one_thread_two_cores):
+    """A subclass with a dispatch of its own (the graph pool's weak references) may read per-thread
+    state: one piece. Parameters have none and still split."""
+
+    class Traced(torch.Tensor):
+        pass
+
+    left, right = _prefill()
+    assert split_chunks((left.as_subclass(Traced), right)) == 0
+    assert split_chunks((left, torch.nn.Parameter(right, requires_grad=False))) == 8
