@@ -8,7 +8,8 @@ ends the process with 130 at once instead of a KeyboardInterrupt "ignored" in th
 exit 0.
 
 `console_main()` is what the ``ascendgraph`` script and ``python -m ascendgraph`` call: `main`,
-then the process ends without CPython's teardown (`exit_without_teardown`).
+then, when the process is the command's own, it ends without CPython's teardown
+(`exit_without_teardown`).
 """
 
 from __future__ import annotations
@@ -98,8 +99,39 @@ def _late_ctrl_c_exits_130() -> None:
 
 def console_main() -> NoReturn:
     """The ``ascendgraph`` console script and ``python -m ascendgraph``: `main`, then the
-    process ends (`exit_without_teardown`)."""
-    exit_without_teardown(main())
+    process ends (`exit_without_teardown`) when it is the command's own: started as the script
+    or with ``-m ascendgraph``, no profiler or tracer installed. A program that runs ascendgraph
+    inside its own process (``python -m cProfile -m ascendgraph``, ``pdb``, ``runpy``) gets
+    control back through the normal ``sys.exit``."""
+    code = main()
+    if _process_is_the_commands() and sys.getprofile() is None and sys.gettrace() is None:
+        exit_without_teardown(code)
+    sys.exit(code)
+
+
+# Interpreter options that take the next argument as their value (python --help).
+_INTERPRETER_OPTIONS_WITH_A_VALUE = ("-W", "-X")
+COMMAND_MODULES = ("ascendgraph", "ascendgraph.__main__")
+
+
+def _process_is_the_commands(orig_argv: Optional[Sequence[str]] = None, script: Optional[str] = None) -> bool:
+    """Whether the interpreter was started to run ascendgraph itself: its command line
+    (``sys.orig_argv``), after the interpreter's own options, is ``-m ascendgraph`` or the script
+    ``sys.argv[0]`` names (the console script); not ``-c``, stdin or another module or script
+    that runs ascendgraph inside it."""
+    argv = list(getattr(sys, "orig_argv", ()) if orig_argv is None else orig_argv)
+    script = sys.argv[0] if script is None else script
+    position = 1
+    while position < len(argv):
+        argument = argv[position]
+        if argument == "-m":
+            return argv[position + 1:position + 2] in ([name] for name in COMMAND_MODULES)
+        if argument.startswith("-m"):
+            return argument[2:] in COMMAND_MODULES
+        if argument in ("-c", "-") or not argument.startswith("-"):
+            return argument == script and argument not in ("-c", "-")
+        position += 2 if argument in _INTERPRETER_OPTIONS_WITH_A_VALUE else 1
+    return False
 
 
 def exit_without_teardown(code: int) -> NoReturn:

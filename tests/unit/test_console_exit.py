@@ -1,6 +1,7 @@
 """The console script's exit (`ascendgraph.cli.console_main`): the command's status, its output
-and the atexit handlers as at a normal exit, then ``os._exit`` instead of CPython's teardown;
-the normal exit where that teardown still has work (a live thread, a stream that does not flush)."""
+and the atexit handlers as at a normal exit, then ``os._exit`` instead of CPython's teardown
+(`exit_without_teardown`); the normal exit where that teardown still has work (a live thread, a
+stream that does not flush) and where the process is not the command's own (a profiler, ``-c``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,11 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
+
+import pytest
+
+from ascendgraph.cli import _process_is_the_commands
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -19,7 +25,7 @@ def reporting_exit(code):
     os.write(2, b"fast exit %d\\n" % code)
     real_exit(code)
 os._exit = reporting_exit
-from ascendgraph.cli import console_main
+from ascendgraph.cli import exit_without_teardown, main
 """
 
 
@@ -35,7 +41,7 @@ def test_the_status_output_and_exit_handlers_are_a_normal_exits_then_the_process
         box = Box()
         weakref.finalize(box, print, "finalizer ran")
         atexit.register(print, "handler ran")
-        console_main()
+        exit_without_teardown(main())
     """, "explain")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("model tiny")
@@ -44,7 +50,7 @@ def test_the_status_output_and_exit_handlers_are_a_normal_exits_then_the_process
 
     bad = _console("""
         atexit.register(print, "handler ran")
-        console_main()
+        exit_without_teardown(main())
     """, "run", "--num-layers", "-1")
     assert bad.returncode == 2 and "--num-layers" in bad.stderr and bad.stdout == "handler ran\n"
     assert bad.stderr.endswith("fast exit 2\n")
@@ -56,7 +62,7 @@ def test_a_thread_still_running_is_waited_for_the_normal_way():
             time.sleep(0.5)
             print("thread finished", flush=True)
         threading.Thread(target=late).start()
-        console_main()
+        exit_without_teardown(main())
     """, "explain")
     assert done.returncode == 0, done.stderr
     assert done.stdout.rstrip().endswith("thread finished")
@@ -65,7 +71,6 @@ def test_a_thread_still_running_is_waited_for_the_normal_way():
 
 def test_a_stream_that_does_not_flush_leaves_the_exit_to_python():
     done = _console("""
-        from ascendgraph.cli import exit_without_teardown
         class Closed(io.StringIO):
             def flush(self):
                 raise ValueError("I/O operation on closed file")
@@ -76,3 +81,32 @@ def test_a_stream_that_does_not_flush_leaves_the_exit_to_python():
     assert done.returncode == 120  # CPython's status for an exit whose stdout does not flush
     assert "fast exit" not in done.stderr
     assert "handler ran" in done.stderr  # Python's own exit still runs them
+
+
+SCRIPT = "/venv/bin/ascendgraph"
+
+
+@pytest.mark.parametrize("orig_argv, ours", [
+    (["python", "-m", "ascendgraph", "run"], True),
+    (["python", "-mascendgraph", "run"], True),
+    (["python", "-X", "importtime", "-W", "error", "-m", "ascendgraph.__main__"], True),
+    (["python", SCRIPT, "run"], True),
+    (["python", "-I", SCRIPT, "run"], True),
+    (["python", "-m", "cProfile", "-o", "out", "-m", "ascendgraph", "run"], False),
+    (["python", "-m", "pdb", SCRIPT, "run"], False),
+    (["python", "-c", "import ascendgraph.cli as c; c.console_main()"], False),
+    (["python", "-", "run"], False),
+    (["python", "/elsewhere/wrapper.py", "run"], False),
+    (["python"], False),
+])
+def test_only_the_commands_own_process_is_ended_early(orig_argv, ours):
+    assert _process_is_the_commands(orig_argv, script=SCRIPT) is ours
+
+
+def test_a_profiler_running_the_module_in_process_gets_control_back(tmp_path: Path):
+    profile = tmp_path / "explain.prof"
+    done = subprocess.run([sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "ascendgraph", "explain"],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT}, cwd=tmp_path,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert profile.stat().st_size > 0  # written by cProfile after the module returned
