@@ -63,7 +63,12 @@ thread's OpenMP / MKL count to torch's one (`_helper`). On a busy machine the he
 start late or lose its core for a while, when another process woke after the check: the
 caller takes the chunks it has not claimed
 (`_Chunks`), so a split product waits for the helper's one chunk in progress at most, and a
-helper that never got a core leaves the caller to compute the product alone.
+helper that never got a core leaves the caller to compute the product alone, as does a thread
+that cannot be started (a thread limit). When the caller's own chunk fails (an error, Ctrl-C),
+the helper claims nothing more and its chunk in progress is awaited before the error goes on,
+so no helper computes after the call. The idle-core check reads the host's run queue and the
+affinity mask: a container's CPU quota is not seen there, and a split under a one-core quota
+gives the same values, only no faster.
 """
 
 from __future__ import annotations
@@ -252,7 +257,10 @@ def _split_product(base: Any, args: Sequence[Any], rest: dict[str, Any], dtype: 
         return base._op(*wide, left_wide, right[..., part].double(), **rest).to(dtype)
 
     work = _Chunks(compute, parts)
-    _thread.start_new_thread(_helper, (work,))
+    try:
+        _thread.start_new_thread(_helper, (work,))
+    except RuntimeError:  # "can't start new thread" (a thread or pid limit): the caller computes every chunk
+        pass
     return torch.cat(work.run_here(), dim=-1)
 
 
@@ -276,11 +284,12 @@ class _Chunks:
         self._front, self._back = 0, len(parts)  # the unclaimed chunks: [front, back)
         self._helper_busy = False
         self._error: Optional[BaseException] = None
+        self._cancelled = False  # the caller failed: the helper claims nothing more
         self._changed = threading.Condition(threading.Lock())
 
     def _claim(self, front: bool) -> Optional[int]:
         with self._changed:
-            if self._front >= self._back or self._error is not None:
+            if self._front >= self._back or self._error is not None or self._cancelled:
                 return None
             if front:
                 self._front += 1
@@ -306,9 +315,18 @@ class _Chunks:
                 self._changed.notify_all()
 
     def run_here(self) -> list[Tensor]:
-        """The caller's loop: chunks from the front, then the helper's last one awaited."""
-        while (index := self._claim(front=True)) is not None:
-            self._values[index] = self._compute(self._parts[index])
+        """The caller's loop: chunks from the front, then the helper's last one awaited. When the
+        caller's own chunk fails (an error, Ctrl-C), the helper is told to stop and its chunk in
+        progress awaited before the error goes on: no helper computes after the call returned."""
+        try:
+            while (index := self._claim(front=True)) is not None:
+                self._values[index] = self._compute(self._parts[index])
+        except BaseException:
+            with self._changed:
+                self._cancelled = True
+                while self._helper_busy:
+                    self._changed.wait()
+            raise
         with self._changed:
             while self._helper_busy:
                 self._changed.wait()

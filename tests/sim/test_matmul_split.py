@@ -352,3 +352,39 @@ def test_tensor_subclasses_are_not_split(one_thread_two_cores):
     left, right = _prefill()
     assert split_chunks((left.as_subclass(Traced), right)) == 0
     assert split_chunks((left, torch.nn.Parameter(right, requires_grad=False))) == 8
+
+
+def test_an_error_on_the_callers_chunk_stops_the_helper_and_awaits_its_chunk():
+    """The caller fails (an error, Ctrl-C) while the helper computes: the helper claims nothing
+    more, and the error leaves only once the helper's chunk in progress is done."""
+    helper_started, release = threading.Event(), threading.Event()
+    computed: list[str] = []
+
+    def compute(part):
+        who = threading.current_thread().name
+        if who == "helper":
+            helper_started.set()
+            release.wait(5)
+            computed.append(f"helper {part.start}")
+            return torch.zeros(1)
+        helper_started.wait(5)
+        threading.Timer(0.05, release.set).start()
+        raise KeyboardInterrupt
+
+    work = matmul._Chunks(compute, [slice(i, i + 1) for i in range(6)])
+    helper = threading.Thread(target=work.run_helper, name="helper")
+    helper.start()
+    with pytest.raises(KeyboardInterrupt):
+        work.run_here()
+    assert computed == ["helper 5"], "the chunk in progress finished before the error left; no other was claimed"
+    helper.join(5)
+    assert not helper.is_alive() and computed == ["helper 5"]
+
+
+def test_a_helper_that_cannot_start_leaves_the_caller_the_whole_product(monkeypatch):
+    def refuse(*args):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(matmul._thread, "start_new_thread", refuse)
+    args = _prefill(rows=64)
+    _same(widened_matmul(aten.mm.default, args, {}, split=True), widened_matmul(aten.mm.default, args, {}, split=False))
