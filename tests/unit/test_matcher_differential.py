@@ -380,3 +380,99 @@ def test_the_reference_really_is_inductors_matcher():
     assert isinstance(fusion, InductorFusionPass)
     assert fusion(_graph(lambda x, r, w: ag.rms_norm(x + r, w, 1e-6), x, r, w)) == 1
     assert type(fusion._matcher).__module__ == "torch._inductor.pattern_matcher"
+
+
+def _cast_then_mul_family() -> PatternFamily:
+    """``x.to(dtype) * y`` with the cast's dtype keyword a wildcard (traced from bfloat16)."""
+
+    def search(x, y):
+        return x.to(torch.float32) * y
+
+    def replace(x, y):
+        return y * x
+
+    pattern = Pattern("cast_then_mul", search, replace,
+                      lambda: [meta_tensor(8, 16, dtype=torch.bfloat16), meta_tensor(8, 16)],
+                      ignore_types=(torch.dtype,))
+    return PatternFamily("cast_then_mul", (aten.mul.Tensor,), lambda: [pattern])
+
+
+def test_a_node_without_a_keyword_the_pattern_names_is_normalised_to_the_schema():
+    # the graph's _to_copy passes no dtype; normalised, dtype=None meets the pattern's wildcard
+    x, y = _inputs((4, H), (4, H))
+    gm = _graph(lambda x, y: aten._to_copy.default(x) * y, x, y)
+    assert [n.kwargs for n in gm.graph.nodes if n.target is aten._to_copy.default] == [{}]
+    counts, gm = _both(gm, _fusion(_cast_then_mul_family()))
+    assert counts == [1]
+    assert not any(n.target is aten._to_copy.default for n in gm.graph.nodes)
+
+
+def _mean_then_add_family() -> PatternFamily:
+    """``mean(x, [-1], keepdim=True) + y`` with int literals wildcards; keepdim (a bool) is not one."""
+
+    def search(x, y):
+        return aten.mean.dim(x, [-1], True) + y
+
+    def replace(x, y):
+        return y + aten.mean.dim(x, [-1], True)
+
+    pattern = Pattern("mean_then_add", search, replace, lambda: [meta_tensor(8, 16), meta_tensor(8, 1)],
+                      ignore_types=(int,))
+    return PatternFamily("mean_then_add", (aten.add.Tensor,), lambda: [pattern])
+
+
+def test_a_bool_literal_is_no_int_wildcard():
+    x, y = _inputs((4, H), (4, 1))
+    counts, _ = _both(_graph(lambda x, y: aten.mean.dim(x, [-2], True) + y, x, y), _fusion(_mean_then_add_family()))
+    assert counts == [1], "the int inside the dim list is a wildcard"
+    z = _inputs((4,))[0]
+    gm = _graph(lambda x, z: aten.mean.dim(x, [-1], False) + z, x, z)
+    (mean,) = [n for n in gm.graph.nodes if n.target is aten.mean.dim]
+    mean.args = (*mean.args[:2], False)  # make_fx drops a default keepdim=False; spell it out
+    counts, _ = _both(gm, _fusion(_mean_then_add_family()))
+    assert counts == [0]
+
+
+def test_activation_checkpointing_tags_spread_over_the_replacement():
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    x, r, w = _inputs((4, H), (4, H), (H,))
+    gm = _graph(lambda x, r, w: ag.rms_norm(x + r, w, 1e-6), x, r, w)
+    for node in gm.graph.nodes:
+        if node.target is ag.rms_norm.default:
+            node.meta.update(recompute=CheckpointPolicy.PREFER_RECOMPUTE, ac_graph_id=3)
+    counts, gm = _both(gm, _fusion(patterns.add_rms_norm_family(EPS)))
+    assert counts == [1]
+    (fused,) = [n for n in gm.graph.nodes if n.target is ag.add_rms_norm.default]
+    assert (fused.meta.get("recompute"), fused.meta.get("ac_graph_id")) == (CheckpointPolicy.PREFER_RECOMPUTE, 3)
+    assert not any("recompute" in n.meta for n in gm.graph.nodes if n.op == "placeholder")
+
+
+def _sum_families() -> PatternFamily:
+    """Two registrations on the add anchor: ``(x + y) + z`` first, then the bare ``x + y``."""
+
+    def sum3(x, y, z):
+        return (x + y) + z
+
+    def sum3_replace(x, y, z):
+        return aten.sum.dim_IntList(torch.stack([x, y, z]), [0])
+
+    def pair(x, y):
+        return x + y
+
+    def pair_replace(x, y):
+        return x - (-y)
+
+    return PatternFamily("sums", (aten.add.Tensor,), lambda: [
+        Pattern("sum3", sum3, sum3_replace, lambda: [meta_tensor(8, 16) for _ in range(3)]),
+        Pattern("pair", pair, pair_replace, lambda: [meta_tensor(8, 16) for _ in range(2)]),
+    ])
+
+
+def test_an_anchor_erased_by_an_earlier_replacement_is_skipped():
+    # sum3 replaces at the last add and erases it and the first add (anchors of the same sweep):
+    # neither is tried again, by pair at the same anchor or as an anchor of its own
+    x, y, z = _inputs((4, H), (4, H), (4, H))
+    counts, gm = _both(_graph(lambda x, y, z: (x + y) + z, x, y, z), _fusion(_sum_families()))
+    assert counts == [1]
+    assert [str(n.target) for n in gm.graph.nodes if n.op == "call_function"] == ["aten.stack.default", "aten.sum.dim_IntList"]
