@@ -118,7 +118,9 @@ def _process_is_the_commands(orig_argv: Optional[Sequence[str]] = None, script: 
     """Whether the interpreter was started to run ascendgraph itself: its command line
     (``sys.orig_argv``), after the interpreter's own options, is ``-m ascendgraph`` or the script
     ``sys.argv[0]`` names (the console script); not ``-c``, stdin or another module or script
-    that runs ascendgraph inside it."""
+    that runs ascendgraph inside it. The facade's launcher reads ``-m`` the same way
+    (sim/launcher_process.py ``module_after_dash_m``); the two cannot share one function, as
+    ascendgraph never imports sim and the launcher must start without importing ascendgraph."""
     argv = list(getattr(sys, "orig_argv", ()) if orig_argv is None else orig_argv)
     script = sys.argv[0] if script is None else script
     position = 1

@@ -48,11 +48,19 @@ def test_python_reads_the_compiled_bytecode_and_recompiles_an_edited_module(tmp_
     assert f"code object from {source}" in second.stderr
 
 
-def test_a_module_that_does_not_compile_fails_the_script(tmp_path: Path) -> None:
+def test_a_module_that_does_not_compile_fails_the_script(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     package = tmp_path / "hw"
     package.mkdir()
     (package / "broken.py").write_text("def f(:\n")
     assert _script().compile_project(str(tmp_path)) is False
+    out, err = capfd.readouterr()
+    assert out == "" and "broken.py" in err  # the message is a log: stderr
+
+
+def test_the_script_takes_no_arguments() -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "compile_bytecode.py"), "--tree", "x"],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "unrecognized arguments: --tree x" in done.stderr
 
 
 @pytest.mark.parametrize("target", ["run", "test", "test-all"])
