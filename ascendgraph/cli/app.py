@@ -483,8 +483,8 @@ def _import_torch_whole() -> None:
         # full collection of the run (measured: half of the run's 0.55 s of full collections).
         # Only when this call imported torch: a process that had torch already (a test calling
         # `main`) keeps its collector as it was. The Dynamo deferral first: it finds torch's
-        # wrapped functions through gc.get_objects(), which lists no frozen object (frozen
-        # before it, the warm run imported Dynamo again, 0.5 s).
+        # wrapped functions through the collector (gc.get_referrers), which sees no frozen
+        # object (frozen before it, the warm run imported Dynamo again, 0.5 s).
         from ascendgraph.dynamo_gate import defer_torch_dynamo_guards
 
         defer_torch_dynamo_guards()

@@ -65,7 +65,9 @@ def test_main_called_with_arguments_leaves_the_collector_alone(capsys):
     finally:
         gc.set_threshold(*thresholds)
     capsys.readouterr()
-    assert gc.get_freeze_count() == before
+    # Nothing was frozen. The count may drop: a frozen object that dies leaves the permanent
+    # generation (another test of this worker may have frozen some before).
+    assert gc.get_freeze_count() <= before
 
 
 CLI_RUN_ARGS = ["run", "--num-layers", "1", "--max-num-seqs", "4", "--max-num-batched-tokens", "16",
