@@ -20,7 +20,6 @@ from ascendgraph.cli.app import Command, emit_json, emit_result, emit_text
 from ascendgraph.cli.ranks_args import (add_rank_arguments, add_ranks_to_document, check_ranks_for, engine_faults,
                                         run_ranks_for, world_size)
 from ascendgraph.cli.args import (
-    LIMITS,
     add_config_arguments,
     bounded_int,
     config_from_args,
@@ -33,13 +32,14 @@ from ascendgraph.errors import ConfigError
 from ascendgraph.api import MAX_RUN_ATOL as MAX_ATOL  # a tolerance above 1 checks nothing
 from ascendgraph.readers import read_float
 
-__all__ = ["add_run_arguments", "run_command", "DEFAULT_REQUESTS", "ON_CAPTURE_ERROR"]
+__all__ = ["add_run_arguments", "run_command", "DEFAULT_REQUESTS", "MAX_SIMULATED_REQUESTS", "ON_CAPTURE_ERROR"]
 
 log = logging.getLogger("ascendgraph")
 
 # Kept here (not imported from ascendgraph.runtime.engine) so building the CLI parser does not import
 # torch; tests check they equal the engine's.
 DEFAULT_REQUESTS = 16
+MAX_SIMULATED_REQUESTS = 1_000  # the most a run serves (a larger workload is `ascendgraph plan --workload`'s)
 ON_CAPTURE_ERROR = ("raise", "eager")
 
 
@@ -64,7 +64,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                            help="device backend: the CPU simulator, a real NPU, or auto (npu when usable, else sim; "
                                 "default %(default)s)")
     run_group.add_argument("--requests", type=bounded_int("requests"), default=DEFAULT_REQUESTS, metavar="N",
-                           help=f"number of generated requests (default %(default)s, at most {LIMITS['requests'][1]})")
+                           help=f"number of generated requests (default %(default)s, at most {MAX_SIMULATED_REQUESTS}; "
+                                "size larger workloads with `ascendgraph plan --workload FILE`)")
     run_group.add_argument("--seed", type=seed_int, default=0, metavar="N",
                            help="seed of weights, prompts and fault draws (default 0; 0 <= N < 2**63)")
     run_group.add_argument("--on-capture-error", choices=ON_CAPTURE_ERROR, default="raise",

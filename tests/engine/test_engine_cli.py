@@ -115,6 +115,7 @@ def test_the_cli_defaults_match_the_engine_and_the_parser_does_not_import_torch(
     from ascendgraph.cli import run as engine_cli
 
     assert engine_cli.DEFAULT_REQUESTS == engine.DEFAULT_REQUESTS
+    assert engine_cli.MAX_SIMULATED_REQUESTS == engine.MAX_SIMULATED_REQUESTS
     assert engine_cli.ON_CAPTURE_ERROR == engine.ON_CAPTURE_ERROR
     probe = "import sys, ascendgraph.cli.app as c; c.build_parser(); print('torch' in sys.modules)"
     assert sp.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip() == "False"
