@@ -53,9 +53,18 @@ resolved_file() {
     printf '%s\n' "$resolved"
 }
 
-# cache_folder -> ${ASCENDGRAPH_CACHE_DIR:-~/.cache/ascendgraph}, created, as an absolute path
+# cache_folder -> $ASCENDGRAPH_CACHE_DIR, else $XDG_CACHE_HOME/ascendgraph (an absolute
+# XDG_CACHE_HOME only), else ~/.cache/ascendgraph: the folder the Python code uses
+# (ascendgraph.readers.user_cache_root); created, as an absolute path
 cache_folder() {
-    local wanted="${ASCENDGRAPH_CACHE_DIR:-$HOME/.cache/ascendgraph}"
+    local wanted="${ASCENDGRAPH_CACHE_DIR:-}"
+    if [[ -z "$wanted" ]]; then
+        if [[ "${XDG_CACHE_HOME:-}" == /* ]]; then
+            wanted="$XDG_CACHE_HOME/ascendgraph"
+        else
+            wanted="$HOME/.cache/ascendgraph"
+        fi
+    fi
     refuse_control_characters ASCENDGRAPH_CACHE_DIR "$wanted"
     mkdir -p -- "$wanted" 2>/dev/null || bad_input "ASCENDGRAPH_CACHE_DIR=$wanted cannot be created as a folder"
     resolved_folder ASCENDGRAPH_CACHE_DIR "$wanted"

@@ -5,7 +5,7 @@
 # Why a separate environment: Ray is an optional extra (`pip install 'ascendgraph[ray]'`)
 # that the default suite must not need, and it brings its own daemons and dependencies.
 #
-# The environment lives in ${ASCENDGRAPH_CACHE_DIR:-~/.cache/ascendgraph}/ray-env-<hash>,
+# The environment lives in <cache>/ray-env-<hash> (<cache>: cache_folder in env-inputs.sh),
 # <hash> being the sha256 of the recipe below and the Python version: nothing changed ->
 # nothing rebuilt. It is built in a temporary directory and renamed into place, so an
 # interrupted build leaves nothing half-built. This project is then installed into it

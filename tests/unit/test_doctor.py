@@ -359,3 +359,15 @@ def test_an_unknown_expansion_mode_is_one_finding_not_two(monkeypatch, capsys, t
     doc = json.loads(capsys.readouterr().out)
     about = [f["rule"] for f in doc["findings"] if f["subject"] == "HCCL_OP_EXPANSION_MODE"]
     assert about == ["hccl_unknown_mode"]
+
+
+def test_the_cache_checked_is_the_one_ascendgraph_uses_with_xdg_cache_home(tmp_path):
+    # No ASCENDGRAPH_CACHE_DIR: ascendgraph caches under $XDG_CACHE_HOME/ascendgraph
+    # (ascendgraph.readers.user_cache_root), so that is the folder doctor must check.
+    xdg = tmp_path / "xdg"
+    xdg.mkdir()
+    (xdg / "ascendgraph").write_text("a file where the cache folder should be")
+    report, _ = run_doctor({"HCCL_OP_EXPANSION_MODE": "AIV", "XDG_CACHE_HOME": str(xdg), "HOME": str(tmp_path)})
+    assert report.facts.cache_dir == str(xdg / "ascendgraph")
+    finding = next(f for f in report.findings if f.rule == "cache_dir_unusable")
+    assert "not a directory" in finding.message

@@ -115,6 +115,25 @@ def test_a_relative_cache_folder_is_made_absolute(tmp_path: Path) -> None:
     assert result.stdout.splitlines()[1].startswith(str(tmp_path / "-P" / "vllm-ascend-env-"))
 
 
+def test_without_a_cache_variable_the_folder_is_the_one_the_python_code_uses(tmp_path: Path) -> None:
+    # No ASCENDGRAPH_CACHE_DIR: $XDG_CACHE_HOME/ascendgraph when XDG_CACHE_HOME is absolute, as
+    # ascendgraph.readers.user_cache_root says; a relative one is ignored there and here.
+    from ascendgraph.readers import user_cache_root
+
+    _checkout(tmp_path / "src")
+    for xdg in (str(tmp_path / "xdg"), "relative-xdg"):
+        env = {k: v for k, v in os.environ.items() if k not in ("VLLM_ASCEND_TARBALL", "CDPATH", "ASCENDGRAPH_CACHE_DIR")}
+        env.update(PYTHON=sys.executable, VLLM_ASCEND_SRC=str(tmp_path / "src"), XDG_CACHE_HOME=xdg,
+                   HOME=str(tmp_path / "home"))
+        result = subprocess.run(["bash", str(VLLM_ASCEND_ENV), "--inputs-only"], cwd=tmp_path, env=env,
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        expected = user_cache_root({"XDG_CACHE_HOME": xdg, "HOME": str(tmp_path / "home")})
+        assert expected == (str(tmp_path / "xdg" / "ascendgraph") if xdg.startswith("/")
+                            else str(tmp_path / "home" / ".cache" / "ascendgraph"))
+        assert result.stdout.splitlines()[1].startswith(os.path.join(expected, "vllm-ascend-env-"))
+
+
 @pytest.mark.parametrize("content", ["garbage", "no package"])
 def test_a_tarball_that_is_not_a_snapshot_leaves_no_unpack_folder(tmp_path: Path, content: str) -> None:
     tarball = tmp_path / "snapshot.tar.gz"

@@ -27,7 +27,7 @@ BROKEN_EXIT = 1
 
 # HDK 25.5.1 is the first stack without the `Alloc sq cq fail` capture failure (docs/semantics.md §8).
 MIN_HDK = (25, 5, 1)
-DEFAULT_CACHE_DIR = "~/.cache/ascendgraph"
+DEFAULT_CACHE_DIR = "$XDG_CACHE_HOME/ascendgraph or ~/.cache/ascendgraph"  # ascendgraph.readers.user_cache_root
 DEFAULT_ASCEND_ROOTS = ("/usr/local/Ascend", "~/Ascend")
 WRAP = 110
 

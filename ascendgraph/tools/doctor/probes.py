@@ -12,10 +12,9 @@ from importlib import metadata
 from typing import Callable, Mapping, Optional, Sequence
 
 from ascendgraph.errors import ConfigError
-from ascendgraph.readers import read_input_bytes
+from ascendgraph.readers import read_input_bytes, user_cache_root
 from ascendgraph.tools.doctor.facts import (
     DEFAULT_ASCEND_ROOTS,
-    DEFAULT_CACHE_DIR,
     DoctorFacts,
     InstalledVersion,
     ReferenceConfig,
@@ -125,8 +124,9 @@ def find_hdk(ascend_roots: Sequence[str]) -> Optional[InstalledVersion]:
 
 
 def cache_dir_status(env: Mapping[str, str]) -> tuple[str, Optional[str]]:
-    """(cache directory, problem or None). A directory that does not exist yet is fine if creatable."""
-    path = os.path.expanduser(env.get("ASCENDGRAPH_CACHE_DIR") or DEFAULT_CACHE_DIR)
+    """(cache directory, problem or None). A directory that does not exist yet is fine if creatable.
+    The directory is the one ascendgraph uses in that environment (`ascendgraph.readers.user_cache_root`)."""
+    path = user_cache_root(env)
     if os.path.exists(path):
         if not os.path.isdir(path):
             return path, "it exists and is not a directory"
