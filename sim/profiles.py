@@ -54,8 +54,10 @@ PROFILES: Mapping[str, SimProfile] = MappingProxyType(
             _entry(
                 DeviceProfile(
                     name="A2", soc="Ascend910B", stream_limit=1800, hdk_version="25.5.1",
-                    cann_version="8.5.0", memory_bytes=64 * 1024**3,
-                    description="Atlas A2 training/inference series (910B), current HDK",
+                    cann_version="8.5.0", supports_super_kernel=False, memory_bytes=64 * 1024**3,
+                    # No super kernel: CANN's aclskScopeBegin / aclskOptimize list Atlas A2 as not supported
+                    # (CANN API reference, "aclskScopeBegin", product support), as hw/soc.py's SoC table says.
+                    description="Atlas A2 training/inference series (910B), current HDK: no super kernel",
                 ),
                 peak_tflops=280.0, bandwidth_gbps=1600.0, host_launch_us=12.0,
             ),

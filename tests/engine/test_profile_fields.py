@@ -42,8 +42,8 @@ def _resolution(profile: Any, compilation: dict = FULL, **options: Any):
                                          ("supports_static_kernel", "static_kernel"),
                                          ("supports_super_kernel", "super_kernel")])
 def test_a_kernel_capability_off_in_the_profile_turns_the_feature_off(field, flag):
-    on, _ = _resolution({"base": "A2"})
-    off, _ = _resolution({"base": "A2", "name": "no-feature", field: False})
+    on, _ = _resolution({"base": "A3"})  # A3: every kernel feature (A2 has no super kernel)
+    off, _ = _resolution({"base": "A3", "name": "no-feature", field: False})
     assert getattr(on, flag) is True
     assert getattr(off, flag) is False
     assert any(d.rule == "soc_310p" and flag in d.after for d in off.decisions)

@@ -106,7 +106,7 @@ def test_super_kernel_optimize_checks_its_options_and_the_graph_state(static_dev
 # --------------------------------------------------------------------------- through the engine
 
 
-def _engine(super_kernel: bool, mode: str = "FULL_DECODE_ONLY") -> Engine:
+def _engine(super_kernel: bool, mode: str = "FULL_DECODE_ONLY", profile: str = "A3") -> Engine:
     acc = {"enable_static_kernel": True, "enable_super_kernel": super_kernel} if mode != "PIECEWISE" else {}
     config = GraphConfig.from_vllm_args(
         compilation_config={"cudagraph_mode": mode, "cudagraph_capture_sizes": [1, 2, 4]},
@@ -114,7 +114,17 @@ def _engine(super_kernel: bool, mode: str = "FULL_DECODE_ONLY") -> Engine:
         num_layers=2, max_num_seqs=4, max_num_batched_tokens=16,
     )
     workload = WorkloadSpec(num_requests=2, seed=0, prompt_words=(3, 5), output_tokens=(2, 3))
-    return Engine(config, EngineOptions(device="sim", workload_spec=workload, num_threads=1))
+    # A3: CANN's super-kernel API exists on Atlas A3 only (the default A2 profile turns it off, below)
+    return Engine(config, EngineOptions(device="sim", sim_profile=profile, workload_spec=workload, num_threads=1))
+
+
+def test_the_default_a2_profile_turns_super_kernel_off_as_a_card_does(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path))
+    with caplog.at_level(logging.WARNING, logger="ascendgraph"):
+        with _engine(super_kernel=True, profile="A2") as engine:
+            assert engine.resolution.static_kernel and not engine.resolution.super_kernel
+            assert engine.super_kernel is None
+    assert "super_kernel is not supported by device profile A2. Disabling it." in caplog.text
 
 
 def test_the_engine_optimises_every_full_graph_and_logs_once(tmp_path, monkeypatch, caplog):
