@@ -16,6 +16,8 @@ from importlib.metadata import entry_points
 
 import pytest
 
+from ascendgraph.readers import user_cache_root
+
 # The cyclic garbage collector of a test process (a worker runs thousands of tests and holds
 # 200,000-700,000 tracked objects). With CPython's default thresholds (700, 10, 10) it ran 700
 # young and 5 full collections before the first test (importing torch) and 19 full
@@ -31,9 +33,8 @@ gc.set_threshold(YOUNG_GENERATION_THRESHOLD, *gc.get_threshold()[1:])
 PLUGINS = ("ascendgraph.testing.plugin", "ascendgraph_npu_facade")
 pytest_plugins = [name for name in PLUGINS if name not in {ep.value for ep in entry_points(group="pytest11")}]
 
-PERSISTENT_CACHE_DIR = os.environ.get("ASCENDGRAPH_CACHE_DIR") or os.path.join(
-    os.path.expanduser("~"), ".cache", "ascendgraph"
-)
+# The user's cache folder as ascendgraph itself finds it ($ASCENDGRAPH_CACHE_DIR, $XDG_CACHE_HOME, ~/.cache).
+PERSISTENT_CACHE_DIR = user_cache_root()
 
 
 @pytest.fixture(autouse=True)

@@ -21,6 +21,7 @@ from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Iterator, Optional, Union
 
+from ascendgraph.readers import user_cache_root
 from hw.api import TORCH_NPU_VERSION, NpuApi
 
 PACKAGE = "torch_npu"
@@ -37,11 +38,7 @@ PIP_PLATFORM = ("--platform", "manylinux_2_28_x86_64", "--python-version", "3.11
 def cache_dir() -> Path:
     # The per-test cache (conftest) would re-download the wheel for every test: downloads
     # go to the persistent cache the root conftest names.
-    root = (
-        os.environ.get("ASCENDGRAPH_DOWNLOAD_CACHE_DIR")
-        or os.environ.get("ASCENDGRAPH_CACHE_DIR")
-        or os.path.join(os.path.expanduser("~"), ".cache", "ascendgraph")
-    )
+    root = os.environ.get("ASCENDGRAPH_DOWNLOAD_CACHE_DIR") or user_cache_root()
     return Path(root) / "wheels"
 
 
