@@ -63,6 +63,7 @@ from sim.recorder import (
     OpInfo,
     UpdateCollector,
     draws_random,
+    integer_index_info,
     meta_outputs,
     reject,
 )
@@ -265,7 +266,7 @@ class Capture:
     # -- ops
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
         device = self.device
-        info = device.op_info(func)
+        info = integer_index_info(device.op_info(func), args)
         kind = info.kind
         device_type = device.device_type
         route = device_type.route(func, args, kwargs) if device_type is not None else None

@@ -91,6 +91,10 @@ def _entry(func: Any, args: tuple, kwargs: dict, dests: Sequence[Any]) -> tuple:
             out_kwargs = {**kwargs, "out": dests[0]}
             return (_call(variant, args, out_kwargs), args, out_kwargs, NO_COPY, None)
         return (_call(func, args, kwargs), args, kwargs or None, COPY_ONE, dests[0])
+    if len(dests) == 1 and isinstance(dests[0], (list, tuple)):
+        # the op's one return is a Tensor[] (torch_npu's npu_grouped_matmul): its result is that
+        # list, copied element by element into the captured list
+        return (_call(func, args, kwargs), args, kwargs or None, COPY_MANY, tuple(dests[0]))
     return (_call(func, args, kwargs), args, kwargs or None, COPY_MANY, tuple(dests))
 
 

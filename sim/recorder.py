@@ -233,6 +233,21 @@ def classify(func: Any) -> OpInfo:
     return OpInfo(func, kind)
 
 
+def integer_index_info(info: OpInfo, args: Sequence[Any]) -> OpInfo:
+    """``info`` refined for one call: ``aten.index.Tensor`` carries the dynamic-output-shape tag
+    because a boolean mask selects a data-dependent count of rows, but with integer index
+    tensors its output shape follows from the indices' shapes (a gather), which a graph
+    captures; such a call is an ordinary kernel (vLLM Ascend's MoE indexes its expert map
+    with the routed expert ids: ops/fused_moe/token_dispatcher.py@182b75ea:416)."""
+    if info.kind != DYNAMIC_SHAPE or info.func is not aten.index.Tensor or len(args) < 2:
+        return info
+    indices = args[1]
+    if all(index is None or (isinstance(index, torch.Tensor) and not index.is_floating_point()
+                             and index.dtype not in (torch.bool, torch.uint8)) for index in indices):
+        return OpInfo(info.func, OP)
+    return info
+
+
 def draws_random(info: OpInfo, args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
     """False for seeded ops that will not draw: dropout with p == 0 or outside training."""
     names = info.arg_names

@@ -32,7 +32,9 @@ predicates they use: `fused_attention` (v1), `fused_attention_v2`, `fused_semant
 rules v1 and v2 share, and their argument readers written once over each kernel's argument
 names, `FIA_ARGUMENTS` and `FIA_V2_ARGUMENTS`), `paged_attention` (the ``ascendgraph::`` op
 level and ATB's paged attention), `kv_cache` (the KV writes), `norms`, `quantisation`,
-`model_layers` (the kernels a model's own layers issue: rotary embedding, mrope, swiglu). `common` holds what
+`model_layers` (the kernels a model's own layers issue: rotary embedding, mrope, swiglu), `moe`
+(vLLM Ascend's unquantised fused MoE: gating top-k, init routing v2, grouped matmul, token
+un-permute). `common` holds what
 they share (`KernelRule`, kernel names, dtype lists, sources, argument readers); `table`
 assembles `RULES` in order and answers the lookups. Every public name is re-exported here:
 import from ``ascendgraph.kernel_contracts``. A rule is a one-line lambda or a named,
@@ -93,6 +95,13 @@ from ascendgraph.kernel_contracts.fused_semantics import (
     SRC_WORKSPACE,
     V1_LAYOUTS,
     V2_LAYOUTS,
+)
+from ascendgraph.kernel_contracts.moe import (
+    C_ASCEND_GATING_TOP_K,
+    GATING_TOP_K,
+    GROUPED_MATMUL,
+    INIT_ROUTING_V2,
+    TOKEN_UNPERMUTE,
 )
 from ascendgraph.kernel_contracts.table import (
     CONFIG_RULES,
@@ -167,4 +176,9 @@ __all__ = [
     "V2_LAYOUTS",
     "VA_COMMIT",
     "VLLM_ASCEND",
+    "C_ASCEND_GATING_TOP_K",
+    "GATING_TOP_K",
+    "GROUPED_MATMUL",
+    "INIT_ROUTING_V2",
+    "TOKEN_UNPERMUTE",
 ]

@@ -13,6 +13,7 @@ from ascendgraph.kernel_contracts.fused_attention import _FIA_RULES
 from ascendgraph.kernel_contracts.fused_attention_v2 import _FIA_V2_RULES
 from ascendgraph.kernel_contracts.kv_cache import _RESHAPE_AND_CACHE_RULES, _SCATTER_RULES
 from ascendgraph.kernel_contracts.model_layers import _MROPE_RULES, _ROPE_RULES, _SWIGLU_RULES
+from ascendgraph.kernel_contracts.moe import _MOE_RULES
 from ascendgraph.kernel_contracts.norms import _NORM_RULES
 from ascendgraph.kernel_contracts.paged_attention import _ATB_PAGED_ATTENTION_RULES, _PAGED_ATTENTION_RULES
 from ascendgraph.kernel_contracts.quantisation import _QUANT_RULES
@@ -45,6 +46,7 @@ RULES: tuple[KernelRule, ...] = (
     *_SCATTER_RULES,
     *_SWIGLU_RULES,
     *_MROPE_RULES,
+    *_MOE_RULES,
 )
 
 KERNELS: tuple[str, ...] = tuple(dict.fromkeys(rule.kernel for rule in RULES))

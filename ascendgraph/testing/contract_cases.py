@@ -221,6 +221,74 @@ def _mrope(device: torch.device, dtype: torch.dtype = BF16, **changes: Any) -> A
     return args
 
 
+def _gating(device: torch.device, **changes: Any) -> Args:
+    # 4 tokens over 8 experts, top 2, one group, softmax (Qwen-MoE's router; torch_npu's schema)
+    args: Args = dict(x=_t(device, 4, 8), k=2, bias=None, input_ids=None, tid2eid=None, k_group=1, group_count=1,
+                      group_select_mode=0, renorm=0, norm_type=0, out_flag=False, routed_scaling_factor=1.0, eps=1e-20)
+    args.update(changes)
+    return args
+
+
+def _c_gating(device: torch.device, **changes: Any) -> Args:
+    # vLLM Ascend's _C_ascend::moe_gating_top_k: the same call with its schema's names (renorm 1)
+    args: Args = dict(x=_t(device, 4, 8), k=2, k_group=1, group_count=1, group_select_mode=1, renorm=1, norm_type=0,
+                      out_flag=False, routed_scaling_factor=1.0, eps=1e-20, bias_opt=None)
+    args.update(changes)
+    return args
+
+
+def _routing(device: torch.device, **changes: Any) -> Args:
+    # 3 tokens of 16, top 2 of 4 experts, this EP rank's experts [0, 2), count mode (vLLM Ascend's call)
+    args: Args = dict(x=_t(device, 3, 16), expert_idx=torch.tensor([[0, 1], [1, 2], [2, 3]], dtype=torch.int32,
+                                                                   device=device),
+                      scale=None, offset=None, active_num=6, expert_capacity=-1, expert_num=4, drop_pad_mode=0,
+                      expert_tokens_num_type=1, expert_tokens_num_flag=True, quant_mode=-1,
+                      active_expert_range=[0, 2], row_idx_type=0, x_dtype=None)
+    args.update(changes)
+    return args
+
+
+def _gmm(device: torch.device, **changes: Any) -> Args:
+    # 6 rows of 16 against 2 experts' [16, 8] weights, group sizes [2, 4] (count mode), one output
+    args: Args = dict(x=[_t(device, 6, 16)], weight=[_t(device, 2, 16, 8)], bias=None, scale=None, offset=None,
+                      antiquant_scale=None, antiquant_offset=None, per_token_scale=None,
+                      group_list=torch.tensor([2, 4], device=device), activation_input=None,
+                      activation_quant_scale=None, activation_quant_offset=None, split_item=2, group_type=0,
+                      group_list_type=1, act_type=0, tuning_config=None, output_dtype=None, x_dtype=None,
+                      weight_dtype=None, scale_dtype=None, per_token_scale_dtype=None)
+    args.update(changes)
+    return args
+
+
+def _unpermute(device: torch.device, **changes: Any) -> Args:
+    # 3 tokens, top 2: 6 permuted rows of 16
+    args: Args = dict(permuted_tokens=_t(device, 6, 16),
+                      sorted_indices=torch.tensor([0, 3, 1, 4, 2, 5], dtype=torch.int32, device=device),
+                      probs=_t(device, 3, 2), padded_mode=False, restore_shape=None)
+    args.update(changes)
+    return args
+
+
+def _gating_cases(kernel: str, base: Builder) -> tuple["ContractCase", ...]:
+    """The rules torch_npu's gating top-k and vLLM Ascend's build share."""
+
+    def with_(**changes: Any) -> Builder:  # a change that is a function of the device builds a tensor there
+        def build(device: torch.device) -> Args:
+            return {**base(device), **{k: v(device) if callable(v) else v for k, v in changes.items()}}
+
+        return build
+
+    bias_key = "bias" if kernel == kc.GATING_TOP_K else "bias_opt"
+    return (
+        _case(kernel, "gating_x", with_(x=lambda d: _t(d, 4, 8, dtype=torch.int32)),
+              with_(x=lambda d: _t(d, 4, 2048, dtype=torch.float32)), "2048 experts accepted"),
+        _case(kernel, "gating_groups", with_(group_count=4), with_(group_count=2), "groups of 2 refused, of 4 accepted"),
+        _case(kernel, "gating_k", with_(k=9), with_(k=8)),
+        _case(kernel, "gating_bias", with_(**{bias_key: lambda d: _t(d, 7)}), with_(**{bias_key: lambda d: _t(d, 8)})),
+        _case(kernel, "gating_norm_type", with_(norm_type=2), with_(norm_type=1)),
+    )
+
+
 @dataclass(frozen=True)
 class ContractCase:
     kernel: str
@@ -452,6 +520,66 @@ _CASES = (
     _case(kc.MROPE, "mrope_rotary_dim_multiple", lambda d: _mrope(d, cos_sin_cache=_t(d, 16, 48)),
           lambda d: _mrope(d, torch.float32, cos_sin_cache=_t(d, 16, 48, dtype=torch.float32)),
           "a multiple of 16 is enough in float32"),
+    *_gating_cases(kc.GATING_TOP_K, _gating),
+    _case(kc.GATING_TOP_K, "gating_renorm", lambda d: _gating(d, renorm=1), _gating),
+    *_gating_cases(kc.C_ASCEND_GATING_TOP_K, _c_gating),
+    _case(kc.C_ASCEND_GATING_TOP_K, "gating_renorm_flag", lambda d: _c_gating(d, renorm=2), _c_gating,
+          "vLLM Ascend's build takes renorm 1"),
+    _case(kc.INIT_ROUTING_V2, "init_routing_x", lambda d: _routing(d, x=_t(d, 3, 16, dtype=torch.int32)),
+          lambda d: _routing(d, x=_t(d, 3, 16, dtype=torch.int8)), "int8 accepted without quantisation"),
+    _case(kc.INIT_ROUTING_V2, "init_routing_expert_idx",
+          lambda d: _routing(d, expert_idx=torch.tensor([[0, 1], [1, 2], [2, 3]], device=d)),
+          lambda d: _routing(d, expert_idx=torch.tensor([[0], [1], [3]], dtype=torch.int32, device=d)),
+          "int64 refused; K = 1 accepted"),
+    _case(kc.INIT_ROUTING_V2, "init_routing_expert_num", lambda d: _routing(d, expert_num=10241),
+          lambda d: _routing(d, expert_num=10240)),
+    _case(kc.INIT_ROUTING_V2, "init_routing_expert_ids", lambda d: _routing(d, expert_num=3), _routing,
+          "expert 3 with 3 experts refused"),
+    _case(kc.INIT_ROUTING_V2, "init_routing_drop_pad_mode", lambda d: _routing(d, drop_pad_mode=1), _routing),
+    _case(kc.INIT_ROUTING_V2, "init_routing_tokens_num_type", lambda d: _routing(d, expert_tokens_num_type=0),
+          lambda d: _routing(d, expert_tokens_num_type=2), "cumsum mode refused, key_value accepted"),
+    _case(kc.INIT_ROUTING_V2, "init_routing_tokens_num_flag", lambda d: _routing(d, expert_tokens_num_flag=False),
+          _routing),
+    _case(kc.INIT_ROUTING_V2, "init_routing_quant_mode", lambda d: _routing(d, quant_mode=0),
+          lambda d: _routing(d, quant_mode=1), "static refused, dynamic accepted"),
+    _case(kc.INIT_ROUTING_V2, "init_routing_active_range", lambda d: _routing(d, active_expert_range=[1, 5]),
+          lambda d: _routing(d, active_expert_range=[0, 4]), "end == expert_num accepted"),
+    _case(kc.INIT_ROUTING_V2, "init_routing_row_idx_type", lambda d: _routing(d, row_idx_type=2),
+          lambda d: _routing(d, row_idx_type=1)),
+    _case(kc.GROUPED_MATMUL, "gmm_list_length", lambda d: _gmm(d, x=[_t(d, 6, 16)] * 129, weight=[_t(d, 16, 8)] * 129),
+          lambda d: _gmm(d, x=[_t(d, 6, 16)] * 128, weight=[_t(d, 16, 8)] * 128), "128 tensors accepted"),
+    _case(kc.GROUPED_MATMUL, "gmm_x_dims", lambda d: _gmm(d, x=[_t(d, 2, 3, 16)]),
+          lambda d: _gmm(d, x=[_t(d, 2, 3, 16)], split_item=0), "3-D x with split_item 0 accepted"),
+    _case(kc.GROUPED_MATMUL, "gmm_weight_dims", lambda d: _gmm(d, weight=[_t(d, 1, 2, 16, 8)]),
+          lambda d: _gmm(d, weight=[_t(d, 16, 8)])),
+    _case(kc.GROUPED_MATMUL, "gmm_split_item", lambda d: _gmm(d, split_item=4), lambda d: _gmm(d, split_item=3)),
+    _case(kc.GROUPED_MATMUL, "gmm_group_type", lambda d: _gmm(d, group_type=1), lambda d: _gmm(d, group_type=-1)),
+    _case(kc.GROUPED_MATMUL, "gmm_group_list_type", lambda d: _gmm(d, group_list_type=2),
+          lambda d: _gmm(d, group_list_type=0, group_list=torch.tensor([2, 6], device=d)), "cumulative sizes accepted"),
+    _case(kc.GROUPED_MATMUL, "gmm_group_list_values",
+          lambda d: _gmm(d, group_list_type=0, group_list=torch.tensor([4, 2], device=d)),
+          lambda d: _gmm(d, group_list_type=0, group_list=torch.tensor([3, 3], device=d)),
+          "decreasing cumulative sizes refused, equal ones (an empty group) accepted"),
+    _case(kc.GROUPED_MATMUL, "gmm_groups_within_x", lambda d: _gmm(d, group_list=torch.tensor([4, 3], device=d)),
+          lambda d: _gmm(d, group_list=torch.tensor([6, 0], device=d)), "7 rows of 6 refused, all 6 accepted"),
+    _case(kc.GROUPED_MATMUL, "gmm_dtypes", lambda d: _gmm(d, weight=[_t(d, 2, 16, 8, dtype=torch.float16)]),
+          lambda d: _gmm(d, x=[_t(d, 6, 16, dtype=torch.float32)], weight=[_t(d, 2, 16, 8, dtype=torch.float32)])),
+    _case(kc.GROUPED_MATMUL, "gmm_inner_limit",
+          lambda d: _gmm(d, x=[_t(d, 6, 65536)], weight=[_t(d, 2, 65536, 8)]),
+          lambda d: _gmm(d, x=[_t(d, 6, 65535)], weight=[_t(d, 2, 65535, 8)])),
+    _case(kc.GROUPED_MATMUL, "gmm_grouped_shapes", lambda d: _gmm(d, weight=[_t(d, 2, 12, 8)]),
+          lambda d: _gmm(d, weight=[_t(d, 2, 16, 4)]), "K 16 against 12 refused"),
+    _case(kc.TOKEN_UNPERMUTE, "unpermute_tokens", lambda d: _unpermute(d, permuted_tokens=_t(d, 6, 16, dtype=torch.float16)),
+          _unpermute),
+    _case(kc.TOKEN_UNPERMUTE, "unpermute_indices",
+          lambda d: _unpermute(d, sorted_indices=torch.arange(6, dtype=torch.int16, device=d)),
+          lambda d: _unpermute(d, sorted_indices=torch.arange(6, device=d)), "int64 accepted"),
+    _case(kc.TOKEN_UNPERMUTE, "unpermute_probs", lambda d: _unpermute(d, probs=_t(d, 2, 2)),
+          lambda d: _unpermute(d, probs=_t(d, 6, 1)), "6 tokens of top-1 accepted"),
+    _case(kc.TOKEN_UNPERMUTE, "unpermute_indices_range",
+          lambda d: _unpermute(d, sorted_indices=torch.tensor([0, 3, 1, 4, 2, 6], dtype=torch.int32, device=d)),
+          lambda d: _unpermute(d, sorted_indices=torch.full((6,), 5, dtype=torch.int32, device=d))),
+    _case(kc.TOKEN_UNPERMUTE, "unpermute_padded_mode", lambda d: _unpermute(d, padded_mode=True), _unpermute),
 )
 
 CONTRACT_CASES: dict[tuple[str, str], ContractCase] = {(case.kernel, case.rule): case for case in _CASES}

@@ -376,9 +376,9 @@ _PACKETS_WITH_OUT = (FIA, FIA_V2)
 _LIBRARY: Optional[torch.library.Library] = None
 
 
-def _overload(name: str) -> Any:
+def _overload(name: str, namespace: str = NAMESPACE) -> Any:
     base, _, overload = name.partition(".")
-    return getattr(getattr(getattr(torch.ops, NAMESPACE), base), overload or "default")
+    return getattr(getattr(getattr(torch.ops, namespace), base), overload or "default")
 
 
 NOT_ON_THE_HOST = (
@@ -392,17 +392,17 @@ def _make(name: str, fake: bool) -> Callable[..., Any]:
 
 
 def kernel_entry(name: str, implementation: Callable[[dict[str, Any], bool], Any], kernel: Optional[str],
-                 fake: bool) -> Callable[..., Any]:
-    """The function registered for the ``npu_facade`` op ``name`` (``op`` or ``op.overload``):
-    binds the call to the op's schema, checks it against ``kernel``'s contract rules (None: no
-    rules) and runs ``implementation`` (``fake``: the meta version)."""
+                 fake: bool, *, namespace: str = NAMESPACE) -> Callable[..., Any]:
+    """The function registered for the ``namespace`` (``npu_facade``) op ``name`` (``op`` or
+    ``op.overload``): binds the call to the op's schema, checks it against ``kernel``'s contract
+    rules (None: no rules) and runs ``implementation`` (``fake``: the meta version)."""
 
     def run(*args: Any, **kwargs: Any) -> Any:
         # The implementation is registered for CPU tensors: the npu device runs it on CPU aliases
         # of device memory. Called with host tensors only, torch_npu's dispatcher finds no kernel.
         if not fake and not running_on_device():
             raise NotImplementedError(NOT_ON_THE_HOST.format(name=name.partition(".")[0]))
-        bound = _bind(_overload(name)._schema, args, kwargs)
+        bound = _bind(_overload(name, namespace)._schema, args, kwargs)
         if kernel is not None:
             check(kernel, bound)
         return implementation(bound, fake)

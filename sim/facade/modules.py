@@ -27,7 +27,7 @@ from typing import Any, Optional
 import torch
 
 from sim.capture import TaskGroup
-from sim.facade import kernels, model_kernels, npu
+from sim.facade import kernels, model_kernels, moe_kernels, npu
 from sim.facade.runtime import runtime
 from sim.facade.weak_refs import weak_ref_tensor
 
@@ -242,7 +242,7 @@ def facade_modules() -> dict[str, ModuleType]:
             "kernels graph code calls, backed by a SimDevice; npu tensors live in the simulated NPU's memory.",
             npu=npu, _C=c_module, version=version, utils=utils, distributed=distributed, profiler=profiler_module,
             __version__=VERSION, __path__=[], **NPU_DTYPE_CODES,
-            **model_kernels.exported_ops(),
+            **model_kernels.exported_ops(), **moe_kernels.exported_ops(),
             **{name: NotModelled(f"torch_npu.{name}") for name in PLACEHOLDERS}, **kernels.exported_ops(),
         )
         _MODULES = {"torch_npu": top, "torch_npu.npu": npu, "torch_npu._C": c_module,

@@ -82,7 +82,7 @@ def _allocates(func: Any) -> bool:
     if func.is_view:
         return False
     for ret in schema.returns:
-        if ret.alias_info is None and str(ret.type) in ("Tensor", "Tensor[]", "Optional[Tensor]"):
+        if ret.alias_info is None and str(ret.type) in ("Tensor", "List[Tensor]", "Optional[Tensor]"):
             return True
     return False
 

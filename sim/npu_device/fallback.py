@@ -273,7 +273,7 @@ class Fallback:
             raise NotImplementedError(NO_FACTORY.format(op=op))
         schema = op._schema
         returns = schema.returns
-        if any(str(r.type) not in ("Tensor", "Tensor[]", "Optional[Tensor]") for r in returns) or (
+        if any(str(r.type) not in ("Tensor", "List[Tensor]", "Optional[Tensor]") for r in returns) or (
             torch.Tag.dynamic_output_shape in op.tags or torch.Tag.data_dependent_output in op.tags
         ):
             return self._synchronous(op, args, kwargs, reason="its result is read on the host")

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
+import torch
 
 from sim.npu_device.fallback import on_device
 
@@ -16,3 +17,41 @@ def kernels_run_as_on_the_device() -> Iterator[None]:
     tensors as the device runs them, so their formulas are tested without a simulated NPU."""
     with on_device():
         yield
+
+
+@pytest.fixture
+def torch_npu(kernels_run_as_on_the_device: None) -> Iterator[Any]:
+    """The facade's torch_npu module, its kernels' formulas run on CPU tensors as the npu
+    device runs them (`kernels_run_as_on_the_device`)."""
+    from sim import facade
+
+    facade.install(quiet=True)
+    facade.configure()
+    try:
+        import torch_npu as module
+
+        yield module
+    finally:
+        facade.uninstall()
+
+
+@pytest.fixture
+def npu() -> Iterator[Any]:
+    """The facade's torch_npu module with npu tensors on the simulated NPU (its own memory,
+    streams and graphs)."""
+    import sim.npu_device as npu_device
+    from sim import facade
+
+    facade.install(quiet=True)
+    facade.configure()
+    if not hasattr(torch.Tensor, "is_npu"):
+        torch.Tensor.is_npu = property(lambda tensor: tensor.device.type == "npu")  # type: ignore[attr-defined]
+    npu_device.enable()
+    npu_device.attach(facade.device())
+    try:
+        import torch_npu
+
+        yield torch_npu
+    finally:
+        npu_device.attach(None)
+        facade.uninstall()

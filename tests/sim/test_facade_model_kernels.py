@@ -3,7 +3,7 @@ mode against formulas written here from the op docs, and their contract refusals
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -11,21 +11,6 @@ import torch
 from ascendgraph.errors import KernelContractError
 
 BF16 = torch.bfloat16
-
-
-@pytest.fixture
-def torch_npu(kernels_run_as_on_the_device: None) -> Iterator[Any]:
-    # the kernels' formulas on CPU tensors, as the npu device runs them (tests/sim/conftest.py)
-    from sim import facade
-
-    facade.install(quiet=True)
-    facade.configure()
-    try:
-        import torch_npu as module
-
-        yield module
-    finally:
-        facade.uninstall()
 
 
 def randn(*shape: int, seed: int = 0, dtype: torch.dtype = BF16) -> torch.Tensor:

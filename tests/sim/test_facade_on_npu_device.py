@@ -4,32 +4,12 @@ they issue (vLLM's attention, GEMM and rotary ops under a capture)."""
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import torch
 
-import sim.npu_device as npu_device
 from sim import recorder
-
-
-@pytest.fixture
-def npu() -> Iterator[Any]:
-    from sim import facade
-
-    facade.install(quiet=True)
-    facade.configure()
-    if not hasattr(torch.Tensor, "is_npu"):
-        torch.Tensor.is_npu = property(lambda tensor: tensor.device.type == "npu")  # type: ignore[attr-defined]
-    npu_device.enable()
-    npu_device.attach(facade.device())
-    try:
-        import torch_npu
-
-        yield torch_npu
-    finally:
-        npu_device.attach(None)
-        facade.uninstall()
 
 
 def test_a_weak_reference_of_an_npu_tensor_is_an_npu_tensor_over_the_same_memory(npu: Any) -> None:

@@ -200,6 +200,8 @@ CONTRACT_FAMILIES: dict[str, set[str]] = {
     "quantisation": {"npu_dynamic_quant", "npu_quantize", "npu_add_rms_norm_quant",
                      "npu_add_rms_norm_dynamic_quant"},
     "model_layers": {"_npu_rotary_embedding", "npu_mrope", "npu_swiglu"},
+    "moe": {"npu_moe_gating_top_k", "_C_ascend::moe_gating_top_k", "npu_moe_init_routing_v2", "npu_grouped_matmul",
+            "npu_moe_token_unpermute"},
 }
 
 
