@@ -234,6 +234,19 @@ class FabricProcessGroup(dist.ProcessGroup):
     def getBackendName(self) -> str:
         return BACKEND_NAME
 
+    def _get_backend(self, device: torch.device) -> "FabricProcessGroup":  # type: ignore[override]  # c10d's stub returns its C++ Backend; the fabric group is its own backend
+        """The group's backend for ``device``: the group itself (it is its own backend, for the
+        host and the simulated NPUs). vLLM Ascend's MoE token dispatchers ask the NPU backend
+        of their EP / MC2 group for its HCCL communicator name at construction
+        (ops/fused_moe/token_dispatcher.py:116-119, 493-495 @182b75ea)."""
+        return self
+
+    def get_hccl_comm_name(self, rank: int, init_comm: bool = True) -> str:
+        """torch_npu's ``ProcessGroupHCCL.get_hccl_comm_name(rank, init_comm)``: the name of
+        the group's communicator (on the fabric: its description and members, one name per
+        group), what the MC2 / all-to-all kernels take as ``group_ep``."""
+        return f"{self.kind}@{','.join(map(str, self.members))}"
+
     @property
     def kind(self) -> str:
         """The fingerprint's group name: the group's description (``dp:cpu``, ``tp``, ...)."""

@@ -68,6 +68,26 @@ def test_the_deprecated_spellings_that_vllm_calls_still_meet():
     assert out == {0: ([5, 6], 3), 1: ([5, 6], 6)} and stats.met == {"default_pg": 2}
 
 
+def test_a_group_is_its_own_npu_backend_and_names_its_communicator_per_group():
+    """vLLM Ascend's MoE token dispatchers ask their group's NPU backend for its HCCL
+    communicator name at construction (ops/fused_moe/token_dispatcher.py:116-119, 493-495
+    @182b75ea; torch_npu's ProcessGroupHCCL.get_hccl_comm_name): every member of a group gets
+    the same name, another group another."""
+    import sim.npu_device as npu_device
+
+    npu_device.enable()  # the device type spelled "npu"
+    out = {}
+
+    def body(rank):
+        pair = [dist.new_group([0, 1], group_desc="ep"), dist.new_group([2, 3], group_desc="ep")][rank // 2]
+        backend = pair._get_backend(torch.device("npu"))
+        out[rank] = (backend is pair, backend.get_hccl_comm_name(rank % 2))
+
+    FabricWorld(4).run(body)
+    assert all(same for same, _ in out.values())
+    assert out[0][1] == out[1][1] == "ep@0,1" and out[2][1] == out[3][1] == "ep@2,3"
+
+
 def test_a_shape_mismatch_is_exact_and_ends_every_thread():
     def body(rank):
         dist.all_reduce(torch.zeros(4 if rank == 0 else 2, 2, dtype=torch.int32))

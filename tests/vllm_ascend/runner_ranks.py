@@ -9,17 +9,31 @@ Ascend's ``NPUModelRunner``, whole: constructor, ``load_model``, ``initialize_kv
 ``capture_model``) and its own vLLM ``Scheduler``, stepped by `dp_engine_loop` as vLLM's
 ``DPEngineCoreProc.run_busy_loop`` steps one engine core.
 
-The model. DP alone puts no collective inside a dense model's forward, so nothing would meet
-during a replay. The smallest forward that meets across DP ranks with layers the facade runs:
-vLLM's ``Qwen2MoeForCausalLM`` whose every layer is dense (``mlp_only_layers``: no expert
-kernels; ``num_experts`` > 0 makes it a MoE model to vLLM, ``ModelConfig.is_moe``) with vLLM
-Ascend's fine-grained MLP tensor parallelism across the two DP ranks
-(``finegrained_tp_config.mlp_tensor_parallel_size = 2``, allowed for MoE models only,
-ascend_config.py:694-711@182b75ea): each layer's ``gate_up_proj`` all-gathers its input over
-the ``mlptp`` group and its ``down_proj`` reduce-scatters (ops/linear_op.py:152-191), through
-vLLM's ``torch.ops.vllm.all_gather`` / ``reduce_scatter`` and vLLM Ascend's
-``NPUCommunicator`` (device_communicators/npu_communicator.py), so the collectives are
-captured into each FULL graph and meet at each replay as ``graph:<key>``.
+The models (`RankModel`). DP alone puts no collective inside a dense model's forward, so
+nothing would meet during a replay. Two forwards meet across DP ranks, both vLLM's
+``Qwen2MoeForCausalLM`` with one layer (``num_experts`` > 0 makes it a MoE model to vLLM,
+``ModelConfig.is_moe``):
+
+* `DENSE_MLP_TP` (the default): the layer is dense (``mlp_only_layers``) with vLLM Ascend's
+  fine-grained MLP tensor parallelism across the two DP ranks
+  (``finegrained_tp_config.mlp_tensor_parallel_size = 2``, allowed for MoE models only,
+  ascend_config.py:694-711@182b75ea): its ``gate_up_proj`` all-gathers its input over the
+  ``mlptp`` group and its ``down_proj`` reduce-scatters (ops/linear_op.py:152-191), through
+  vLLM's ``torch.ops.vllm.all_gather`` / ``reduce_scatter`` and vLLM Ascend's
+  ``NPUCommunicator`` (device_communicators/npu_communicator.py);
+* `MOE_EP`: the layer is vLLM Ascend's own fused MoE (``AscendMoERunner``, built by the MoE
+  factory its global patches install: patch/platform/patch_fused_moe.py) with expert
+  parallelism over the two DP ranks (``enable_expert_parallel``: each rank holds 2 of the 4
+  experts). On A2 with an EP group of fewer than 16 ranks vLLM Ascend picks the all-gather
+  method (ascend_forward_context.py:223-239): the layer all-gathers its tokens and router
+  logits over the ``dp`` group (ops/fused_moe/prepare_finalize.py:420-437), routes every
+  token with the gating top-k, computes the tokens its own experts were chosen for (the
+  facade's MoE kernels, `sim.facade.moe_kernels`) and reduce-scatters the weighted sums back
+  (prepare_finalize.py:520-541), so a token's output on one rank holds what the other rank's
+  experts computed for it.
+
+Either way the collectives are captured into each FULL graph and meet at each replay as
+``graph:<key>``.
 
 What is restated here (the rest is their code, unmodified):
 
@@ -57,7 +71,25 @@ DENSE_QWEN2_MOE = {
     "vocab_size": 512, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
     "torch_dtype": "bfloat16", "tie_word_embeddings": False,
 }
+# The same model with its layer a MoE layer: 4 experts of intermediate size 128, top 2, the
+# softmax weights not renormalised (``norm_topk_prob`` False: the gating top-k's renorm 0).
+QWEN2_MOE = {**DENSE_QWEN2_MOE, "mlp_only_layers": []}
 MLP_TP = {"finegrained_tp_config": {"mlp_tensor_parallel_size": DP}}
+
+
+@dataclass(frozen=True)
+class RankModel:
+    """What the DP ranks serve (module docstring): the model's config.json, whether experts are
+    spread over the ranks (``enable_expert_parallel``) and vLLM Ascend's additional config."""
+
+    name: str
+    config: dict[str, Any]
+    expert_parallel: bool = False
+    additional_config: dict[str, Any] = field(default_factory=dict)
+
+
+DENSE_MLP_TP = RankModel("dense Qwen2-MoE, MLP tensor parallel", DENSE_QWEN2_MOE, additional_config=MLP_TP)
+MOE_EP = RankModel("Qwen2-MoE, expert parallel", QWEN2_MOE, expert_parallel=True)
 UNFINISHED_INTERVAL = 32  # DPEngineCoreProc._has_global_unfinished_reqs (core.py:2170-2175)
 
 
@@ -181,13 +213,13 @@ def _set_up_groups(ranks: Any, rank: int) -> Callable[[Any], None]:
     return set_up
 
 
-def rank_config(rank: int, spec: serving.RunnerSpec) -> Any:
-    """Rank ``rank``'s VllmConfig: the dense Qwen2-MoE with MLP TP across the DP ranks."""
+def rank_config(rank: int, spec: serving.RunnerSpec, model: RankModel = DENSE_MLP_TP) -> Any:
+    """Rank ``rank``'s VllmConfig for ``model`` (module docstring)."""
     from vllm.config import ParallelConfig
 
-    return serving.runner_config(spec, model=DENSE_QWEN2_MOE,
-                                 parallel_config=ParallelConfig(data_parallel_size=DP, data_parallel_rank=rank),
-                                 additional_config=MLP_TP)
+    parallel = ParallelConfig(data_parallel_size=DP, data_parallel_rank=rank, enable_expert_parallel=model.expert_parallel)
+    return serving.runner_config(spec, model=model.config, parallel_config=parallel,
+                                 additional_config=dict(model.additional_config))
 
 
 # --------------------------------------------------------------------------- the engine core's loop
@@ -294,11 +326,11 @@ class RankRun:
 
 
 def run(spec: serving.RunnerSpec, plans: Sequence[RankPlan], *, devices: Optional[Sequence[dict[str, Any]]] = None,
-        logs: Optional[dict[int, RankLog]] = None) -> RankRun:
+        logs: Optional[dict[int, RankLog]] = None, model: RankModel = DENSE_MLP_TP) -> RankRun:
     """Every DP rank of ``plans`` as a thread on its own simulated NPU (``devices``: each NPU's
-    `sim.facade.configure_devices` options), each building its worker and serving its plan in
-    lock-step; the fabric's error (mismatch, deadlock, timeout) is raised as it is (``logs``,
-    when given, holds each rank's log however the run ends)."""
+    `sim.facade.configure_devices` options), each building its worker for ``model`` and serving
+    its plan in lock-step; the fabric's error (mismatch, deadlock, timeout) is raised as it is
+    (``logs``, when given, holds each rank's log however the run ends)."""
     import torch
 
     from ascendgraph.parallel.layout import ParallelLayout
@@ -317,7 +349,7 @@ def run(spec: serving.RunnerSpec, plans: Sequence[RankPlan], *, devices: Optiona
     def body(rank: int) -> None:
         torch.npu.set_device(rank)  # worker.py:406
         plan = plans[rank]
-        worker = _worker(spec, rank, ranks, plan)
+        worker = _worker(spec, rank, ranks, plan, model)
         logs[rank].graphs_captured = facade.device().stats().graphs_captured_total
         logs[rank].graphs = captured_graphs(worker.runner)
         dp_engine_loop(RankEngine(worker, ranks), plan.arrivals, logs[rank], dummy_when_idle=plan.dummy_when_idle)
@@ -329,7 +361,7 @@ def run(spec: serving.RunnerSpec, plans: Sequence[RankPlan], *, devices: Optiona
     return RankRun(logs, stats)
 
 
-def _worker(spec: serving.RunnerSpec, rank: int, ranks: Any, plan: RankPlan) -> serving.Worker:
+def _worker(spec: serving.RunnerSpec, rank: int, ranks: Any, plan: RankPlan, model: RankModel) -> serving.Worker:
     runner_class = plan.runner_class() if plan.runner_class is not None else None
-    return serving.Worker(spec, config=rank_config(rank, spec), index=rank, set_up=_set_up_groups(ranks, rank),
+    return serving.Worker(spec, config=rank_config(rank, spec, model), index=rank, set_up=_set_up_groups(ranks, rank),
                           runner_class=runner_class)

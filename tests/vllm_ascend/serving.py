@@ -149,7 +149,12 @@ def set_up_patches() -> None:
     from vllm_ascend import ops
     from vllm_ascend.utils import adapt_patch
 
-    adapt_patch()  # worker.py:117-119
+    # vLLM Ascend's global patches, which its plugin entry applies in every vLLM process
+    # (vllm_ascend/__init__.py:47-61, platform.py:261-265), among them the MoE factory that
+    # builds vLLM Ascend's own fused-MoE layer (patch/platform/patch_fused_moe.py), then the
+    # worker's (worker.py:117-119)
+    adapt_patch(is_global_patch=True)
+    adapt_patch()
     # vLLM Ascend's compiled custom ops (vllm_ascend_C, built by setup.py) are not built here:
     # enable_custom_op() answers False and its layers take the torch_npu kernels
     # (ops/layernorm.py:71-76). It caches that answer on its first call (utils.py:403-440);
