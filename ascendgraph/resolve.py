@@ -243,7 +243,7 @@ class Capabilities:
 
     @classmethod
     def of(cls, soc: str, profile: Optional[object] = None) -> "Capabilities":
-        caps = cls(name=soc, npugraph_ex=soc != "310P", static_kernel=soc != "310P", super_kernel=soc != "310P",
+        caps = cls(name=soc, npugraph_ex=soc != "310P", static_kernel=soc != "310P", super_kernel=soc not in NO_SUPER_KERNEL,
                    max_piecewise_sizes=A5_MAX_PIECEWISE_SIZES if soc == "A5" else None)
         if profile is None:
             return caps
@@ -446,19 +446,32 @@ def _rule_capture_sizes(s: _State) -> None:
             s.max_capture_size = sampled[-1]
 
 
-_310P_DISABLED = (
-    ("npugraph_ex", "npugraph_ex is not supported on Ascend 310P. Disabling it."),
-    ("static_kernel", "Static kernel is not supported on Ascend 310P. Disabling it."),
-    ("super_kernel", "Super kernel is not supported on Ascend 310P. Disabling it."),
-)
+# What a SoC itself lacks, with the warning each downgrade logs. 310P: vLLM Ascend's own
+# downgrade (AscendCompilationConfig, via is_310p()). A2: super kernel, whose torch_npu calls go
+# to CANN's aclsk API (aclskScopeBegin / aclskOptimize), which CANN's API reference lists as not
+# supported on Atlas A2 (hw/soc.py and the simulator's A2 profile say the same), so a card
+# would fail at capture: the resolution turns it off up front instead.
+SOC_DISABLED: dict[str, tuple[tuple[str, str], ...]] = {
+    "310P": (
+        ("npugraph_ex", "npugraph_ex is not supported on Ascend 310P. Disabling it."),
+        ("static_kernel", "Static kernel is not supported on Ascend 310P. Disabling it."),
+        ("super_kernel", "Super kernel is not supported on Ascend 310P. Disabling it."),
+    ),
+    "A2": (
+        ("super_kernel", "Super kernel is not supported on Atlas A2 (CANN's super-kernel API is Atlas A3 only). "
+                         "Disabling it."),
+    ),
+}
+NO_SUPER_KERNEL = frozenset(soc for soc, flags in SOC_DISABLED.items() if any(f == "super_kernel" for f, _ in flags))
+_KERNEL_FLAGS = ("npugraph_ex", "static_kernel", "super_kernel")
 
 
 def _rule_soc_310p(s: _State) -> None:
     caps = s.capabilities
-    for flag, message in _310P_DISABLED:
+    soc_messages = dict(SOC_DISABLED.get(s.config.soc, ()))
+    for flag in _KERNEL_FLAGS:
         if getattr(s, flag) and not getattr(caps, flag):
-            if s.config.soc != "310P":
-                message = f"{flag} is not supported by device profile {caps.name}. Disabling it."
+            message = soc_messages.get(flag) or f"{flag} is not supported by device profile {caps.name}. Disabling it."
             s.decide("soc_310p", f"{flag} on", f"{flag} off", message, warn=True)
             setattr(s, flag, False)
     mode = s.current_mode

@@ -21,7 +21,7 @@ from ascendgraph.models.backends import ATTENTION_BACKENDS
 from ascendgraph.models.presets import PRESETS
 from ascendgraph.readers import read_human_int, read_int
 
-__all__ = ["LIMITS", "MAX_SEED", "MODELLED_SPECULATIVE_KEYS", "positive_int", "non_negative_int", "bounded_int",
+__all__ = ["LIMITS", "MAX_SEED", "MAX_SIMULATED_REQUESTS", "MODELLED_SPECULATIVE_KEYS", "positive_int", "non_negative_int", "bounded_int",
            "seed_int", "limit_error", "non_empty_text", "json_object_text", "add_config_arguments",
            "config_from_args", "hccl_mode_from_args", "env_from_args"]
 
@@ -33,6 +33,9 @@ log = logging.getLogger("ascendgraph")
 # the flags' own converters (`bounded_int`) and, for flags other modules define with plain
 # converters (plan --seed, doctor --num-layers, ...), after parsing (`check_limits`).
 MAX_SEED = 2**63 - 1  # torch generators and random.Random take any int below this
+# The most requests a run serves (the engine's runtime.options.MAX_SIMULATED_REQUESTS, kept equal by
+# a test; a larger workload is `ascendgraph plan --workload`'s). LIMITS["requests"] is the type bound.
+MAX_SIMULATED_REQUESTS = 1_000
 LIMITS: dict[str, tuple[int, int]] = {
     "seed": (0, MAX_SEED),
     "requests": (1, 1_000_000),

@@ -20,6 +20,7 @@ from ascendgraph.cli.app import Command, emit_json, emit_result, emit_text
 from ascendgraph.cli.ranks_args import (add_rank_arguments, add_ranks_to_document, check_ranks_for, engine_faults,
                                         run_ranks_for, world_size)
 from ascendgraph.cli.args import (
+    MAX_SIMULATED_REQUESTS,
     add_config_arguments,
     bounded_int,
     config_from_args,
@@ -39,7 +40,6 @@ log = logging.getLogger("ascendgraph")
 # Kept here (not imported from ascendgraph.runtime.engine) so building the CLI parser does not import
 # torch; tests check they equal the engine's.
 DEFAULT_REQUESTS = 16
-MAX_SIMULATED_REQUESTS = 1_000  # the most a run serves (a larger workload is `ascendgraph plan --workload`'s)
 ON_CAPTURE_ERROR = ("raise", "eager")
 
 

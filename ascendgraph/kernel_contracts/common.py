@@ -66,8 +66,10 @@ SRC_ZERO_KV = (
     "seq_lens_list with 0 for padded requests) and _pad_query_start_loc_for_fia (padded requests)"
 )
 SRC_ATB_SIGNATURE = "torch-npu 2.13.0 lib/libop_plugin_atb.so (schema inferred from the C++ signature)"
-SRC_RESHAPE_CALL = f"{VLLM_ASCEND} vllm_ascend/device/device_op.py@5fd1a15d (BaseDeviceAdaptor.reshape_and_cache)"
-SRC_ROPE_CALL = f"{VLLM_ASCEND} vllm_ascend/ops/rotary_embedding.py (rope_forward_oot: contiguous [T, heads*rot] q/k)"
+SRC_RESHAPE_CALL = (f"{VLLM_ASCEND} vllm_ascend/device/device_op.py@182b75ea:1841-1850 "
+                    "(Ascend310PDeviceAdaptor.reshape_and_cache; A2/A3 write with npu_scatter_pa_kv_cache)")
+SRC_ROPE_CALL = (f"{VLLM_ASCEND} vllm_ascend/_310p/ops/rotary_embedding.py@182b75ea:160-162, 177 "
+                 "(contiguous [T, heads*rot] q/k)")
 SRC_ADD_RMS_NORM = (
     "torch-npu 2.13.0 csrc/aten/npu_native_functions_by_codegen.yaml:123 (schema only, no op doc); "
     f"{VLLM_ASCEND} vllm_ascend/ops/layernorm.py call site"

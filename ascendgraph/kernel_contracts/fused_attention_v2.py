@@ -106,7 +106,8 @@ _FIA_V2_RULES = (
                       f"{DOCS}:8761 (Q_S > 1, the branch opening at :8759: the B axis at most 65536); as v1's "
                       "q_s_gt_1_batch_limit", f"{DOCS}:8762 (Q_S > 1: the N axis at most 256); as v1's "
                       "q_s_gt_1_heads_limit"),
-    KernelRule(FIA_V2, "v2_gqa_ratio", f"{DOCS}:8731 (K_N == V_N, Q_N divisible by K_N, ratio <= 64)",
+    KernelRule(FIA_V2, "v2_gqa_ratio", f"{DOCS}:8627 (num_query_heads divisible by num_key_value_heads, ratio <= 64); "
+               ":8731 (K_N == V_N, stated for the TND layouts)",
                _always, FIA_V2_ARGUMENTS.gqa_ok,
                lambda a: f"num_query_heads={a.get('num_query_heads')}, num_key_value_heads={FIA_V2_ARGUMENTS.kv_heads(a)}"),
     KernelRule(FIA_V2, "v2_sparse_mode", f"{DOCS}:8719, 8735 (TND: sparse 0 without mask, 3 or 4 with mask); :8770 (0-4)",

@@ -181,7 +181,8 @@ _V1_LINES = _FusedLines(
             ":8222 (page attention: actual_seq_lengths_kv required)",
     full_mask=f"{DOCS}:8076 (bool/int8/uint8, contiguous); :8077-8080 (sparse_mode 0/1: (Q_S, KV_S), (B, KV_S) at "
               "Q_S == 1, (1, Q_S, KV_S), (B, 1, Q_S, KV_S), (1, 1, Q_S, KV_S), S rounded up allowed); :8119 (sparse_mode "
-              "1 needs the full mask); :8225-8226 (page attention: KV_S >= block_table columns * block_size)",
+              "1 needs the full mask); :8225-8226 (page attention: the mask's KV_S >= maxBlockNumPerSeq * blockSize); "
+              ":8292 (the mask's last dim >= block_table's second dim * block_size: the bound checked)",
     band=f"{DOCS}:8200 (sparse_mode 4: pre_tokens >= -actual_seq_qlen, next_tokens >= -actual_seq_kvlen, pre_tokens "
          "+ next_tokens >= 0); the band's two edges must meet (npu_fusion_attention, :1645)",
     inner_precise=f"{DOCS}:8124-8128 (inner_precise 0-3; Q_S == 1 takes only 0 and 1)",
@@ -191,10 +192,12 @@ _V2_LINES = _FusedLines(
     layouts=f"{DOCS}:8631-8634 (BSH, BSND, BNSD, BNSD_BSND, TND and the NTD/NBSD variants; BNSD_BSND only with "
             "Q_S > 1)",
     lengths=f"{DOCS}:8609-8610 (outside TND one entry per batch, or one for all; each at most the S axis); "
-            ":8780 (page attention: actual_seq_kvlen required)",
+            ":8779 (page attention: actual_seq_kvlen required)",
     full_mask=f"{DOCS}:8602 (bool/int8/uint8, contiguous); :8603-8606 (sparse_mode 0/1: (Q_S, KV_S), (B, KV_S) at "
               "Q_S == 1, (1, Q_S, KV_S), (B, 1, Q_S, KV_S), (1, 1, Q_S, KV_S), S rounded up allowed); :8637 (sparse_mode "
-              "1 needs the full mask); :8782-8783 (page attention: KV_S >= block_table columns * block_size)",
+              "1 needs the full mask); :8782-8783 (page attention: the mask's KV_S >= maxBlockNumPerSeq * blockSize; "
+              "checked against block_table's second dim * block_size, as v1's :8292 words it, which is stricter when "
+              "the table has spare columns)",
     band=f"{DOCS}:8735 (sparse_mode 4: pre_tokens >= -actual_seq_qlen, next_tokens >= -actual_seq_kvlen, pre_tokens "
          "+ next_tokens >= 0); the band's two edges must meet (npu_fusion_attention, :1645)",
     inner_precise=f"{DOCS}:8656-8660 (inner_precise 0-3; Q_S == 1 takes only 0 and 1)",

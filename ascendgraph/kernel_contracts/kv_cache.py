@@ -45,8 +45,8 @@ _RESHAPE_AND_CACHE_RULES = (
     KernelRule(RESHAPE_AND_CACHE, "caches_contiguous", f"{SRC_ATB_SIGNATURE}: key_cache/value_cache are written in place",
                _present("key_cache"), lambda a: _contiguous(a["key_cache"]) and _contiguous(a["value_cache"]),
                lambda a: "key_cache or value_cache is not contiguous"),
-    KernelRule(RESHAPE_AND_CACHE, "slot_indices_int32", f"{VLLM_ASCEND} vllm_ascend/worker/v2/model_runner.py (comment: the "
-               "reshape-and-cache operator requires int32 slot mappings)",
+    KernelRule(RESHAPE_AND_CACHE, "slot_indices_int32", f"{VLLM_ASCEND} vllm_ascend/worker/v2/block_table.py@182b75ea:54-55 "
+               "(comment: the reshape-and-cache operator requires int32 slot mappings)",
                _present("slot_indices"), lambda a: a["slot_indices"].dtype == torch.int32,
                lambda a: f"slot_indices dtype is {_dt(a['slot_indices'])}, not int32"),
     KernelRule(RESHAPE_AND_CACHE, "one_slot_per_token", f"{SRC_RESHAPE_CALL}: key/value [tokens, kv_heads, D], one slot each",

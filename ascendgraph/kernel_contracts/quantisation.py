@@ -45,15 +45,39 @@ def _quant_per_channel_ok(a: Mapping[str, Any]) -> bool:
         a.get(name) is None or int(a[name].numel()) in (1, width) for name in ("scales", "zero_points"))
 
 
+# npu_quantize's dtypes depend on div_mode (default True, :11379): True divides by the scales
+# (:11359-11361, 11366-11368, 11373-11375), False multiplies (:11362-11364, 11369-11371, 11376;
+# vLLM Ascend's calls, ops/register_custom_ops.py@182b75ea:146,152, pass div_mode=False).
+_MUL_SCALE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_DIV_OUT_DTYPES = (torch.qint8, torch.quint8, torch.int32)
+_MUL_OUT_DTYPES = (torch.qint8, torch.quint4x2)
+
+
+def _divides(a: Mapping[str, Any]) -> bool:
+    return bool(a.get("div_mode", True))
+
+
 def _quant_scales_ok(a: Mapping[str, Any]) -> bool:
-    """npu_quantize's scales: float32/bfloat16, contiguous, at most 1-D."""
+    """npu_quantize's scales: float32/bfloat16 (div_mode) or float32/float16/bfloat16, contiguous, at most 1-D."""
     scales = a["scales"]
-    return scales.dtype in QUANT_SCALE_DTYPES and _contiguous(scales) and scales.dim() <= 1
+    dtypes = QUANT_SCALE_DTYPES if _divides(a) else _MUL_SCALE_DTYPES
+    return scales.dtype in dtypes and _contiguous(scales) and scales.dim() <= 1
 
 
 def _quant_zero_points_ok(a: Mapping[str, Any]) -> bool:
-    """npu_quantize's zero_points: int8/uint8/int32/bfloat16, contiguous."""
-    return a["zero_points"].dtype in QUANT_OFFSET_DTYPES and _contiguous(a["zero_points"])
+    """npu_quantize's zero_points: int8/uint8/int32/bfloat16 (div_mode), or the scales' own
+    float dtype; contiguous."""
+    zero_points = a["zero_points"]
+    if _divides(a):
+        dtype_ok = zero_points.dtype in QUANT_OFFSET_DTYPES
+    else:
+        dtype_ok = zero_points.dtype in _MUL_SCALE_DTYPES and zero_points.dtype == a["scales"].dtype
+    return dtype_ok and _contiguous(zero_points)
+
+
+def _quant_out_dtype_ok(a: Mapping[str, Any]) -> bool:
+    """npu_quantize's output dtype: qint8/quint8/int32 (div_mode) or qint8/quint4x2."""
+    return a["dtype"] in (_DIV_OUT_DTYPES if _divides(a) else _MUL_OUT_DTYPES)
 
 
 def _scales1_like_gamma(a: Mapping[str, Any]) -> bool:
@@ -112,13 +136,16 @@ _QUANT_RULES = (
                _present("input"), lambda a: a["input"].dim() > 1, lambda a: f"input has shape {_shape(a['input'])}"),
     KernelRule(QUANTIZE, "input_dtype", f"{DOCS}:11357 (float, float16, bfloat16)",
                _present("input"), lambda a: a["input"].dtype in NORM, lambda a: f"input dtype is {_dt(a['input'])}"),
-    KernelRule(QUANTIZE, "scales", f"{DOCS}:11359-11361 (div_mode: scales float32/bfloat16); issue #15 (contiguous "
-               "per-tensor or per-channel scales)",
+    KernelRule(QUANTIZE, "scales", f"{DOCS}:11359-11361 (div_mode True: scales float32/bfloat16), :11362-11364 "
+               "(div_mode False: float32/float16/bfloat16); issue #15 (contiguous per-tensor or per-channel scales)",
                _present("scales"), _quant_scales_ok,
-               lambda a: f"scales {_shape(a['scales'])} {_dt(a['scales'])} contiguous={_contiguous(a['scales'])}"),
-    KernelRule(QUANTIZE, "zero_points", f"{DOCS}:11366-11368 (int8, uint8, int32, bfloat16)",
-               _present("zero_points"), _quant_zero_points_ok,
-               lambda a: f"zero_points dtype is {_dt(a['zero_points'])}"),
+               lambda a: f"scales {_shape(a['scales'])} {_dt(a['scales'])} contiguous={_contiguous(a['scales'])} "
+                         f"div_mode={_divides(a)}"),
+    KernelRule(QUANTIZE, "zero_points", f"{DOCS}:11366-11368 (div_mode True: int8, uint8, int32, bfloat16), "
+               ":11369-11371 (div_mode False: float32/float16/bfloat16, the scales' dtype)",
+               _present("zero_points", "scales"), _quant_zero_points_ok,
+               lambda a: f"zero_points dtype is {_dt(a['zero_points'])} (scales {_dt(a['scales'])}, "
+                         f"div_mode={_divides(a)})"),
     KernelRule(QUANTIZE, "scales_per_channel", f"{DOCS}:11377 (axis: the elementwise axis, the other axes "
                "broadcast); :11362, 11369 (a 1-D scales / zero_points holds input.shape[axis] values or 1)",
                _present("input", "scales"), _quant_per_channel_ok,
@@ -126,9 +153,9 @@ _QUANT_RULES = (
                          f"{None if a.get('zero_points') is None else int(a['zero_points'].numel())} values for input "
                          f"{_shape(a['input'])} along axis {a.get('axis', 1)} ({_quant_axis_width(a)} wide): need 1 or "
                          "one per element of the axis"),
-    KernelRule(QUANTIZE, "out_dtype", f"{DOCS}:11373-11375 (qint8, quint8, int32)",
-               lambda a: "dtype" in a, lambda a: a["dtype"] in (torch.qint8, torch.quint8, torch.int32),
-               lambda a: f"dtype={a['dtype']}"),
+    KernelRule(QUANTIZE, "out_dtype", f"{DOCS}:11373-11375 (div_mode True: qint8, quint8, int32), :11376 "
+               "(div_mode False: qint8, quint4x2)",
+               lambda a: "dtype" in a, _quant_out_dtype_ok, lambda a: f"dtype={a['dtype']} div_mode={_divides(a)}"),
     KernelRule(ADD_RMS_NORM_QUANT, "x_dtype_half", f"{DOCS}:12300-12301 (x1, x2 bfloat16/float16, equal dtypes)",
                _present("x1", "x2"), lambda a: a["x1"].dtype in HALF and a["x2"].dtype == a["x1"].dtype,
                lambda a: f"x1 {_dt(a['x1'])}, x2 {_dt(a['x2'])}"),

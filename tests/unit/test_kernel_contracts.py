@@ -460,3 +460,28 @@ def test_rules_for_answers_each_kernel_its_rules_in_table_order():
         base = table._ALIASES.get(kernel, kernel)
         assert table.rules_for(kernel) == tuple(rule for rule in table.RULES if rule.kernel == base)
     assert table.rules_for("no_such_kernel") == ()
+
+
+def test_npu_quantize_dtypes_follow_div_mode_as_the_op_docs_say():
+    # torch_npu/_op_plugin_docs.py:11359-11376: div_mode True divides (scales float32/bfloat16,
+    # zero_points int8/uint8/int32/bfloat16, out qint8/quint8/int32); False multiplies (scales and
+    # zero_points one float dtype, out qint8/quint4x2). vLLM Ascend calls it with div_mode False
+    # and an offset cast to the scale's dtype (quantization/methods/w8a8_static.py@182b75ea:130-132).
+    from ascendgraph.kernel_contracts import violations
+
+    x = torch.zeros(4, 8, dtype=torch.bfloat16)
+
+    def broken(scales, zero_points, dtype, div_mode):
+        args = {"input": x, "scales": scales, "zero_points": zero_points, "dtype": dtype, "axis": -1,
+                "div_mode": div_mode}
+        return sorted(rule.name for rule in violations("npu_quantize", args))
+
+    f16, bf16 = torch.ones(8, dtype=torch.float16), torch.ones(8, dtype=torch.bfloat16)
+    assert broken(bf16, bf16.clone(), torch.qint8, False) == []  # vLLM Ascend's call
+    assert broken(f16, f16.clone(), torch.quint4x2, False) == []
+    assert broken(f16, None, torch.qint8, True) == ["scales"]  # float16 scales only when multiplying
+    assert broken(bf16, torch.zeros(8, dtype=torch.int8), torch.qint8, False) == ["zero_points"]
+    assert broken(bf16, f16, torch.qint8, False) == ["zero_points"]  # not the scales' dtype
+    assert broken(bf16, torch.zeros(8, dtype=torch.int8), torch.qint8, True) == []
+    assert broken(bf16, None, torch.quint8, False) == ["out_dtype"]
+    assert broken(bf16, None, torch.quint4x2, True) == ["out_dtype"]

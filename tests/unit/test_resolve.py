@@ -299,13 +299,22 @@ def test_step8_piecewise_modes_disable_npugraph_ex_and_static_kernel():
 
 
 def test_step8_full_modes_keep_npugraph_ex_and_kernels_as_configured():
-    r = run(M.FULL_DECODE_ONLY, additional_config={"ascend_compilation_config": {"enable_static_kernel": True}})
+    r = run(M.FULL_DECODE_ONLY, soc="A3", additional_config={"ascend_compilation_config": {"enable_static_kernel": True}})
     assert (r.npugraph_ex, r.static_kernel, r.super_kernel, r.attention_split) == (True, True, True, False)
     r = run(M.FULL, additional_config={"ascend_compilation_config": {
         "enable_static_kernel": True, "enable_super_kernel": False}})
     assert (r.static_kernel, r.super_kernel) == (True, False)
     r = run(M.FULL, additional_config={"ascend_compilation_config": {"enable_npugraph_ex": False}})
     assert r.npugraph_ex is False
+
+
+def test_step7a_a2_turns_super_kernel_off_with_a_warning_and_keeps_static_kernels():
+    # CANN's super-kernel API (aclskScopeBegin / aclskOptimize) is Atlas A3 only
+    r = run(M.FULL_DECODE_ONLY, soc="A2", additional_config={"ascend_compilation_config": {"enable_static_kernel": True}})
+    assert (r.npugraph_ex, r.static_kernel, r.super_kernel) == (True, True, False)
+    assert r.warnings == ["Super kernel is not supported on Atlas A2 (CANN's super-kernel API is Atlas A3 only). "
+                          "Disabling it."]
+    assert [d.rule for d in r.decisions if "super_kernel" in str(d.after)] == ["soc_310p"]
 
 
 def test_step8_310p_disables_everything_with_warnings():

@@ -57,6 +57,9 @@ BAD_FILES = [
     ("bad choice", "description='x'\n[config]\nsoc='A9'\n[expect]\noutcome='ok'\n", "[config] soc", "A2, A3, 310P, A5"),
     ("json flag of the wrong type", "description='x'\n[config]\ncompilation_config=3\n[expect]\noutcome='ok'\n", "[config] compilation_config", "table or a JSON string"),
     ("bad run value", "description='x'\n[run]\nrequests=-1\n[expect]\noutcome='ok'\n", "[run] requests", "an integer >= 1"),
+    # more than a run serves: refused at load, so an `outcome = "error"` cannot pass on the engine's refusal
+    ("more requests than a run serves", "description='x'\n[run]\nrequests=5000\n[expect]\noutcome='error'\nerror_type='ConfigError'\n",
+     "[run] requests", "from 1 to 1000"),
     ("unknown run key", "description='x'\n[run]\nreqests=1\n[expect]\noutcome='ok'\n", "[run] reqests", "did you mean 'requests'"),
     ("bad range", "description='x'\n[run]\nprompt_words=[5, 2]\n[expect]\noutcome='ok'\n", "[run] prompt_words", "low <= high"),
     ("bad fault plan", "description='x'\n[device]\nfaults='capture=raise(207008)'\n[expect]\noutcome='ok'\n", "[device] faults", "unknown site 'capture'"),

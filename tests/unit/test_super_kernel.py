@@ -124,7 +124,8 @@ def test_the_default_a2_profile_turns_super_kernel_off_as_a_card_does(tmp_path, 
         with _engine(super_kernel=True, profile="A2") as engine:
             assert engine.resolution.static_kernel and not engine.resolution.super_kernel
             assert engine.super_kernel is None
-    assert "super_kernel is not supported by device profile A2. Disabling it." in caplog.text
+    assert "Super kernel is not supported on Atlas A2 (CANN's super-kernel API is Atlas A3 only). Disabling it." \
+        in caplog.text
 
 
 def test_the_engine_optimises_every_full_graph_and_logs_once(tmp_path, monkeypatch, caplog):

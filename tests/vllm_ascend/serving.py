@@ -60,7 +60,7 @@ class RunnerSpec:
     enforce_eager: bool = False
     # vLLM Ascend's own options (additional_config). npugraph_ex (torch_npu's FX backend over
     # torchair, on by default: ascend_config.py:726) and the graph fusion passes, whose pattern
-    # base imports torchair (compilation/passes/base_pattern.py:9-12; configured by
+    # base imports npugraph_ex or else torchair (compilation/passes/base_pattern.py:9-12; configured by
     # graph_fusion_pass_manager.py:50-66), need torch_npu's torchair, which the facade does not
     # model: the compiled model goes through AscendCompiler without them (docs/vllm-ascend.md;
     # the tiny llama has nothing those passes fuse: no quantisation, no q/k norm).

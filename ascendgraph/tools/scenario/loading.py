@@ -395,10 +395,11 @@ def _is_combination_rule(exc: BaseException) -> bool:
 def _check_run_budget(path: Path, run: Mapping[str, Any], model: Any) -> None:
     """[run] values within the bounds the CLI and the engine apply (checked now, not mid-run)."""
     from ascendgraph.api import MAX_RUN_ATOL as MAX_ATOL
-    from ascendgraph.cli.args import LIMITS
+    from ascendgraph.cli.args import LIMITS, MAX_SIMULATED_REQUESTS
     from ascendgraph.runtime.workload import MAX_SEQUENCE_TOKENS
 
-    bounds = {"requests": LIMITS["requests"], "seed": LIMITS["seed"],
+    # requests: the most a run serves (the engine refuses more), not only the CLI's type bound
+    bounds = {"requests": (1, MAX_SIMULATED_REQUESTS), "seed": LIMITS["seed"],
               "burst_size": (0, LIMITS["requests"][1]), "burst_gap": (1, LIMITS["requests"][1])}
     if "num_threads" in run:  # (imports torch: only when the file sets it)
         from ascendgraph.runtime.threads import MAX_THREADS
