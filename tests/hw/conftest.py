@@ -13,6 +13,8 @@ from typing import Any, Iterator
 
 import pytest
 
+from tests.facade_fixtures import facade_torch_npu
+
 _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
@@ -22,14 +24,5 @@ if _HERE not in sys.path:
 def torch_npu() -> Iterator[Any]:
     """The facade installed in place of torch_npu, on a fresh simulated NPU (reset again after
     the test, so what a test leaves open stays with it)."""
-    from sim import facade
-
-    facade.install(quiet=True)
-    facade.configure()
-    try:
-        import torch_npu as module
-
+    with facade_torch_npu() as module:
         yield module
-    finally:
-        facade.configure()
-        facade.uninstall()

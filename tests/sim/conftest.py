@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from sim.npu_device.fallback import on_device
+from tests.facade_fixtures import facade_torch_npu
 
 
 @pytest.fixture
@@ -23,16 +24,8 @@ def kernels_run_as_on_the_device() -> Iterator[None]:
 def torch_npu(kernels_run_as_on_the_device: None) -> Iterator[Any]:
     """The facade's torch_npu module, its kernels' formulas run on CPU tensors as the npu
     device runs them (`kernels_run_as_on_the_device`)."""
-    from sim import facade
-
-    facade.install(quiet=True)
-    facade.configure()
-    try:
-        import torch_npu as module
-
+    with facade_torch_npu() as module:
         yield module
-    finally:
-        facade.uninstall()
 
 
 @pytest.fixture
