@@ -158,6 +158,10 @@ def _rank_globals() -> Any:
         module_slot("vllm_ascend.compilation.acl_graph", "_draft_graph_params"),
         module_slot("vllm_ascend.compilation.acl_graph", "_draft_graph_prefill_params"),
         module_slot("vllm_ascend.compilation.acl_graph", "_acl_graph_wrappers", weakref.WeakSet),
+        # the MoE communication methods, built by each rank's MoE layer for its own groups
+        # (ops/fused_moe/moe_comm_method.py:48-62); their prepare/finalize keep the forward's token
+        # count between the all-gather and the reduce-scatter (prepare_finalize.py:442, 539)
+        module_slot("vllm_ascend.ops.fused_moe.moe_comm_method", "_MoECommMethods", dict),
         masks_slot(),
     ]
     slots += [module_slot("vllm_ascend.distributed.parallel_state", name)
