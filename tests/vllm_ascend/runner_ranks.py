@@ -14,23 +14,26 @@ nothing would meet during a replay. Two forwards meet across DP ranks, both vLLM
 ``Qwen2MoeForCausalLM`` with one layer (``num_experts`` > 0 makes it a MoE model to vLLM,
 ``ModelConfig.is_moe``):
 
-* `DENSE_MLP_TP` (the default): the layer is dense (``mlp_only_layers``) with vLLM Ascend's
-  fine-grained MLP tensor parallelism across the two DP ranks
+* `MOE_EP` (the default: a MoE deployment): the layer is vLLM Ascend's own fused MoE
+  (``AscendMoERunner``, built by the MoE factory its global patches install:
+  patch/platform/patch_fused_moe.py) with expert parallelism over the two DP ranks
+  (``enable_expert_parallel``: each rank holds 2 of the 4 experts). On A2 with an EP group of
+  fewer than 16 ranks vLLM Ascend picks the all-gather method
+  (ascend_forward_context.py:223-239): the layer pads its tokens and router logits to the DP
+  group's largest count and all-gathers them over the ``dp`` group
+  (ops/fused_moe/prepare_finalize.py:439-449), routes every token with the gating top-k,
+  computes the tokens its own experts were chosen for (the facade's MoE kernels,
+  `sim.facade.moe_kernels`) and reduce-scatters the weighted sums back (prepare_finalize.py:
+  536-540), so a token's output on one rank holds what the other rank's experts computed for
+  it, and every forward of every rank, an idle rank's dummy batch included, must take part;
+* `DENSE_MLP_TP`: the layer is dense (``mlp_only_layers``) with vLLM Ascend's fine-grained
+  MLP tensor parallelism across the two DP ranks
   (``finegrained_tp_config.mlp_tensor_parallel_size = 2``, allowed for MoE models only,
   ascend_config.py:694-711@182b75ea): its ``gate_up_proj`` all-gathers its input over the
-  ``mlptp`` group and its ``down_proj`` reduce-scatters (ops/linear_op.py:152-191), through
-  vLLM's ``torch.ops.vllm.all_gather`` / ``reduce_scatter`` and vLLM Ascend's
-  ``NPUCommunicator`` (device_communicators/npu_communicator.py);
-* `MOE_EP`: the layer is vLLM Ascend's own fused MoE (``AscendMoERunner``, built by the MoE
-  factory its global patches install: patch/platform/patch_fused_moe.py) with expert
-  parallelism over the two DP ranks (``enable_expert_parallel``: each rank holds 2 of the 4
-  experts). On A2 with an EP group of fewer than 16 ranks vLLM Ascend picks the all-gather
-  method (ascend_forward_context.py:223-239): the layer all-gathers its tokens and router
-  logits over the ``dp`` group (ops/fused_moe/prepare_finalize.py:420-437), routes every
-  token with the gating top-k, computes the tokens its own experts were chosen for (the
-  facade's MoE kernels, `sim.facade.moe_kernels`) and reduce-scatters the weighted sums back
-  (prepare_finalize.py:520-541), so a token's output on one rank holds what the other rank's
-  experts computed for it.
+  ``mlptp`` group as it is (no padding to the DP maximum) and its ``down_proj``
+  reduce-scatters (ops/linear_op.py:152-191), through vLLM's ``torch.ops.vllm.all_gather`` /
+  ``reduce_scatter`` and vLLM Ascend's ``NPUCommunicator``
+  (device_communicators/npu_communicator.py).
 
 Either way the collectives are captured into each FULL graph and meet at each replay as
 ``graph:<key>``.
@@ -217,7 +220,7 @@ def _set_up_groups(ranks: Any, rank: int) -> Callable[[Any], None]:
     return set_up
 
 
-def rank_config(rank: int, spec: serving.RunnerSpec, model: RankModel = DENSE_MLP_TP) -> Any:
+def rank_config(rank: int, spec: serving.RunnerSpec, model: RankModel = MOE_EP) -> Any:
     """Rank ``rank``'s VllmConfig for ``model`` (module docstring)."""
     from vllm.config import ParallelConfig
 
@@ -330,7 +333,7 @@ class RankRun:
 
 
 def run(spec: serving.RunnerSpec, plans: Sequence[RankPlan], *, devices: Optional[Sequence[dict[str, Any]]] = None,
-        logs: Optional[dict[int, RankLog]] = None, model: RankModel = DENSE_MLP_TP) -> RankRun:
+        logs: Optional[dict[int, RankLog]] = None, model: RankModel = MOE_EP) -> RankRun:
     """Every DP rank of ``plans`` as a thread on its own simulated NPU (``devices``: each NPU's
     `sim.facade.configure_devices` options), each building its worker for ``model`` and serving
     its plan in lock-step; the fabric's error (mismatch, deadlock, timeout) is raised as it is

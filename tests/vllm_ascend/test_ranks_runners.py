@@ -3,7 +3,7 @@
 Each rank is a thread on its own simulated NPU with its own ``VllmConfig``, groups, worker
 (vLLM Ascend's runner: constructor, ``load_model``, ``initialize_kv_cache``, ``capture_model``)
 and vLLM scheduler, stepped as vLLM's DP engine core steps (tests/vllm_ascend/runner_ranks.py
-says what is restated). The model is a MoE deployment (`runner_ranks.MOE_EP`): a Qwen2-MoE
+says what is restated). The model is a MoE deployment (`runner_ranks.MOE_EP`, the default): a Qwen2-MoE
 layer that is vLLM Ascend's own fused MoE with its experts spread over the two DP ranks, so
 every forward (a served step or an idle rank's dummy batch) all-gathers its tokens and router
 logits over the ``dp`` group and reduce-scatters the result (the all-gather method an EP group
@@ -30,7 +30,6 @@ SPEC = serving.RunnerSpec(mode="FULL_DECODE_ONLY", capture_sizes=(1, 4))
 # decodes, then decodes beside it, then is idle again while rank 0 ends. Prompts of 4 tokens:
 # a decode padded to a prefill's count is a capture size (FULL:4), so a rank that keeps FULL
 # there replays (otherwise the snapshot's re-dispatch asserts first, model_runner_v1.py:2795)
-MOE = runner_ranks.MOE_EP
 STAGGERED = (
     runner_ranks.RankPlan((serving.Arrival(0, "r0", 4, 6),)),
     runner_ranks.RankPlan((serving.Arrival(2, "r1", 4, 2),)),
@@ -102,7 +101,7 @@ def test_an_idle_rank_and_a_prefilling_rank_meet_their_peer_through_vllm_ascends
     while rank 0 decodes, the DP sync's mode is NONE on both (``_post_process_cudagraph_mode``:
     the minimum), so both run eagerly at the padded count and meet; when both decode, both
     replay. Each rank serves its own request to the end."""
-    result = runner_ranks.run(SPEC, STAGGERED, model=MOE)
+    result = runner_ranks.run(SPEC, STAGGERED)
     rank0, rank1 = result.logs[0].steps, result.logs[1].steps
     assert result.logs[0].graphs == result.logs[1].graphs == {"graph#1": "FULL:4", "graph#2": "FULL:1"}
     assert rank0[:4] == ["step:NONE:4", "step:FULL:1", "step:NONE:4", "step:FULL:1"]
@@ -121,7 +120,7 @@ def test_an_idle_rank_whose_dummy_batch_skips_the_moe_layer_leaves_its_peer_in_t
     plans = (STAGGERED[0], runner_ranks.RankPlan(STAGGERED[1].arrivals, runner_class=_planted_dummy_skipping_the_moe))
     logs = {}
     with pytest.raises(CollectiveDeadlock) as info:
-        runner_ranks.run(SPEC, plans, logs=logs, model=MOE)
+        runner_ranks.run(SPEC, plans, logs=logs)
     message = str(info.value)
     assert "rank 0: pending dp:device#" in message and "all_gather_single(4x1024 bfloat16)" in message
     assert "rank 1: pending dp:cpu#" in message
@@ -135,7 +134,7 @@ def test_an_idle_rank_that_skips_its_dummy_batch_deadlocks_in_sync_dp_state():
     waits in vLLM Ascend's ``_sync_metadata_across_dp`` on ``dp:cpu``: a deadlock, named."""
     plans = (STAGGERED[0], runner_ranks.RankPlan((), dummy_when_idle=False))
     with pytest.raises(CollectiveDeadlock) as info:
-        runner_ranks.run(SPEC, plans, model=MOE)
+        runner_ranks.run(SPEC, plans)
     message = str(info.value)
     assert "rank 0: pending dp:cpu#" in message and "rank 1: pending dp:engine#0" in message
     assert "flight record" in message and "dp:device" in message  # the MoE layer's last meetings
@@ -151,7 +150,7 @@ def test_a_rank_that_keeps_its_own_mode_replays_into_its_peers_eager_collective(
     plans = tuple(runner_ranks.RankPlan(plan.arrivals, runner_class=_planted_unsynced_mode) for plan in STAGGERED)
     logs = {}
     with pytest.raises(CollectiveMismatch) as info:
-        runner_ranks.run(SPEC, plans, logs=logs, model=MOE)
+        runner_ranks.run(SPEC, plans, logs=logs)
     message = str(info.value)
     assert info.value.rules == ("graph_never_meets_eager",)
     assert "dp:device#" in message and "rank 0: eager, rank 1: graph:graph#1" in message
@@ -167,7 +166,7 @@ def test_a_capture_error_on_one_rank_leaves_its_peer_waiting_until_the_timeout()
     side)."""
     devices = [{}, {"faults": "capture_begin=1*off->raise(207008)"}]
     with pytest.raises(CollectiveTimeout) as info:
-        runner_ranks.run(SPEC, STAGGERED, devices=devices, model=MOE)
+        runner_ranks.run(SPEC, STAGGERED, devices=devices)
     assert info.value.straggler == 1
     assert "stream-resource exhaustion" in str(info.value) and "rank 0: pending" in str(info.value)
 
@@ -185,7 +184,7 @@ def test_two_ranks_prefilling_different_counts_eagerly_bring_different_shapes_to
     plans = (runner_ranks.RankPlan((serving.Arrival(0, "r0", 3, 2),)),
              runner_ranks.RankPlan((serving.Arrival(0, "r1", 5, 2),)))
     with pytest.raises(CollectiveMismatch) as info:
-        runner_ranks.run(SPEC, plans)
+        runner_ranks.run(SPEC, plans, model=runner_ranks.DENSE_MLP_TP)
     assert info.value.rules == ("same_shape",)
     assert "mlptp:device#" in str(info.value) and "rank 0: (3, 1024), rank 1: (5, 1024)" in str(info.value)
 
@@ -198,7 +197,7 @@ def test_two_ranks_prefilling_different_counts_eagerly_meet_in_the_moe_layer_pad
     back to its own count (:538-540), so both ranks bring 5 rows and serve their requests."""
     plans = (runner_ranks.RankPlan((serving.Arrival(0, "r0", 3, 2),)),
              runner_ranks.RankPlan((serving.Arrival(0, "r1", 5, 2),)))
-    result = runner_ranks.run(SPEC, plans, model=MOE)
+    result = runner_ranks.run(SPEC, plans)
     assert result.logs[0].steps[0] == "step:NONE:3" and result.logs[1].steps[0] == "step:NONE:5"
     assert len(result.logs[0].tokens["r0"]) == len(result.logs[1].tokens["r1"]) == 2
     assert result.stats.met["dp:device"] > 0
