@@ -59,7 +59,7 @@ BAD_FILES = [
     ("bad run value", "description='x'\n[run]\nrequests=-1\n[expect]\noutcome='ok'\n", "[run] requests", "an integer >= 1"),
     # more than a run serves: refused at load, so an `outcome = "error"` cannot pass on the engine's refusal
     ("more requests than a run serves", "description='x'\n[run]\nrequests=5000\n[expect]\noutcome='error'\nerror_type='ConfigError'\n",
-     "[run] requests", "from 1 to 1000"),
+     "[run] requests", "from 1 to 1000, got 5000; a larger workload is for `ascendgraph plan --workload FILE`"),
     ("unknown run key", "description='x'\n[run]\nreqests=1\n[expect]\noutcome='ok'\n", "[run] reqests", "did you mean 'requests'"),
     ("bad range", "description='x'\n[run]\nprompt_words=[5, 2]\n[expect]\noutcome='ok'\n", "[run] prompt_words", "low <= high"),
     ("bad fault plan", "description='x'\n[device]\nfaults='capture=raise(207008)'\n[expect]\noutcome='ok'\n", "[device] faults", "unknown site 'capture'"),

@@ -407,7 +407,9 @@ def _check_run_budget(path: Path, run: Mapping[str, Any], model: Any) -> None:
         bounds["num_threads"] = (1, MAX_THREADS)
     for key, (low, high) in bounds.items():
         if key in run and not low <= run[key] <= high:
-            raise ScenarioError(path, f"[run] {key}", f"expected an integer from {low} to {high}, got {run[key]!r}")
+            hint = ("; a larger workload is for `ascendgraph plan --workload FILE`"
+                    if key == "requests" and run[key] > high else "")
+            raise ScenarioError(path, f"[run] {key}", f"expected an integer from {low} to {high}, got {run[key]!r}{hint}")
     if "atol" in run and run["atol"] > MAX_ATOL:
         raise ScenarioError(path, "[run] atol", f"expected at most {MAX_ATOL:g} (as --atol), got {run['atol']!r}")
     limit = min(model.max_position_embeddings, MAX_SEQUENCE_TOKENS)
