@@ -16,6 +16,7 @@ from typing import Optional
 from ascendgraph.config import SOCS
 from ascendgraph.device import DeviceProfile
 from ascendgraph.errors import ConfigError
+from ascendgraph.resolve import Capabilities
 from ascendgraph.sizes import DEFAULT_MAX_STREAMS
 
 __all__ = ["SOC_PREFIXES", "SOC_CAPABILITIES", "SocCapabilities", "soc_from_device_name", "npu_profile"]
@@ -38,17 +39,17 @@ class SocCapabilities:
     max_piecewise_sizes: Optional[int] = None
 
 
-# Super kernel: torch_npu 2.13's super_kernel_scope_begin / NPUGraph.super_kernel_optimize
-# call CANN's aclskScopeBegin / aclskOptimize (symbols of the wheel's lib/libtorch_npu.so,
-# AclSkOptionHelper), an API CANN documents for Atlas A3 products only; no vLLM Ascend
-# commit calls either. So A2 (910B) does not support it: the mode resolution turns it off
-# with a warning instead of failing at capture on a card.
-SOC_CAPABILITIES: dict[str, SocCapabilities] = {
-    "A2": SocCapabilities(supports_super_kernel=False),
-    "A3": SocCapabilities(),
-    "310P": SocCapabilities(supports_npugraph_ex=False, supports_static_kernel=False, supports_super_kernel=False),
-    "A5": SocCapabilities(max_piecewise_sizes=4),
-}
+# What each generation can run is the mode resolution's SoC table (`ascendgraph.resolve.Capabilities.of`,
+# with SOC_DISABLED's reasons: 310P has no npugraph_ex, static or super kernel; A2 no super kernel,
+# whose torch_npu calls reach CANN's A3-only aclsk API; A5 at most 4 piecewise sizes), read here so
+# the backend and the resolution cannot disagree.
+def _capabilities(soc: str) -> SocCapabilities:
+    caps = Capabilities.of(soc)
+    return SocCapabilities(supports_npugraph_ex=caps.npugraph_ex, supports_static_kernel=caps.static_kernel,
+                           supports_super_kernel=caps.super_kernel, max_piecewise_sizes=caps.max_piecewise_sizes)
+
+
+SOC_CAPABILITIES: dict[str, SocCapabilities] = {soc: _capabilities(soc) for soc in SOCS}
 
 
 def soc_from_device_name(device_name: str) -> str:
