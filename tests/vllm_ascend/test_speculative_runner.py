@@ -9,7 +9,7 @@ rejection sampler over the target logits; greedy, without Triton its PyTorch ker
 sample/rejection_sampler.py:536-600) and, after ``_bookkeeping_sync``, proposes the next drafts on
 the host from the accepted tokens (2319-2325: n-gram is not a padded-batch drafter;
 ``propose_draft_token_ids`` 1449-1473 calls ``AscendNgramProposer.propose``,
-spec_decode/ngram_proposer.py:30-60, over ``input_batch.token_ids_cpu``). The engine hands the
+spec_decode/ngram_proposer.py:29-60, over ``input_batch.token_ids_cpu``). The engine hands the
 drafts to the scheduler (`serving.Engine._post_step`, vLLM's ``EngineCore.post_step``).
 
 With 3 speculative tokens a decode request carries 1 to 4 tokens (``uniform_decode_query_len``
