@@ -178,7 +178,7 @@ def _separate_routines_node(mode):
     with separate prefill and decode routines (``CUDAGraphMode.separate_routine()``, vLLM
     config/compilation.py:89-90: FULL_DECODE_ONLY, FULL_AND_PIECEWISE), whose prefill needs MC2
     too: ``enable_prefill_mc2`` makes the MC2 token capacity ``max_num_batched_tokens``, 256
-    (ascend_forward_context.py:176-199@182b75ea, under the 512-token per-rank limit), so
+    (ascend_forward_context.py:176-200@182b75ea, under the 512-token per-rank limit), so
     ``needs_mc2`` holds for the potential decode size (8) and for a whole batch of 256 tokens
     (vllm_ascend/utils.py:1134-1144). The configuration of vllm-project/vllm-ascend#14307."""
     return dp_ranks.rank_configs(DP, mode, max_num_batched_tokens=256, recompute_scheduler=False,
