@@ -304,7 +304,7 @@ def call_metadata(args: Sequence[Any]) -> Optional[tuple[Any, ...]]:
     more), a host scalar with its type (``1``, ``1.0`` and ``True`` are told apart), a list or
     tuple of ints item by item. None when an argument is anything else or a size is symbolic
     (no memo for that call)."""
-    key = []
+    key: list[tuple[Any, ...]] = []
     for value in args:
         cls = type(value)
         if cls in _HOST_SCALARS:
