@@ -137,6 +137,51 @@ def test_paged_attention_block_table_rows_and_block_size() -> None:
              lenient=kc.FLOAT32_LENIENT_RULES)
 
 
+def test_check_op_remembers_a_passed_call_by_what_the_rules_read() -> None:
+    # ascendgraph.kernel_calls.check_op skips the rules for a call whose metadata passed before:
+    # each thing a rule reads (contiguity, dtype, host lists, leniency, graph or eager) is in the key.
+    args = _attention_args(5, [3, 5], [3, 18], rows=2)
+    check_op("paged_attention", args, in_graph=False)
+    check_op("paged_attention", _attention_args(5, [3, 5], [3, 18], rows=2), in_graph=False)  # remembered
+    query = torch.zeros(4, 5, 16, dtype=torch.bfloat16).transpose(0, 1)  # the same shape, not contiguous
+    with pytest.raises(KernelContractError, match="query_contiguous"):
+        check_op("paged_attention", (query, *args[1:]), in_graph=False)
+    with pytest.raises(KernelContractError, match="block_table_columns"):
+        check_op("paged_attention", (*args[:5], [3, 600], *args[6:]), in_graph=False)  # a longer KV: more blocks
+    relaxed = _attention_args(5, [3, 5], [3, 18], rows=2, dtype=torch.float32)
+    check_op("paged_attention", relaxed, in_graph=False, lenient=kc.FLOAT32_LENIENT_RULES)
+    with pytest.raises(KernelContractError, match="query_dtype"):
+        check_op("paged_attention", relaxed, in_graph=False)
+
+
+def test_call_metadata_tells_host_types_apart_and_skips_what_it_cannot_key() -> None:
+    from torch._dynamo.source import ConstantSource
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    from ascendgraph import kernel_calls
+
+    x = torch.zeros(2, 3)
+    keys = {kernel_calls.call_metadata((x, value)) for value in (1, 1.0, True)}
+    assert len(keys) == 3 and None not in keys
+    assert kernel_calls.call_metadata((x, [1.0, 2.0])) is None  # a list of floats: no memo
+    assert kernel_calls.call_metadata((x, object())) is None
+    symbolic = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC])
+    fake = FakeTensorMode(shape_env=ShapeEnv()).from_tensor(x, symbolic_context=symbolic, source=ConstantSource("x"))
+    assert kernel_calls.call_metadata((fake,)) is None
+
+
+def test_check_op_keeps_a_bounded_memo(monkeypatch) -> None:
+    from ascendgraph import kernel_calls
+
+    monkeypatch.setattr(kernel_calls, "_PASSED", set())
+    monkeypatch.setattr(kernel_calls, "PASSED_LIMIT", 3)
+    w = torch.ones(32, dtype=torch.bfloat16)
+    for tokens in range(1, 8):
+        check_op("rms_norm", (torch.zeros(tokens, 32, dtype=torch.bfloat16), w, 1e-6), in_graph=True)
+        assert 1 <= len(kernel_calls._PASSED) <= 3
+
+
 def test_empty_eager_attention_issues_no_kernel() -> None:
     args = _attention_args(4, [0, 0], [0, 0], rows=2)
     assert [c.kernel for c in kernel_calls("paged_attention", args, in_graph=False)] == [kc.PAGED_ATTENTION_OP]
