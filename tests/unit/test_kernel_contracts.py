@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Any, Sequence
 
 import pytest
 import torch
 
 from ascendgraph import kernel_contracts as kc
 from ascendgraph.errors import KernelContractError
-from ascendgraph.kernel_calls import CHECKED_OPS, check_op, kernel_calls
+from ascendgraph.kernel_calls import CHECKED_OPS, KernelCall, check_op, kernel_calls
 from ascendgraph.kernel_contracts.fused_attention import _head_dim
 from ascendgraph.testing.contract_cases import CONTRACT_CASES, missing_cases
 
@@ -152,6 +153,28 @@ def test_check_op_remembers_a_passed_call_by_what_the_rules_read() -> None:
     check_op("paged_attention", relaxed, in_graph=False, lenient=kc.FLOAT32_LENIENT_RULES)
     with pytest.raises(KernelContractError, match="query_dtype"):
         check_op("paged_attention", relaxed, in_graph=False)
+
+
+def test_check_op_remembers_no_call_of_a_kernel_whose_rules_read_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The MoE kernels' index rules read values (kc.VALUE_READING_KERNELS): two calls with the
+    # same metadata can differ in validity, so a passed one must not be remembered. No
+    # ascendgraph op maps onto them today; the op mapping is swapped here to make one that does.
+    from ascendgraph import kernel_calls
+
+    def unpermute(indices: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (torch.zeros(4, 8, dtype=torch.bfloat16), indices)
+
+    def as_unpermute(op: str, args: Sequence[Any], **_: Any) -> list[KernelCall]:
+        tokens, indices = args
+        return [KernelCall(kc.TOKEN_UNPERMUTE, {"permuted_tokens": tokens, "sorted_indices": indices, "probs": None,
+                                                 "padded_mode": False})]
+
+    monkeypatch.setattr(kernel_calls, "kernel_calls", as_unpermute)
+    in_range, past_the_rows = torch.tensor([3, 2, 1, 0]), torch.tensor([3, 2, 1, 4])
+    assert kernel_calls.call_metadata(unpermute(in_range)) == kernel_calls.call_metadata(unpermute(past_the_rows))
+    check_op("paged_attention", unpermute(in_range), in_graph=False)
+    with pytest.raises(KernelContractError, match="unpermute_indices_range"):
+        check_op("paged_attention", unpermute(past_the_rows), in_graph=False)
 
 
 def test_call_metadata_tells_host_types_apart_and_skips_what_it_cannot_key() -> None:
