@@ -59,7 +59,9 @@ def test_the_status_output_and_exit_handlers_are_a_normal_exits_then_the_process
 def test_a_thread_still_running_is_waited_for_the_normal_way():
     done = _console("""
         def late():
-            time.sleep(0.5)
+            # returns once Python's own exit begins (threading._shutdown stops the main
+            # thread, then waits for this one): the thread is still running at the exit
+            threading.main_thread().join()
             print("thread finished", flush=True)
         threading.Thread(target=late).start()
         exit_without_teardown(main())
