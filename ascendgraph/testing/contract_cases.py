@@ -49,6 +49,17 @@ def _fia(device: torch.device, **changes: Any) -> Args:
     return args
 
 
+def _mla_prefill(device: torch.device, **changes: Any) -> Args:
+    # vLLM Ascend's MLA prefill call (attention/mla_v1.py@182b75ea:1256-1283): TND, unpaged, as
+    # many KV heads as query heads, the rope parts beside the nope parts; 2 requests of 3 and 2
+    # tokens, 4 heads, nope D 16, rope D 64.
+    args = _fia(device, query=_t(device, 5, 4, 16), key=_t(device, 5, 4, 16), value=_t(device, 5, 4, 16),
+                query_rope=_t(device, 5, 4, 64), key_rope=_t(device, 5, 4, 64), block_table=None, block_size=0,
+                actual_seq_lengths_kv=[3, 5], num_key_value_heads=4)
+    args.update(changes)
+    return args
+
+
 def _paged(device: torch.device, **changes: Any) -> Args:
     args: Args = dict(
         query=torch.zeros(5, 4, 16, dtype=BF16, device=device),
@@ -308,6 +319,11 @@ _CASES = (
           lambda d: _fia(d, query=_t(d, 5, 4, 16, dtype=torch.float16)), "float32 refused, float16 accepted"),
     _case(F, "query_contiguous", lambda d: _fia(d, query=_t(d, 4, 5, 16).transpose(0, 1)), _fia),
     _case(F, "kv_contiguous", lambda d: _fia(d, key=_t(d, 8, 32, 128).transpose(1, 2)), _fia),
+    _case(F, "rope_pair", lambda d: _mla_prefill(d, key_rope=None), _mla_prefill),
+    _case(F, "rope_contiguous", lambda d: _mla_prefill(d, key_rope=_t(d, 5, 1, 64).expand(5, 4, 64)),
+          _mla_prefill, "key_rope broadcast over the heads (a stride-0 view) refused, its copy accepted"),
+    _case(F, "rope_dtype", lambda d: _mla_prefill(d, query_rope=_t(d, 5, 4, 64, dtype=torch.float16)), _mla_prefill),
+    _case(F, "rope_shape", lambda d: _mla_prefill(d, key_rope=_t(d, 5, 4, 32)), _mla_prefill),
     _case(F, "paged_kv_dtype", lambda d: _fia(d, key=_t(d, 8, 128, 32, dtype=torch.float32),
                                                value=_t(d, 8, 128, 32, dtype=torch.float32)),
           lambda d: _fia(d, key=_t(d, 8, 128, 32, dtype=torch.int8), value=_t(d, 8, 128, 32, dtype=torch.int8))),
