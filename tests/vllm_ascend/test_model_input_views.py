@@ -91,7 +91,7 @@ def reference(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, sinks
 
 @pytest.mark.parametrize("sliding_window", [None, GPT_OSS_SLIDING_WINDOW], ids=["full", "sliding"])
 def test_a_sinks_prefill_takes_the_models_qkv_column_slices_to_fia_v2(sliding_window: object) -> None:
-    config = harness.vllm_config("FULL_DECODE_ONLY")  # prefills run eagerly under it (and under every mode)
+    config = harness.vllm_config("FULL_DECODE_ONLY")  # its graphs hold decodes only: a prefill runs eagerly
     builder = harness.metadata_builder(harness.builder_config("FULL_DECODE_ONLY"))
     sinks = torch.linspace(-1, 1, harness.HEADS).to(torch.bfloat16).to(harness.DEVICE)
     layer = harness.Layer(LAYER, config, seed=3, sinks=sinks, sliding_window=sliding_window)
