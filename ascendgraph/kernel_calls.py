@@ -7,7 +7,10 @@ kernel with its arguments keyed by torch_npu's keyword names, exactly as hw/kern
 adapters build them. Eagerly hw gives attention only the real query tokens
 (``query[:actual_seq_lengths[-1]]``, nothing at all for a batch without query tokens); in a
 graph (capture or task update) it gives the whole captured query. `check_op` checks every
-call against `ascendgraph.kernel_contracts` and raises KernelContractError. `refusal` asks
+call against `ascendgraph.kernel_contracts` and raises KernelContractError; it remembers the
+calls that passed by their arguments' metadata (`call_metadata`: each tensor's type, shape,
+dtype and contiguity, each host value with its type), all the rules read, so a call like one
+checked before is not checked again (the simulator checks thousands per run, most alike). `refusal` asks
 the table about one kernel: hw/'s kernel-or-fallback decision, per binding (hw/kernels.py),
 is that query with the rule names the binding relies on.
 
@@ -42,12 +45,13 @@ from ascendgraph.kernel_contracts import (
     ROTARY_EMBEDDING,
     SCATTER_PA_KV_CACHE,
     SLOT_DTYPES,
+    VALUE_READING_KERNELS,
     KernelRule,
     message,
     violations,
 )
 
-__all__ = ["KernelCall", "TensorSpec", "kernel_calls", "op_violations", "check_op", "refusal", "CHECKED_OPS"]
+__all__ = ["KernelCall", "TensorSpec", "kernel_calls", "op_violations", "check_op", "call_metadata", "refusal", "CHECKED_OPS"]
 
 # The ops whose calls map onto torch_npu kernels with contracts (the simulator's kernels check
 # these; `kernel_calls` also maps hw's workspace query, ``attention_workspace``).
@@ -278,19 +282,58 @@ def op_violations(
     op: str, args: Sequence[Any], *, in_graph: bool, lenient: frozenset[str] = frozenset(), soc: Optional[str] = None
 ) -> list[tuple[KernelCall, KernelRule]]:
     """Every (call, rule) an op call breaks; rules named in ``lenient`` are skipped."""
-    found = []
-    for call in kernel_calls(op, args, in_graph=in_graph, soc=soc):
-        for rule in violations(call.kernel, call.arguments):
-            if rule.name not in lenient:
-                found.append((call, rule))
-    return found
+    return _broken(kernel_calls(op, args, in_graph=in_graph, soc=soc), lenient)
+
+
+def _broken(calls: Sequence[KernelCall], lenient: frozenset[str]) -> list[tuple[KernelCall, KernelRule]]:
+    return [(call, rule) for call in calls for rule in violations(call.kernel, call.arguments) if rule.name not in lenient]
+
+
+_HOST_SCALARS = frozenset({int, float, bool, str, type(None), torch.dtype})
+
+# The checked calls that broke no rule, by `call_metadata` (see the module docstring); emptied
+# when it reaches `PASSED_LIMIT` entries. A pure function's results: what it keeps is the same
+# for every caller (the rules are data that never changes while a process runs).
+PASSED_LIMIT = 8192
+_PASSED: set[tuple[Any, ...]] = set()
+
+
+def call_metadata(args: Sequence[Any]) -> Optional[tuple[Any, ...]]:
+    """Everything the contract rules can read of an op call's arguments, hashable: a tensor's
+    type, shape, dtype and contiguity (never its values: kernel_contracts' rules read no
+    more), a host scalar with its type (``1``, ``1.0`` and ``True`` are told apart), a list or
+    tuple of ints item by item. None when an argument is anything else or a size is symbolic
+    (no memo for that call)."""
+    key: list[tuple[Any, ...]] = []
+    for value in args:
+        cls = type(value)
+        if cls in _HOST_SCALARS:
+            key.append((cls, value))
+        elif isinstance(value, torch.Tensor):
+            key.append((cls, tuple(value.shape), value.dtype, value.is_contiguous()))
+        elif (cls is list or cls is tuple) and all(type(v) is int for v in value):
+            key.append((cls, tuple(value)))
+        else:
+            return None
+    metadata = tuple(key)
+    try:
+        hash(metadata)
+    except TypeError:  # a symbolic size
+        return None
+    return metadata
 
 
 def check_op(
     op: str, args: Sequence[Any], *, in_graph: bool, lenient: frozenset[str] = frozenset(), soc: Optional[str] = None
 ) -> None:
-    """Raise KernelContractError if an ascendgraph op call breaks a contract of the kernels it becomes."""
-    found = op_violations(op, args, in_graph=in_graph, lenient=lenient, soc=soc)
+    """Raise KernelContractError if an ascendgraph op call breaks a contract of the kernels it
+    becomes (a call whose `call_metadata` passed before passes at once)."""
+    metadata = call_metadata(args)
+    key = None if metadata is None else (op, in_graph, lenient, soc, metadata)
+    if key is not None and key in _PASSED:
+        return
+    calls = kernel_calls(op, args, in_graph=in_graph, soc=soc)
+    found = _broken(calls, lenient)
     if found:
         lines = [message(call.kernel, rule, call.arguments) for call, rule in found]
         raise KernelContractError(
@@ -298,6 +341,11 @@ def check_op(
             kernel=found[0][0].kernel,
             rules=tuple(rule.name for _, rule in found),
         )
+    if key is not None and not any(call.kernel in VALUE_READING_KERNELS for call in calls):
+        # (a kernel whose rules read values passes or fails by more than the metadata)
+        if len(_PASSED) >= PASSED_LIMIT:
+            _PASSED.clear()
+        _PASSED.add(key)
 
 
 def refusal(op: str, args: Sequence[Any], *, kernel: str, rules: Sequence[str], in_graph: bool) -> Optional[str]:

@@ -24,8 +24,10 @@ FULL padding of `ascendgraph.forward_context.fia_padded_lengths`).
 the source. The kernels' own error texts come from CANN's tiling code, which the wheel does
 not ship; where vLLM Ascend's threads quote them (``CANN_TEXT_*``: PR #10769, issue #6076),
 the rule's source quotes them too, so a card's message can be matched to the rule.
-Rules never read tensor *values* (only dtype, shape, contiguity and host lists): reading
-values would be a host synchronisation inside a capture.
+Rules read dtype, shape, contiguity and host lists, not tensor *values* (reading values
+would be a host synchronisation inside a capture), except the MoE kernels' index rules
+(`VALUE_READING_KERNELS`), which read expert ids and group lists where the tensor holds
+values (eager calls; fake and meta tensors are passed over).
 
 Layout. One module per kernel family, each holding its rules as a tuple and the named
 predicates they use: `fused_attention` (v1), `fused_attention_v2`, `fused_semantics` (the
@@ -102,6 +104,7 @@ from ascendgraph.kernel_contracts.moe import (
     GROUPED_MATMUL,
     INIT_ROUTING_V2,
     TOKEN_UNPERMUTE,
+    VALUE_READING_KERNELS,
 )
 from ascendgraph.kernel_contracts.table import (
     CONFIG_RULES,
@@ -121,6 +124,7 @@ __all__ = [
     "RULES",
     "KERNELS",
     "FLOAT32_LENIENT_RULES",
+    "VALUE_READING_KERNELS",
     "violations",
     "check",
     "message",

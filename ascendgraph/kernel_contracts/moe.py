@@ -37,6 +37,11 @@ INIT_ROUTING_V2 = "npu_moe_init_routing_v2"
 GROUPED_MATMUL = "npu_grouped_matmul"
 TOKEN_UNPERMUTE = "npu_moe_token_unpermute"
 
+# The kernels some of whose rules read tensor values (expert ids, group lists, sorted
+# indices; only on tensors that hold values, `_holds_values`): a check of their calls is not
+# a function of the arguments' metadata (ascendgraph.kernel_calls remembers no such call).
+VALUE_READING_KERNELS = frozenset({GATING_TOP_K, C_ASCEND_GATING_TOP_K, INIT_ROUTING_V2, GROUPED_MATMUL, TOKEN_UNPERMUTE})
+
 _MAX_GATING_EXPERTS = 2048  # docs:10823 (x's last dim, the expert count, at most 2048)
 _MAX_INIT_ROUTING_EXPERTS = 10240  # docs:11099 (expert_num in (0, 10240] outside key_value mode)
 _MAX_GMM_LIST = 128  # docs:5821, 5829

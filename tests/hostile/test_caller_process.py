@@ -31,11 +31,12 @@ def test_run_leaves_the_environment_and_threads_as_it_found_them():
 
 
 def test_run_tunes_the_collector_only_while_it_runs(monkeypatch):
-    # ascendgraph.caller_state.collector_tuned_for_a_run: the young generation at 10,000 during
-    # the run (imports included), the caller's thresholds back afterwards, also after a failure.
+    # ascendgraph.caller_state.collector_tuned_for_a_run: the young generation at 10,000 and the
+    # middle one at 100 during the run (imports included), the caller's thresholds back
+    # afterwards, also after a failure.
     import gc
 
-    from ascendgraph.caller_state import RUN_YOUNG_GENERATION_THRESHOLD
+    from ascendgraph.caller_state import RUN_MIDDLE_GENERATION_THRESHOLD, RUN_YOUNG_GENERATION_THRESHOLD
     from ascendgraph.runtime import engine
 
     seen = []
@@ -50,16 +51,17 @@ def test_run_tunes_the_collector_only_while_it_runs(monkeypatch):
     try:
         gc.set_threshold(700, 11, 12)
         assert run(SMALL_RUN, requests=1).exit_code == 0
-        assert seen == [(RUN_YOUNG_GENERATION_THRESHOLD, 11, 12)] and gc.get_threshold() == (700, 11, 12)
+        assert seen == [(RUN_YOUNG_GENERATION_THRESHOLD, RUN_MIDDLE_GENERATION_THRESHOLD, 12)]
+        assert gc.get_threshold() == (700, 11, 12)
         with pytest.raises(ConfigError):
             run(SMALL_RUN, requests=1, no_such_option=1)
         assert gc.get_threshold() == (700, 11, 12)
         from ascendgraph.caller_state import collector_tuned_for_a_run
 
-        gc.set_threshold(50_000, 11, 12)  # a caller's larger young generation is kept as it is
+        gc.set_threshold(50_000, 500, 12)  # a caller's larger young and middle generations are kept as they are
         with collector_tuned_for_a_run():
-            assert gc.get_threshold() == (50_000, 11, 12)
-        assert gc.get_threshold() == (50_000, 11, 12)
+            assert gc.get_threshold() == (50_000, 500, 12)
+        assert gc.get_threshold() == (50_000, 500, 12)
     finally:
         gc.set_threshold(*caller)
 

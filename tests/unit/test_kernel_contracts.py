@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Any, Sequence
 
 import pytest
 import torch
 
 from ascendgraph import kernel_contracts as kc
 from ascendgraph.errors import KernelContractError
-from ascendgraph.kernel_calls import CHECKED_OPS, check_op, kernel_calls
+from ascendgraph.kernel_calls import CHECKED_OPS, KernelCall, check_op, kernel_calls
 from ascendgraph.kernel_contracts.fused_attention import _head_dim
 from ascendgraph.testing.contract_cases import CONTRACT_CASES, missing_cases
 
@@ -135,6 +136,73 @@ def test_paged_attention_block_table_rows_and_block_size() -> None:
         check_op("paged_attention", _attention_args(5, [3, 5], [3, 18], rows=2, dtype=torch.float32), in_graph=False)
     check_op("paged_attention", _attention_args(5, [3, 5], [3, 18], rows=2, dtype=torch.float32), in_graph=False,
              lenient=kc.FLOAT32_LENIENT_RULES)
+
+
+def test_check_op_remembers_a_passed_call_by_what_the_rules_read() -> None:
+    # ascendgraph.kernel_calls.check_op skips the rules for a call whose metadata passed before:
+    # each thing a rule reads (contiguity, dtype, host lists, leniency, graph or eager) is in the key.
+    args = _attention_args(5, [3, 5], [3, 18], rows=2)
+    check_op("paged_attention", args, in_graph=False)
+    check_op("paged_attention", _attention_args(5, [3, 5], [3, 18], rows=2), in_graph=False)  # remembered
+    query = torch.zeros(4, 5, 16, dtype=torch.bfloat16).transpose(0, 1)  # the same shape, not contiguous
+    with pytest.raises(KernelContractError, match="query_contiguous"):
+        check_op("paged_attention", (query, *args[1:]), in_graph=False)
+    with pytest.raises(KernelContractError, match="block_table_columns"):
+        check_op("paged_attention", (*args[:5], [3, 600], *args[6:]), in_graph=False)  # a longer KV: more blocks
+    relaxed = _attention_args(5, [3, 5], [3, 18], rows=2, dtype=torch.float32)
+    check_op("paged_attention", relaxed, in_graph=False, lenient=kc.FLOAT32_LENIENT_RULES)
+    with pytest.raises(KernelContractError, match="query_dtype"):
+        check_op("paged_attention", relaxed, in_graph=False)
+
+
+def test_check_op_remembers_no_call_of_a_kernel_whose_rules_read_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The MoE kernels' index rules read values (kc.VALUE_READING_KERNELS): two calls with the
+    # same metadata can differ in validity, so a passed one must not be remembered. No
+    # ascendgraph op maps onto them today; the op mapping is swapped here to make one that does.
+    from ascendgraph import kernel_calls
+
+    def unpermute(indices: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (torch.zeros(4, 8, dtype=torch.bfloat16), indices)
+
+    def as_unpermute(op: str, args: Sequence[Any], **_: Any) -> list[KernelCall]:
+        tokens, indices = args
+        return [KernelCall(kc.TOKEN_UNPERMUTE, {"permuted_tokens": tokens, "sorted_indices": indices, "probs": None,
+                                                 "padded_mode": False})]
+
+    monkeypatch.setattr(kernel_calls, "kernel_calls", as_unpermute)
+    in_range, past_the_rows = torch.tensor([3, 2, 1, 0]), torch.tensor([3, 2, 1, 4])
+    assert kernel_calls.call_metadata(unpermute(in_range)) == kernel_calls.call_metadata(unpermute(past_the_rows))
+    check_op("paged_attention", unpermute(in_range), in_graph=False)
+    with pytest.raises(KernelContractError, match="unpermute_indices_range"):
+        check_op("paged_attention", unpermute(past_the_rows), in_graph=False)
+
+
+def test_call_metadata_tells_host_types_apart_and_skips_what_it_cannot_key() -> None:
+    from torch._dynamo.source import ConstantSource
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    from ascendgraph import kernel_calls
+
+    x = torch.zeros(2, 3)
+    keys = {kernel_calls.call_metadata((x, value)) for value in (1, 1.0, True)}
+    assert len(keys) == 3 and None not in keys
+    assert kernel_calls.call_metadata((x, [1.0, 2.0])) is None  # a list of floats: no memo
+    assert kernel_calls.call_metadata((x, object())) is None
+    symbolic = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC, DimDynamic.STATIC])
+    fake = FakeTensorMode(shape_env=ShapeEnv()).from_tensor(x, symbolic_context=symbolic, source=ConstantSource("x"))
+    assert kernel_calls.call_metadata((fake,)) is None
+
+
+def test_check_op_keeps_a_bounded_memo(monkeypatch) -> None:
+    from ascendgraph import kernel_calls
+
+    monkeypatch.setattr(kernel_calls, "_PASSED", set())
+    monkeypatch.setattr(kernel_calls, "PASSED_LIMIT", 3)
+    w = torch.ones(32, dtype=torch.bfloat16)
+    for tokens in range(1, 8):
+        check_op("rms_norm", (torch.zeros(tokens, 32, dtype=torch.bfloat16), w, 1e-6), in_graph=True)
+        assert 1 <= len(kernel_calls._PASSED) <= 3
 
 
 def test_empty_eager_attention_issues_no_kernel() -> None:

@@ -57,7 +57,7 @@ What is restated here (the rest is their code, unmodified):
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 import serving
@@ -238,6 +238,7 @@ class RankLog:
     steps: list[str] = field(default_factory=list)  # "step:<mode>:<padded tokens>" or "dummy" or "skip"
     syncs: int = 0  # sync_dp_state calls
     tokens: dict[str, list[int]] = field(default_factory=dict)
+    records: list[serving.StepRecord] = field(default_factory=list)  # the served steps, their logits on the host
     graphs_captured: int = 0
     graphs: dict[str, str] = field(default_factory=dict)  # the simulator's graph name -> what vLLM captured in it
 
@@ -301,6 +302,9 @@ def dp_engine_loop(engine: serving.Engine, arrivals: Iterable[serving.Arrival], 
         if not running and not pending and not local_unfinished:
             break
     log.tokens = serving.tokens(engine.records)
+    # on the host: the rank's simulated NPU is gone once the run returns
+    log.records = [replace(record, logits=None if record.logits is None else record.logits.cpu())
+                   for record in engine.records]
 
 
 class RankEngine(serving.Engine):

@@ -58,6 +58,9 @@ class RunnerSpec:
     num_blocks: int = 24
     async_scheduling: bool = False
     enforce_eager: bool = False
+    # vLLM's n-gram drafting (SpeculativeConfig method "ngram"): draft tokens proposed on the
+    # host from the request's own tokens, no draft model; 0 = no speculative decoding.
+    ngram_speculative_tokens: int = 0
     # vLLM Ascend's own options (additional_config). npugraph_ex (torch_npu's FX backend over
     # torchair, on by default: ascend_config.py:726) and the graph fusion passes, whose pattern
     # base imports npugraph_ex or else torchair (compilation/passes/base_pattern.py:9-12; configured by
@@ -72,6 +75,7 @@ class RunnerSpec:
         return RunnerSpec(mode=self.mode, capture_sizes=self.capture_sizes, max_num_seqs=self.max_num_seqs,
                           max_num_batched_tokens=self.max_num_batched_tokens, max_model_len=self.max_model_len,
                           num_blocks=self.num_blocks, async_scheduling=False, enforce_eager=True,
+                          ngram_speculative_tokens=self.ngram_speculative_tokens,
                           additional_config=self.additional_config)
 
 
@@ -112,10 +116,19 @@ def runner_config(spec: RunnerSpec, *, model: Optional[dict[str, Any]] = None, p
     `RUNNER_MODEL`), ``parallel_config`` (vLLM's ParallelConfig, default one rank) and
     ``additional_config`` (merged over the spec's) serve the DP ranks of runner_ranks.py."""
     from vllm.config import (CacheConfig, CompilationConfig, LoadConfig, ObservabilityConfig, ParallelConfig,
-                             SchedulerConfig, VllmConfig)
+                             SchedulerConfig, SpeculativeConfig, VllmConfig)
 
     model_config = _model_config(spec.enforce_eager, model_dir(model))
     model_config.max_model_len = spec.max_model_len
+    parallel_config = parallel_config or ParallelConfig()
+    speculative = None
+    if spec.ngram_speculative_tokens:
+        # n-grams of 1 to 3 tokens (vLLM's default minimum is 5: config/speculative.py@0.27.1:750-752):
+        # a sampled token seen earlier in the request proposes the tokens that followed it
+        # (v1/spec_decode/ngram_proposer.py:64-120, batch_propose)
+        speculative = SpeculativeConfig(method="ngram", num_speculative_tokens=spec.ngram_speculative_tokens,
+                                        prompt_lookup_min=1, prompt_lookup_max=3, target_model_config=model_config,
+                                        target_parallel_config=parallel_config)
     compilation = CompilationConfig(cudagraph_mode=spec.mode, cudagraph_capture_sizes=list(spec.capture_sizes))
     scheduler = SchedulerConfig(max_num_seqs=spec.max_num_seqs, max_num_batched_tokens=spec.max_num_batched_tokens,
                                 max_model_len=spec.max_model_len, is_encoder_decoder=False,
@@ -123,7 +136,7 @@ def runner_config(spec: RunnerSpec, *, model: Optional[dict[str, Any]] = None, p
     with harness.environment(PYTORCH_NPU_ALLOC_CONF=os.environ.get("PYTORCH_NPU_ALLOC_CONF")):  # platform.py:1208-1227
         return VllmConfig(model_config=model_config,
                           cache_config=CacheConfig(block_size=BLOCK_SIZE, num_gpu_blocks_override=spec.num_blocks),
-                          parallel_config=parallel_config or ParallelConfig(),
+                          parallel_config=parallel_config, speculative_config=speculative,
                           scheduler_config=scheduler, load_config=LoadConfig(load_format="dummy"),
                           compilation_config=compilation,
                           observability_config=ObservabilityConfig(cudagraph_metrics=True),
@@ -304,13 +317,20 @@ class Worker:
 @dataclass(frozen=True)
 class Arrival:
     """A request that arrives before step ``step``: a prompt of ``prompt_len`` tokens (drawn
-    from ``seed``), greedy sampling, ``max_tokens`` generated tokens."""
+    from ``seed``, or ``prompt`` itself when given), greedy sampling, ``max_tokens`` generated
+    tokens."""
 
     step: int
     request_id: str
     prompt_len: int
     max_tokens: int
     seed: int = 0
+    prompt: Optional[tuple[int, ...]] = None
+
+    def __post_init__(self) -> None:
+        if self.prompt is not None and len(self.prompt) != self.prompt_len:
+            raise ValueError(f"Arrival {self.request_id!r}: prompt has {len(self.prompt)} tokens, "
+                             f"prompt_len says {self.prompt_len}")
 
 
 @dataclass
@@ -324,6 +344,8 @@ class StepRecord:
     runtime_mode: Optional[str] = None
     padded_tokens: Optional[int] = None
     logits: Any = None
+    # the draft tokens vLLM's scheduler put in the step, per request (speculative decoding)
+    drafts: dict[str, list[int]] = field(default_factory=dict)
 
 
 class Engine:
@@ -371,6 +393,8 @@ class Engine:
 
         generator = torch.Generator().manual_seed(arrival.seed)
         prompt = torch.randint(1, harness_vocab(), (arrival.prompt_len,), generator=generator).tolist()
+        if arrival.prompt is not None:
+            prompt = list(arrival.prompt)
         params = SamplingParams(temperature=0.0, max_tokens=arrival.max_tokens, ignore_eos=True)
         self.scheduler.add_request(Request(arrival.request_id, prompt, params, None, block_hasher=self.block_hasher))
 
@@ -380,7 +404,8 @@ class Engine:
         from vllm.config import set_current_vllm_config
 
         output = self.scheduler.schedule()
-        record = StepRecord(index, dict(output.num_scheduled_tokens), tuple(sorted(output.finished_req_ids)))
+        record = StepRecord(index, dict(output.num_scheduled_tokens), tuple(sorted(output.finished_req_ids)),
+                            drafts={r: list(ids) for r, ids in output.scheduled_spec_decode_tokens.items()})
         with set_current_vllm_config(self.worker.config):
             result = self.runner.execute_model(output)
             if result is None:
@@ -401,6 +426,15 @@ class Engine:
         self.scheduler.update_from_output(output, model_output)
         self.records.append(record)
 
+    def _post_step(self) -> None:
+        """EngineCore.post_step (core.py:616-623): without async scheduling, the draft tokens the
+        runner proposed in the step just run go to the scheduler for the next one."""
+        if self.worker.config.speculative_config is None or not self.records[-1].scheduled:
+            return
+        draft_token_ids = self.runner.take_draft_token_ids()  # NPUWorker.take_draft_token_ids
+        if draft_token_ids is not None:
+            self.scheduler.update_draft_token_ids(draft_token_ids)
+
     def serve(self, arrivals: Iterable[Arrival], *, max_steps: int = 200) -> list[StepRecord]:
         """Serve ``arrivals`` to the end: every request finished and its finish flushed to the
         runner (the last step schedules nothing and carries the finished ids)."""
@@ -417,6 +451,7 @@ class Engine:
                 continue
             if not asynchronous:
                 self._complete(*self._issue(index))
+                self._post_step()
             else:
                 # step_with_batch_queue: issue when there is work and room, await the oldest
                 # step when the queue is full or nothing more can be scheduled.
