@@ -99,6 +99,30 @@ def _paged_kv_lengths_ok(a: Mapping[str, Any]) -> bool:
     return kv is not None and len(kv) == len(FIA_ARGUMENTS.q_ends(a)) and all(v >= 0 for v in _ints(kv))
 
 
+def _either_rope(a: Mapping[str, Any]) -> bool:
+    """An MLA call: query_rope or key_rope given (:8105-8106)."""
+    return a.get("query_rope") is not None or a.get("key_rope") is not None
+
+
+def _rope_dtypes_ok(a: Mapping[str, Any]) -> bool:
+    """:8172-8173: query_rope's dtype is the query's, key_rope's the key's."""
+    return a["query_rope"].dtype == a["query"].dtype and a["key_rope"].dtype == a["key"].dtype
+
+
+_MLA_ROPE_HEAD_DIM = 64  # :8176-8177, 8185-8186 (every MLA branch: the rope inputs' D is 64)
+
+
+def _rope_shape_ok(rope: Any, base: Any) -> bool:
+    """:8176-8177, 8185-8186: a rope input has its base tensor's shape but for D, which is 64."""
+    return (rope.dim() == base.dim() and tuple(rope.shape[:-1]) == tuple(base.shape[:-1])
+            and int(rope.shape[-1]) == _MLA_ROPE_HEAD_DIM)
+
+
+def _describe_rope_shapes(a: Mapping[str, Any]) -> str:
+    return (f"query_rope {_shape(a['query_rope'])} for query {_shape(a['query'])}, key_rope {_shape(a['key_rope'])} "
+            f"for key {_shape(a['key'])}: a rope input takes its base tensor's shape with D={_MLA_ROPE_HEAD_DIM}")
+
+
 _FIA_RULES = (
     KernelRule(FIA, "query_dtype", f"{DOCS}:8065 (query float16/bfloat16/int8); :8224 (Q_S > 1, the branch opening "
                "at :8201: no int8 query with page attention); :8272 (Q_S == 1, the branch at :8269: query, key and "
@@ -110,6 +134,22 @@ _FIA_RULES = (
     KernelRule(FIA, "kv_contiguous", f"{DOCS}:8066-8071 (key/value: non-contiguous tensors are not supported)",
                _present("key", "value"), lambda a: _contiguous(a["key"]) and _contiguous(a["value"]),
                lambda a: "key or value is not contiguous"),
+    KernelRule(FIA, "rope_pair", f"{DOCS}:8171 (query_rope and key_rope: both or neither)",
+               _either_rope, _present("query_rope", "key_rope"),
+               lambda a: f"query_rope {'given' if a.get('query_rope') is not None else 'None'}, key_rope "
+                         f"{'given' if a.get('key_rope') is not None else 'None'}: pass both (MLA) or neither"),
+    KernelRule(FIA, "rope_contiguous", f"{DOCS}:8105-8106 (query_rope/key_rope: non-contiguous tensors are not "
+               "supported)",
+               _either_rope, lambda a: _contiguous(a.get("query_rope")) and _contiguous(a.get("key_rope")),
+               lambda a: "query_rope or key_rope is not contiguous"),
+    KernelRule(FIA, "rope_dtype", f"{DOCS}:8172-8173 (query_rope's dtype is the query's, key_rope's the key's)",
+               _present("query", "key", "query_rope", "key_rope"), _rope_dtypes_ok,
+               lambda a: f"query {_dt(a['query'])} with query_rope {_dt(a['query_rope'])}, key {_dt(a['key'])} with "
+                         f"key_rope {_dt(a['key_rope'])}: a rope input takes its base tensor's dtype"),
+    KernelRule(FIA, "rope_shape", f"{DOCS}:8176-8177, 8185-8186 (B, N, S as the query's / key's, D 64)",
+               _present("query", "key", "query_rope", "key_rope"),
+               lambda a: _rope_shape_ok(a["query_rope"], a["query"]) and _rope_shape_ok(a["key_rope"], a["key"]),
+               _describe_rope_shapes),
     KernelRule(FIA, "paged_kv_dtype", f"{DOCS}:8218, 8278-8279 (page attention: key/value float16, bfloat16, int8)",
                lambda a: _paged(a) and _present("key", "value")(a),
                lambda a: a["key"].dtype == a["value"].dtype and a["key"].dtype in (*HALF, torch.int8),

@@ -187,3 +187,34 @@ def test_fused_attention_matches_the_op_docs_reference(case: tuple[dict[str, Any
 @given(fused_calls())
 def test_fused_attention_matches_the_op_docs_reference_many_examples(case: tuple[dict[str, Any], bool]) -> None:
     check_against_reference(*case)
+
+
+def _mla_prefill_call(**changes: Any) -> dict[str, Any]:
+    """vLLM Ascend's MLA prefill call (attention/mla_v1.py@182b75ea:1256-1282): TND, unpaged,
+    as many KV heads as query heads, the rope parts (D 64) beside the nope parts."""
+    t, n = 5, 4
+    call: dict[str, Any] = dict(
+        query=torch.zeros(t, n, 16, dtype=torch.bfloat16), key=torch.zeros(t, n, 16, dtype=torch.bfloat16),
+        value=torch.zeros(t, n, 16, dtype=torch.bfloat16), query_rope=torch.zeros(t, n, 64, dtype=torch.bfloat16),
+        key_rope=torch.zeros(t, n, 64, dtype=torch.bfloat16), atten_mask=MASK_2048, actual_seq_lengths=[3, 5],
+        actual_seq_lengths_kv=[3, 5], num_heads=n, num_key_value_heads=n, scale=0.25, input_layout="TND",
+        sparse_mode=3, softmax_lse_flag=True)
+    call.update(changes)
+    return call
+
+
+def test_mla_rope_inputs_are_checked_before_the_call_is_refused_as_not_modelled() -> None:
+    # key_rope as vLLM Ascend's MLA prefill makes it without its copy: one head broadcast over
+    # the heads (mla_v1.py@182b75ea:1600-1601), a stride-0 view the op doc refuses (:8106).
+    call = _mla_prefill_call(key_rope=torch.zeros(5, 1, 64, dtype=torch.bfloat16).expand(5, 4, 64))
+    query = call.pop("query")
+    with pytest.raises(kernel_contracts.KernelContractError) as refused:
+        F.npu_fused_infer_attention_score(query, call.pop("key"), call.pop("value"), **call)
+    assert refused.value.rules == ("rope_contiguous",)
+    assert "query_rope or key_rope is not contiguous" in str(refused.value) and ":8105-8106" in str(refused.value)
+    # In contract, the call reaches the kernel, which does not compute MLA's rope inputs.
+    call = _mla_prefill_call()
+    assert _violations(call, v2=False) == []
+    query = call.pop("query")
+    with pytest.raises(NotImplementedError, match="query_rope, key_rope"):
+        F.npu_fused_infer_attention_score(query, call.pop("key"), call.pop("value"), **call)
