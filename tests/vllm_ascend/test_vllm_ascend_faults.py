@@ -71,36 +71,34 @@ class TwoSizes:
         torch.npu.synchronize()
 
 
-def test_207008_at_the_second_capture_is_reraised_with_vllm_ascends_stream_resource_text() -> None:
-    facade.configure(faults="capture_begin=1*off->raise(207008)")
+def _second_capture_fails(code: str) -> tuple[TwoSizes, BaseException]:
+    """The error vLLM Ascend raises when the second capture's begin fails with ``code``; the
+    failed size left nothing captured and no capture open."""
+    facade.configure(faults=f"capture_begin=1*off->raise({code})")
     harness.reset_vllm_ascend_state()
     run = TwoSizes()
     run.capture(8)
     with pytest.raises(RuntimeError) as info:
         run.capture(4)
-    text = str(info.value)
-    assert text.startswith("ACL graph capture failed with a known stream-resource exhaustion signature")
-    assert "207008" in str(info.value.__cause__)
     assert run.wrappers[4].concrete_aclgraph_entries[next(iter(run.wrappers[4].concrete_aclgraph_entries))].aclgraph is None
     assert acl_graph.get_graph_params().handles[4] == []  # nothing of the failed size was captured
     assert not facade.device().stats().extra["capturing"]
+    return run, info.value
+
+
+def test_207008_at_the_second_capture_is_reraised_with_vllm_ascends_stream_resource_text() -> None:
+    run, error = _second_capture_fails("207008")
+    assert str(error).startswith("ACL graph capture failed with a known stream-resource exhaustion signature")
+    assert "207008" in str(error.__cause__)
     run.replay(8, torch.npu.Stream())  # the first graph is intact
 
 
 def test_alloc_sq_cq_at_the_second_capture_is_reraised_with_vllm_ascends_old_hdk_text() -> None:
     # vllm-project/vllm-ascend#10555 gave this signature its own advice (upgrade the HDK);
     # before it, the failure read as a generic stream-resource exhaustion.
-    facade.configure(faults="capture_begin=1*off->raise(alloc_sq_cq)")
-    harness.reset_vllm_ascend_state()
-    run = TwoSizes()
-    run.capture(8)
-    with pytest.raises(RuntimeError) as info:
-        run.capture(4)
-    text = str(info.value)
-    assert text.startswith("ACL graph capture failed with an old Ascend HDK/CANN stack signature (`Alloc sq cq fail`)")
-    assert "Alloc sq cq fail" in str(info.value.__cause__)
-    assert acl_graph.get_graph_params().handles[4] == []
-    assert not facade.device().stats().extra["capturing"]
+    run, error = _second_capture_fails("alloc_sq_cq")
+    assert str(error).startswith("ACL graph capture failed with an old Ascend HDK/CANN stack signature (`Alloc sq cq fail`)")
+    assert "Alloc sq cq fail" in str(error.__cause__)
     run.replay(8, torch.npu.Stream())
 
 
