@@ -12,6 +12,7 @@ the user's persistent cache (ASCENDGRAPH_DOWNLOAD_CACHE_DIR).
 
 import gc
 import os
+import sys
 from importlib.metadata import entry_points
 
 import pytest
@@ -29,6 +30,18 @@ from ascendgraph.readers import user_cache_root
 # gone calls gc.collect() itself.
 YOUNG_GENERATION_THRESHOLD = 10_000
 gc.set_threshold(YOUNG_GENERATION_THRESHOLD, *gc.get_threshold()[1:])
+
+# pytest rewrites the asserts of every module it imports from here on: the test modules, and
+# ascendgraph, sim and hw too (the distribution that provides the pytest11 entry points is
+# rewritten whole). It keeps each rewritten module in `__pycache__/*-pytest-<version>.pyc`, read
+# back while it matches its source (size and modification time) -- but only writes that file when
+# Python may write bytecode. With PYTHONDONTWRITEBYTECODE set (many containers, this project's
+# CI), every pytest process (each xdist worker, each inner pytest a test starts, each in-process
+# pytester session that re-imports the plugins) rewrote and compiled its ~490 modules again:
+# 3.4 s of CPU for a worker's collection. scripts/compile_bytecode.py writes the plain bytecode
+# whatever that variable says; this is the same for pytest's rewritten bytecode, from this
+# conftest on (docs/testing.md "Start-up").
+sys.dont_write_bytecode = False
 
 PLUGINS = ("ascendgraph.testing.plugin", "ascendgraph_npu_facade")
 pytest_plugins = [name for name in PLUGINS if name not in {ep.value for ep in entry_points(group="pytest11")}]
