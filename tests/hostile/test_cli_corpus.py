@@ -12,9 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ascendgraph.cli import app
 from ascendgraph.cli.app import main
-from tests.shared_parser import fingerprint
 
 from .corpus import Case, CorpusFiles, cli_cases, json_document
 
@@ -31,24 +29,6 @@ def corpus_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     files = CorpusFiles(root)
     files.json_files(), files.toml_scenarios(), files.logs(), files.workloads()
     return root
-
-
-@pytest.fixture(scope="module")
-def built_parser() -> tuple[app.Parser, list]:
-    parser = app.build_parser()
-    return parser, fingerprint(parser)
-
-
-@pytest.fixture(autouse=True)
-def _one_parser_per_module(built_parser, monkeypatch):
-    """`main` builds the whole parser (every subcommand) on each call, ~80 % of a case's time;
-    here the cases share one. Parsing does not change a parser (no custom actions, defaults are
-    set while building), and the fingerprint checked after every case keeps it that way: a case
-    that changed the shared parser fails, named (tests/shared_parser.py)."""
-    parser, before = built_parser
-    monkeypatch.setattr(app, "build_parser", lambda: parser)
-    yield
-    assert fingerprint(parser) == before, "parsing this case changed the parser"
 
 
 def _argv(case: Case, root: Path) -> list[str]:
