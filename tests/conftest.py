@@ -52,9 +52,9 @@ COSTLY_FIRST: dict[str, str] = {
 }
 
 
-def _rank(item: pytest.Item) -> int:
+def _rank(path: str) -> int:
     try:
-        relative = Path(str(item.path)).resolve().relative_to(TESTS).as_posix()
+        relative = Path(path).resolve().relative_to(TESTS).as_posix()
     except ValueError:
         return len(COSTLY_FIRST)
     for rank, prefix in enumerate(COSTLY_FIRST):
@@ -65,7 +65,15 @@ def _rank(item: pytest.Item) -> int:
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    items.sort(key=_rank)  # stable: collection order within a rank
+    ranks: dict[str, int] = {}  # per file: a few hundred files for thousands of items
+
+    def rank(item: pytest.Item) -> int:
+        path = str(item.path)
+        if path not in ranks:
+            ranks[path] = _rank(path)
+        return ranks[path]
+
+    items.sort(key=rank)  # stable: collection order within a rank
 
 
 @pytest.fixture(scope="session")
