@@ -34,7 +34,8 @@ def add_rank_arguments(parser: argparse.ArgumentParser) -> None:
                        help="agreed (default): capture lists compared and a capture failure aborts or falls back "
                             "on every rank together; per_rank: each rank decides alone")
     group.add_argument("--mc2-skip", action="store_true",
-                       help="the MoE KV-consumer case where vLLM Ascend skips the DP all-reduce under MC2")
+                       help="the MoE KV-consumer case where vLLM Ascend skips the DP all-reduce under MC2 "
+                            "(decode needs MC2, and prefill too under one graph routine or the recompute scheduler)")
 
 
 def world_size(args: argparse.Namespace) -> int:

@@ -69,16 +69,19 @@ def moe_model_config() -> Any:
 
 def rank_configs(dp: int, mode: str, *, capture_sizes: Sequence[int] = (1, 2, 4, 8), max_num_seqs: int = 8,
                  max_num_batched_tokens: Optional[int] = None, kv_consumer: bool = True,
-                 recompute_scheduler: bool = True) -> list[Any]:
+                 recompute_scheduler: bool = True, enable_prefill_mc2: bool = False) -> list[Any]:
     """One VllmConfig per DP rank (NPUPlatform.check_and_update_config runs in each): the tiny
     MoE model with expert parallelism, ``mode`` with ``capture_sizes``, a decode node of a PD
     deployment (``kv_consumer``: vLLM's ExampleConnector as the stand-in connector, only its
-    role is read) and vLLM Ascend's ``recompute_scheduler_enable``."""
+    role is read), vLLM Ascend's ``recompute_scheduler_enable`` and ``enable_prefill_mc2``
+    (ascend_config.py:158@182b75ea: the MC2 token capacity becomes ``max_num_batched_tokens``
+    instead of the largest capture size, ascend_forward_context.py:180-185)."""
     from vllm.config import CompilationConfig, KVTransferConfig, ParallelConfig, SchedulerConfig, VllmConfig
 
     model = moe_model_config()
     transfer = KVTransferConfig(kv_connector="ExampleConnector", kv_role="kv_consumer") if kv_consumer else None
-    additional = {"scheduler_config": {"recompute_scheduler_enable": recompute_scheduler}}
+    additional = {"scheduler_config": {"recompute_scheduler_enable": recompute_scheduler},
+                  "enable_prefill_mc2": enable_prefill_mc2}
     batched = {} if max_num_batched_tokens is None else {"max_num_batched_tokens": max_num_batched_tokens}
     configs = []
     for rank in range(dp):

@@ -173,6 +173,53 @@ def test_mc2_skip_lets_uneven_decode_replays_meet(decode_node):
     assert got[0][1] == "FULL:4x4" and got[1][1] == "FULL:8x8"
 
 
+def _separate_routines_node(mode):
+    """16 DP ranks of a PD decode node (KV consumer) WITHOUT the recompute scheduler, in a mode
+    with separate prefill and decode routines (``CUDAGraphMode.separate_routine()``, vLLM
+    config/compilation.py:89-90: FULL_DECODE_ONLY, FULL_AND_PIECEWISE), whose prefill needs MC2
+    too: ``enable_prefill_mc2`` makes the MC2 token capacity ``max_num_batched_tokens``, 256
+    (ascend_forward_context.py:176-200@182b75ea, under the 512-token per-rank limit), so
+    ``needs_mc2`` holds for the potential decode size (8) and for a whole batch of 256 tokens
+    (vllm_ascend/utils.py:1134-1144). The configuration of vllm-project/vllm-ascend#14307."""
+    return dp_ranks.rank_configs(DP, mode, max_num_batched_tokens=256, recompute_scheduler=False,
+                                 enable_prefill_mc2=True)
+
+
+@pytest.mark.parametrize("mode", ["FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"])
+def test_a_separate_routines_node_without_the_recompute_scheduler_does_not_skip(mode):
+    """The predicate itself, per rank, on #14307's configuration: decode and prefill both need
+    MC2, but prefill and decode run different routines (``uniform_cudagraph_mode`` is False,
+    utils.py:1145) and there is no recompute scheduler, so the DP all-reduce is not skipped;
+    the same node with the recompute scheduler skips. The re-statement
+    (`coordination.should_skip_allreduce_across_dp_group`) answers the same. Before #14307
+    (vLLM Ascend 34d7306c01 reverted) the node skipped."""
+    assert _skips(_separate_routines_node(mode), NOT_HIERARCHICAL) == {False}
+    with_recompute = dp_ranks.rank_configs(DP, mode, max_num_batched_tokens=256, recompute_scheduler=True,
+                                           enable_prefill_mc2=True)
+    assert _skips(with_recompute, NOT_HIERARCHICAL) == {True}
+
+
+@pytest.mark.parametrize("mode, rank1", [("FULL_DECODE_ONLY", dp_ranks.Batch((2, 1))),
+                                         ("FULL_AND_PIECEWISE", dp_ranks.Batch((40,)))],
+                         ids=["full_decode_only_recompute_beside_a_decode", "full_and_piecewise_prefill_past_the_graphs"])
+def test_a_separate_routines_node_without_the_recompute_scheduler_syncs_a_prefill_with_its_peers_decodes(mode, rank1):
+    """vllm-project/vllm-ascend#14307 through vLLM Ascend's own batch decision: on the node of
+    `_separate_routines_node`, rank 1's batch is eager (FULL_DECODE_ONLY: a two-token recompute
+    beside a decode, no FULL graph for a batch that is not a uniform decode; FULL_AND_PIECEWISE:
+    a 40-token prefill past the largest capture size, 8, but within MC2's capacity) while ranks 0
+    and 2-15 decode 4 requests, which their FULL graphs replay. At 182b75ea the DP all-reduce
+    runs (`_sync_metadata_across_dp`, model_runner_v1.py:685-700), the mode agreed is NONE and
+    every rank runs the MoE layer eagerly, MC2 with ``global_bs = 0`` at the DP maximum. With the
+    fix reverted the skip path keeps each rank's own mode: the MC2 dispatch pairs rank 0's
+    FULL:4x4 replay with rank 1's eager call, `CollectiveMismatch` `graph_never_meets_eager`."""
+    batches = [DECODE_4] * DP
+    batches[1] = rank1
+    got, stats = _run(_separate_routines_node(mode), batches, env=NOT_HIERARCHICAL)
+    assert stats.met["dp:cpu"] == 1 and stats.met["ep:device"] == 2
+    assert {g[0] for g in got.values()} == {CUDAGraphMode.NONE} and {g[3] for g in got.values()} == {"MC2"}
+    assert {max(g[2]) for g in got.values()} == {max(4, sum(rank1.query_lens))}  # one MC2 token count
+
+
 def test_padding_decided_from_the_local_mode_diverges(decode_node):
     """tests/ranks/scenario_files/local_padding_diverges.toml, buggy side, through vLLM
     Ascend's code (the DP all-reduce runs): ``allow_dp_padding`` is the rank's local mode, so

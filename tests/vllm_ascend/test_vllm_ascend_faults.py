@@ -4,6 +4,9 @@ and what is left behind.
 
 * 207008 at the second capture: ACLGraphWrapper re-raises with its stream-resource text
   (acl_graph.py:201-212) chained to torch_npu's; the first graph still replays.
+* CANN's "Alloc sq cq fail" at the second capture (an old HDK's stream-resource failure):
+  ACLGraphWrapper re-raises with its old-HDK advice (acl_graph.py:33, 44-46, 204-210), not
+  the stream-resource one.
 * an OOM in the graph pool during the second capture: vLLM Ascend adds nothing (the
   RuntimeError matches neither of its markers, acl_graph.py:192-213) and the pool is not
   left holding the failed capture's memory; the first layer's graph parameters of the failed
@@ -82,6 +85,23 @@ def test_207008_at_the_second_capture_is_reraised_with_vllm_ascends_stream_resou
     assert acl_graph.get_graph_params().handles[4] == []  # nothing of the failed size was captured
     assert not facade.device().stats().extra["capturing"]
     run.replay(8, torch.npu.Stream())  # the first graph is intact
+
+
+def test_alloc_sq_cq_at_the_second_capture_is_reraised_with_vllm_ascends_old_hdk_text() -> None:
+    # vllm-project/vllm-ascend#10555 gave this signature its own advice (upgrade the HDK);
+    # before it, the failure read as a generic stream-resource exhaustion.
+    facade.configure(faults="capture_begin=1*off->raise(alloc_sq_cq)")
+    harness.reset_vllm_ascend_state()
+    run = TwoSizes()
+    run.capture(8)
+    with pytest.raises(RuntimeError) as info:
+        run.capture(4)
+    text = str(info.value)
+    assert text.startswith("ACL graph capture failed with an old Ascend HDK/CANN stack signature (`Alloc sq cq fail`)")
+    assert "Alloc sq cq fail" in str(info.value.__cause__)
+    assert acl_graph.get_graph_params().handles[4] == []
+    assert not facade.device().stats().extra["capturing"]
+    run.replay(8, torch.npu.Stream())
 
 
 def test_an_oom_in_the_graph_pool_propagates_unchanged_and_frees_the_failed_capture() -> None:
