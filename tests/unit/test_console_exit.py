@@ -57,12 +57,18 @@ def test_the_status_output_and_exit_handlers_are_a_normal_exits_then_the_process
 
 
 def test_a_thread_still_running_is_waited_for_the_normal_way():
+    # The thread prints only after the command returned, so its line is last however slow the
+    # command is on a loaded machine (a fixed 0.5 s head start raced `explain` there).
     done = _console("""
+        returned = threading.Event()
         def late():
-            time.sleep(0.5)
+            returned.wait()
+            time.sleep(0.2)
             print("thread finished", flush=True)
         threading.Thread(target=late).start()
-        exit_without_teardown(main())
+        code = main()
+        returned.set()
+        exit_without_teardown(code)
     """, "explain")
     assert done.returncode == 0, done.stderr
     assert done.stdout.rstrip().endswith("thread finished")
