@@ -11,8 +11,11 @@ the user's persistent cache (ASCENDGRAPH_DOWNLOAD_CACHE_DIR).
 """
 
 import gc
+import itertools
 import os
+import sys
 from importlib.metadata import entry_points
+from pathlib import Path
 
 import pytest
 
@@ -30,6 +33,18 @@ from ascendgraph.readers import user_cache_root
 YOUNG_GENERATION_THRESHOLD = 10_000
 gc.set_threshold(YOUNG_GENERATION_THRESHOLD, *gc.get_threshold()[1:])
 
+# pytest rewrites the asserts of every module it imports from here on: the test modules, and
+# ascendgraph, sim and hw too (the distribution that provides the pytest11 entry points is
+# rewritten whole). It keeps each rewritten module in `__pycache__/*-pytest-<version>.pyc`, read
+# back while it matches its source (size and modification time) -- but only writes that file when
+# Python may write bytecode. With PYTHONDONTWRITEBYTECODE set (many containers, this project's
+# CI), every pytest process (each xdist worker, each inner pytest a test starts, each in-process
+# pytester session that re-imports the plugins) rewrote and compiled its ~490 modules again:
+# 3.4 s of CPU for a worker's collection. scripts/compile_bytecode.py writes the plain bytecode
+# whatever that variable says; this is the same for pytest's rewritten bytecode, from this
+# conftest on (docs/testing.md "Start-up").
+sys.dont_write_bytecode = False
+
 PLUGINS = ("ascendgraph.testing.plugin", "ascendgraph_npu_facade")
 pytest_plugins = [name for name in PLUGINS if name not in {ep.value for ep in entry_points(group="pytest11")}]
 
@@ -37,9 +52,29 @@ pytest_plugins = [name for name in PLUGINS if name not in {ep.value for ep in en
 PERSISTENT_CACHE_DIR = user_cache_root()
 
 
+class _CacheDirs:
+    """Names a fresh cache directory per test below one folder of the session: a name, not a
+    folder -- ascendgraph creates its cache directory when it first writes there. Most tests
+    never write a cache, and a `tmp_path` per test (a folder and pytest's `*current` symlink,
+    about 0.5 ms of CPU and several ms of file-system wall time each) cost the suite's 5,800
+    tests seconds for nothing."""
+
+    def __init__(self, root: Path) -> None:
+        self._root = root
+        self._names = itertools.count()
+
+    def fresh(self) -> Path:
+        return self._root / f"cache-{next(self._names)}"
+
+
+@pytest.fixture(scope="session")
+def _cache_dirs(tmp_path_factory: pytest.TempPathFactory) -> _CacheDirs:
+    return _CacheDirs(tmp_path_factory.mktemp("ascendgraph-caches"))
+
+
 @pytest.fixture(autouse=True)
-def _isolated_ascendgraph_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("ASCENDGRAPH_CACHE_DIR", str(tmp_path / "ascendgraph-cache"))
+def _isolated_ascendgraph_cache(_cache_dirs: _CacheDirs, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ASCENDGRAPH_CACHE_DIR", str(_cache_dirs.fresh()))
     monkeypatch.setenv("ASCENDGRAPH_DOWNLOAD_CACHE_DIR", PERSISTENT_CACHE_DIR)
 
 

@@ -37,12 +37,24 @@ COSTLY_FIRST: dict[str, str] = {
     "unit/test_compile_cache.py": "compiles the same model cold and warm",
     "unit/test_scenario.py": "runs scenarios against engines",
     "unit/test_threads.py": "builds several engines",
+    "ranks/test_cli.py": "multi-rank runs of the CLI, one with 105 graphs per rank",
+    "unit/test_plugin_outside.py": "inner pytest sessions in subprocesses, two with the simulator",
+    "unit/test_caller_warnings.py": "`python -m ascendgraph` subprocesses under warning filters",
+    "unit/test_matcher_differential.py": "traces preset models and runs inductor's matcher beside ours",
+    "unit/test_torch_autoload.py": "seven subprocesses that each import torch",
+    "unit/test_traced_cache.py": "two engine runs per test with a compile cache of its own",
+    "unit/test_dynamo_gate.py": "warm runs in subprocesses",
+    "unit/test_cli_collector.py": "CLI runs in subprocesses",
+    "hw/test_facade_recovery.py": "inner pytest sessions on the facade",
+    "hw/test_hw_on_facade.py": "runs hw/ on the facade, capturing full graphs",
+    "sim/test_npu_device.py": "builds the npu device extension in a subprocess",
+    "sim/test_warmup.py": "runs engines with both warm-up kinds",
 }
 
 
-def _rank(item: pytest.Item) -> int:
+def _rank(path: str) -> int:
     try:
-        relative = Path(str(item.path)).resolve().relative_to(TESTS).as_posix()
+        relative = Path(path).resolve().relative_to(TESTS).as_posix()
     except ValueError:
         return len(COSTLY_FIRST)
     for rank, prefix in enumerate(COSTLY_FIRST):
@@ -53,7 +65,15 @@ def _rank(item: pytest.Item) -> int:
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    items.sort(key=_rank)  # stable: collection order within a rank
+    ranks: dict[str, int] = {}  # per file: a few hundred files for thousands of items
+
+    def rank(item: pytest.Item) -> int:
+        path = str(item.path)
+        if path not in ranks:
+            ranks[path] = _rank(path)
+        return ranks[path]
+
+    items.sort(key=rank)  # stable: collection order within a rank
 
 
 @pytest.fixture(scope="session")

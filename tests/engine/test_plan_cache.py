@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 import json
+import os
 import logging
 from pathlib import Path
 
@@ -31,11 +32,12 @@ def _predictions(result) -> list:
     return [s.prediction for s in (result.configured, result.even, result.aware)]
 
 
-def _entries(tmp_path: Path) -> list[Path]:
-    return sorted((tmp_path / "ascendgraph-cache" / PLAN_SUBDIR).glob("*.json"))
+def _entries() -> list[Path]:
+    """The plan cache's entries in this test's cache directory (the root conftest's ASCENDGRAPH_CACHE_DIR)."""
+    return sorted((Path(os.environ["ASCENDGRAPH_CACHE_DIR"]) / PLAN_SUBDIR).glob("*.json"))
 
 
-def test_a_second_plan_reads_the_measurement_and_predicts_the_same(tmp_path):
+def test_a_second_plan_reads_the_measurement_and_predicts_the_same():
     measured: list[int] = []
     first = _plan(measured)
     second = _plan(measured)
@@ -44,20 +46,20 @@ def test_a_second_plan_reads_the_measurement_and_predicts_the_same(tmp_path):
     assert _predictions(second) == _predictions(first)
     assert second.measurement.keys == first.measurement.keys
     assert "read from the plan cache" in format_plan(second) and "(measured here)" in format_plan(first)
-    assert len(_entries(tmp_path)) == 1
+    assert len(_entries()) == 1
 
 
-def test_another_sample_is_measured_again(tmp_path):
+def test_another_sample_is_measured_again():
     measured: list[int] = []
     _plan(measured)
     make_plan(_config(), budget=2, requests=3, measure="all", before_measure=lambda: measured.append(2))
-    assert measured == [1, 2] and len(_entries(tmp_path)) == 2
+    assert measured == [1, 2] and len(_entries()) == 2
 
 
-def test_a_corrupt_entry_is_ignored_with_one_warning_and_replaced(tmp_path, caplog):
+def test_a_corrupt_entry_is_ignored_with_one_warning_and_replaced(caplog):
     measured: list[int] = []
     _plan(measured)
-    (entry,) = _entries(tmp_path)
+    (entry,) = _entries()
     entry.write_text("{not json")
     with caplog.at_level(logging.WARNING, logger="ascendgraph.tools.plan.measure_cache"):
         result = _plan(measured)
@@ -66,22 +68,22 @@ def test_a_corrupt_entry_is_ignored_with_one_warning_and_replaced(tmp_path, capl
     assert json.loads(entry.read_text())["measurement"]["keys"]  # measured again and stored
 
 
-def test_an_entry_of_another_key_is_not_used(tmp_path):
+def test_an_entry_of_another_key_is_not_used():
     measured: list[int] = []
     _plan(measured)
-    (entry,) = _entries(tmp_path)
+    (entry,) = _entries()
     document = json.loads(entry.read_text())
     document["key"] = "0" * 64
     entry.write_text(json.dumps(document))
     assert not _plan(measured).measurement.cached and measured == [1, 1]
 
 
-def test_the_cache_can_be_turned_off(tmp_path, monkeypatch):
+def test_the_cache_can_be_turned_off(monkeypatch):
     monkeypatch.setenv("ASCENDGRAPH_PLAN_CACHE", "0")
     measured: list[int] = []
     _plan(measured)
     _plan(measured)
-    assert measured == [1, 1] and _entries(tmp_path) == []
+    assert measured == [1, 1] and _entries() == []
 
 
 def test_the_cli_says_the_measurement_was_cached(capsys):

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from ascendgraph.cli import app
 from ascendgraph.cli.app import main
 
 from .corpus import Case, CorpusFiles, cli_cases, json_document
@@ -30,31 +29,6 @@ def corpus_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     files = CorpusFiles(root)
     files.json_files(), files.toml_scenarios(), files.logs(), files.workloads()
     return root
-
-
-def _fingerprint(parser: app.Parser) -> list:
-    """Everything parsing could change on a parser: its actions' settings and defaults, per subcommand."""
-    own = [(a.dest, tuple(a.option_strings), repr(a.default), a.nargs, a.required) for a in parser.actions]
-    own.append(repr(sorted(parser._defaults.items())))
-    return [own, *(_fingerprint(child) for _, child in sorted(parser.subcommands.items()))]
-
-
-@pytest.fixture(scope="module")
-def built_parser() -> tuple[app.Parser, list]:
-    parser = app.build_parser()
-    return parser, _fingerprint(parser)
-
-
-@pytest.fixture(autouse=True)
-def _one_parser_per_module(built_parser, monkeypatch):
-    """`main` builds the whole parser (every subcommand) on each call, ~80 % of a case's time;
-    here the cases share one. Parsing does not change a parser (no custom actions, defaults are
-    set while building), and the fingerprint checked after every case keeps it that way: a case
-    that changed the shared parser fails, named. Every other CLI test still builds its own."""
-    parser, fingerprint = built_parser
-    monkeypatch.setattr(app, "build_parser", lambda: parser)
-    yield
-    assert _fingerprint(parser) == fingerprint, "parsing this case changed the parser"
 
 
 def _argv(case: Case, root: Path) -> list[str]:

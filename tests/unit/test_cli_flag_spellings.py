@@ -12,12 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 
-from ascendgraph.cli.app import build_parser, parse_command_line
+from ascendgraph.cli.app import Parser, build_parser, parse_command_line
 from ascendgraph.cli.args import config_from_args
+from tests.shared_parser import fingerprint
 
 DATA = json.loads((Path(__file__).resolve().parents[1] / "data" / "vllm_flag_spellings.json").read_text())
 SPELLINGS = DATA["spellings"]
@@ -34,8 +35,23 @@ def _meaning(args: argparse.Namespace) -> dict[str, Any]:
     return meaning
 
 
-def _parse(tokens: list[str]) -> dict[str, Any]:
-    return _meaning(parse_command_line(build_parser(), ["run", *tokens]).args)
+@pytest.fixture(scope="module")
+def _built_parser() -> tuple[Parser, list]:
+    parser = build_parser()
+    return parser, fingerprint(parser)
+
+
+@pytest.fixture
+def parser(_built_parser: tuple[Parser, list]) -> Iterator[Parser]:
+    """The module's one parser (tests/shared_parser.py): a case parses up to three command lines,
+    and building the parser for each was most of its time. A case that changed it fails, named."""
+    shared, before = _built_parser
+    yield shared
+    assert fingerprint(shared) == before, "parsing this case changed the shared parser"
+
+
+def _parse(parser: Parser, tokens: list[str]) -> dict[str, Any]:
+    return _meaning(parse_command_line(parser, ["run", *tokens]).args)
 
 
 def _id(entry: dict[str, Any]) -> str:
@@ -53,16 +69,16 @@ def test_the_data_comes_from_vllm_0_32_and_covers_every_spelling_family():
 
 
 @pytest.mark.parametrize("entry", SPELLINGS, ids=_id)
-def test_a_vllm_spelling_given_directly_means_what_its_canonical_spelling_means(entry):
-    got, canonical, default = _parse(entry["tokens"]), _parse(entry["canonical"]), _parse([])
+def test_a_vllm_spelling_given_directly_means_what_its_canonical_spelling_means(parser, entry):
+    got, canonical, default = _parse(parser, entry["tokens"]), _parse(parser, entry["canonical"]), _parse(parser, [])
     assert got == canonical
     if not entry["canonical"][0].startswith("--no-"):  # a negation is the default
         assert got != default, "the spelling was accepted but changed nothing"
 
 
 @pytest.mark.parametrize("entry", SPELLINGS, ids=_id)
-def test_a_vllm_spelling_in_a_pasted_line_means_what_its_canonical_spelling_means(entry):
-    assert _parse([*PASTE, *entry["tokens"]]) == _parse([*PASTE, *entry["canonical"]])
+def test_a_vllm_spelling_in_a_pasted_line_means_what_its_canonical_spelling_means(parser, entry):
+    assert _parse(parser, [*PASTE, *entry["tokens"]]) == _parse(parser, [*PASTE, *entry["canonical"]])
 
 
 # ------------------------------------------------------------------ integer values
@@ -78,12 +94,12 @@ STRICTER_FORMS = {
 MINIMUM = {"seed": 0, "max_loras": 0}
 
 
-def _read_int_flag(dest: str, form: str) -> Any:
+def _read_int_flag(parser: Parser, dest: str, form: str) -> Any:
     from ascendgraph.cli.app import CliUsageError
 
     option = DATA["option_strings"][dest][0]
     try:
-        return getattr(parse_command_line(build_parser(), ["run", option, form]).args, dest)
+        return getattr(parse_command_line(parser, ["run", option, form]).args, dest)
     except CliUsageError:
         return None
 
@@ -99,8 +115,8 @@ def test_the_value_forms_cover_vllms_human_readable_counts():
 
 
 @pytest.mark.parametrize("dest,form", INT_CASES, ids=[f"{d}={f}" for d, f in INT_CASES])
-def test_an_integer_flag_reads_what_vllm_reads_or_refuses_for_a_listed_reason(dest, form):
-    expected, got = INT_VALUES[dest][form], _read_int_flag(dest, form)
+def test_an_integer_flag_reads_what_vllm_reads_or_refuses_for_a_listed_reason(parser, dest, form):
+    expected, got = INT_VALUES[dest][form], _read_int_flag(parser, dest, form)
     if expected is None:
         assert got is None, f"vLLM refuses {form!r} for {dest}; ascendgraph read {got!r}"
     elif form in STRICTER_FORMS or expected < MINIMUM.get(dest, 1):
