@@ -86,6 +86,7 @@ def test_a_profile_with_stream_limit_1_captures_nothing():
         engine.close()
 
 
+@pytest.mark.filterwarnings("ignore:Starting static kernel compilation")  # the notice is tested in test_static_kernel.py
 def test_memory_bytes_bounds_the_graph_pools():
     engine = _engine({"base": "A2", "memory_bytes": 4096}, FULL, check_eager=False)
     try:

@@ -16,6 +16,9 @@ from ascendgraph.errors import CollectiveDeadlock
 from sim.process_group import FabricWorld
 from sim.vllm_ranks import PerRankGlobals, module_slot
 
+# vLLM calls all_gather_into_tensor, which torch 2.13 marks deprecated: these tests call it as vLLM does.
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.distributed.all_gather_into_tensor` is deprecated:FutureWarning")
+
 
 @pytest.fixture
 def process_global() -> Iterator[types.ModuleType]:
