@@ -42,17 +42,22 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor
 
-from ascendgraph.kernel_contracts import C_ASCEND_GATING_TOP_K
+from ascendgraph.kernel_contracts import (
+    C_ASCEND_GATING_TOP_K,
+    GATING_TOP_K,
+    GROUPED_MATMUL,
+    INIT_ROUTING_V2,
+    TOKEN_UNPERMUTE,
+)
 from sim.facade.kernels import NAMESPACE, kernel_entry
 
 __all__ = ["SCHEMAS", "C_ASCEND_SCHEMA", "register", "exported_ops"]
 
-GATING = "npu_moe_gating_top_k"
-INIT_ROUTING = "npu_moe_init_routing_v2"
-GROUPED_MATMUL = "npu_grouped_matmul"
-UNPERMUTE = "npu_moe_token_unpermute"
-C_ASCEND = "_C_ascend"
-C_ASCEND_GATING = "moe_gating_top_k"
+# The kernels' names are the contract table's (one source for both).
+GATING = GATING_TOP_K
+INIT_ROUTING = INIT_ROUTING_V2
+UNPERMUTE = TOKEN_UNPERMUTE
+C_ASCEND, C_ASCEND_GATING = C_ASCEND_GATING_TOP_K.split("::")  # "_C_ascend", "moe_gating_top_k"
 
 SCHEMAS: dict[str, str] = {
     # npu_native_functions_by_codegen.yaml:592
